@@ -1,0 +1,62 @@
+-- pgfence functions/00_core.sql — shared helpers: schema version, backoff.
+--
+-- Every file in functions/ is re-runnable: CREATE OR REPLACE, followed by REVOKE ... FROM
+-- PUBLIC, GRANT EXECUTE to the group role(s) that need it, and COMMENT ON. `pgfence migrate`
+-- applies them in file-name order, in one transaction, after the table migrations.
+-- Errors: see functions/ERRORS.md (our SQLSTATE class is PF).
+
+CREATE OR REPLACE FUNCTION pgfence.schema_version()
+RETURNS integer
+LANGUAGE sql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pgfence, pg_temp
+AS $$
+  SELECT schema_version FROM pgfence.meta;
+$$;
+REVOKE ALL ON FUNCTION pgfence.schema_version() FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION pgfence.schema_version() TO pgfence_client, pgfence_executor, pgfence_admin;
+COMMENT ON FUNCTION pgfence.schema_version() IS
+  'Schema version the migrations brought this database to. Client libraries compare it with the version they were written for and refuse to run against one they do not know.';
+
+-- Capped exponential backoff with jitter, in interval arithmetic that cannot overflow:
+-- delay = min(cap, base * 2^(attempt-1)) * (1 - jitter/2), jitter in [0,1) (random if NULL).
+-- The exponent is clamped before the power, so attempt = 5000 (or 2^31-1) still gives the cap.
+CREATE OR REPLACE FUNCTION pgfence.backoff(
+  p_attempt integer,
+  p_base    interval,
+  p_cap     interval,
+  p_jitter  double precision DEFAULT NULL
+)
+RETURNS interval
+LANGUAGE plpgsql VOLATILE PARALLEL SAFE
+SET search_path = pg_catalog, pgfence, pg_temp
+AS $$
+DECLARE
+  v_base_s double precision;
+  v_cap_s  double precision;
+  v_jitter double precision := coalesce(p_jitter, random());
+  v_delay  double precision;
+BEGIN
+  IF p_attempt IS NULL OR p_base IS NULL OR p_cap IS NULL THEN
+    RAISE EXCEPTION 'backoff: attempt, base and cap are required'
+      USING ERRCODE = '22004', HINT = 'Pass the attempt number and the channel''s backoff_base and backoff_cap.';
+  END IF;
+  IF p_base <= interval '0' OR p_cap < p_base THEN
+    RAISE EXCEPTION 'backoff: need 0 < base <= cap (got base %, cap %)', p_base, p_cap
+      USING ERRCODE = '22023', HINT = 'Use a positive base and a cap at least as large.';
+  END IF;
+  IF v_jitter < 0 OR v_jitter >= 1 THEN
+    RAISE EXCEPTION 'backoff: jitter must be in [0, 1) (got %)', v_jitter
+      USING ERRCODE = '22023', HINT = 'Pass NULL for a random jitter.';
+  END IF;
+  v_base_s := extract(epoch FROM p_base);
+  v_cap_s  := extract(epoch FROM p_cap);
+  -- 2^60 * any positive base already exceeds any cap an interval can hold.
+  v_delay := least(v_cap_s, v_base_s * power(2::double precision, least(greatest(p_attempt, 1) - 1, 60)));
+  RETURN make_interval(secs => v_delay * (1 - v_jitter / 2));
+END
+$$;
+REVOKE ALL ON FUNCTION pgfence.backoff(integer, interval, interval, double precision) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION pgfence.backoff(integer, interval, interval, double precision)
+  TO pgfence_client, pgfence_executor, pgfence_admin;
+COMMENT ON FUNCTION pgfence.backoff(integer, interval, interval, double precision) IS
+  'Delay before retry number p_attempt: min(cap, base * 2^(attempt-1)), scaled by (1 - jitter/2) so that concurrent retries spread over [delay/2, delay]. Never exceeds the cap and never overflows, whatever the attempt. p_jitter NULL = random. Errors: 22004 (NULL argument), 22023 (base <= 0, cap < base, jitter outside [0,1)).';

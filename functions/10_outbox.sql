@@ -1,0 +1,685 @@
+-- pgfence functions/10_outbox.sql — Module 1: the transactional outbox.
+--
+-- A message is enqueued inside the caller's business transaction and delivered at least once
+-- by an executor. Status machine (enforced by tg_outbox_guard, not only by these functions):
+--
+--   pending --claim--> processing --mark_sent--> sent                     (terminal)
+--                                 --mark_failed(permanent)--> failed      (terminal until requeue)
+--                                 --mark_failed / lease lapsed--> pending (retry, with backoff)
+--                                                          or --> dead    (no attempts left)
+--   failed | dead --outbox_requeue--> pending  (operator; grants more attempts)
+--
+-- Fence: `attempts` is bumped at every claim and returned as `attempt`; an owner's writes match
+-- `attempts = attempt AND status = 'processing'`, so a worker whose lease was taken over (or
+-- whose message was already finished) changes nothing: its call returns false / NULL.
+-- Time: every lease and due time is computed from now(), the database clock.
+-- Errors: functions/ERRORS.md.
+
+-- ---------------------------------------------------------------------------------------------
+-- Status machine guard
+-- ---------------------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION pgfence.tg_outbox_guard()
+RETURNS trigger
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pgfence, pg_temp
+AS $$
+BEGIN
+  IF NEW.id IS DISTINCT FROM OLD.id
+     OR NEW.channel IS DISTINCT FROM OLD.channel
+     OR NEW.recipient IS DISTINCT FROM OLD.recipient
+     OR NEW.payload IS DISTINCT FROM OLD.payload
+     OR NEW.idempotency_key IS DISTINCT FROM OLD.idempotency_key
+     OR NEW.created_at IS DISTINCT FROM OLD.created_at THEN
+    RAISE EXCEPTION 'outbox message % is immutable: channel, recipient, payload, idempotency_key and created_at never change', OLD.id
+      USING ERRCODE = 'PF002', HINT = 'Enqueue a new message instead.';
+  END IF;
+  IF NEW.attempts < OLD.attempts THEN
+    RAISE EXCEPTION 'outbox message %: attempts is a fence token and never decreases (% -> %)', OLD.id, OLD.attempts, NEW.attempts
+      USING ERRCODE = 'PF002', HINT = 'To retry a failed or dead message use pgfence.outbox_requeue(id), which grants more attempts.';
+  END IF;
+  IF NOT (
+       (OLD.status = 'pending'    AND NEW.status = 'processing' AND NEW.attempts = OLD.attempts + 1)
+    OR (OLD.status = 'pending'    AND NEW.status = 'pending'    AND NEW.attempts = OLD.attempts)
+    OR (OLD.status = 'processing' AND NEW.status IN ('processing', 'pending', 'sent', 'failed', 'dead')
+                                  AND NEW.attempts = OLD.attempts)
+    OR (OLD.status IN ('failed', 'dead') AND NEW.status = 'pending' AND NEW.attempts = OLD.attempts)
+  ) THEN
+    RAISE EXCEPTION 'illegal outbox transition for message %: % -> % (attempts % -> %)',
+      OLD.id, OLD.status, NEW.status, OLD.attempts, NEW.attempts
+      USING ERRCODE = 'PF001',
+            DETAIL = 'Allowed: pending->processing (attempts+1), processing->pending|sent|failed|dead, failed|dead->pending (requeue). A sent message never changes again.',
+            HINT = 'Use the pgfence.outbox_* functions; they make only legal moves.';
+  END IF;
+  NEW.updated_at := now();
+  RETURN NEW;
+END
+$$;
+REVOKE ALL ON FUNCTION pgfence.tg_outbox_guard() FROM PUBLIC;
+COMMENT ON FUNCTION pgfence.tg_outbox_guard() IS
+  'BEFORE UPDATE trigger on pgfence.outbox: refuses any status transition outside the outbox machine (PF001) and any change to the message itself or a decrease of the fence token (PF002), even from a hand-written UPDATE.';
+
+CREATE OR REPLACE TRIGGER outbox_guard
+  BEFORE UPDATE ON pgfence.outbox
+  FOR EACH ROW EXECUTE FUNCTION pgfence.tg_outbox_guard();
+
+-- ---------------------------------------------------------------------------------------------
+-- Private helpers
+-- ---------------------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION pgfence._outbox_settings(p_channel text)
+RETURNS pgfence.outbox_channel
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, pgfence, pg_temp
+AS $$
+  SELECT c.* FROM pgfence.outbox_channel c
+  WHERE c.channel IN (p_channel, '*')
+  ORDER BY c.channel = '*'
+  LIMIT 1;
+$$;
+REVOKE ALL ON FUNCTION pgfence._outbox_settings(text) FROM PUBLIC;
+COMMENT ON FUNCTION pgfence._outbox_settings(text) IS
+  'Private: the retry settings that apply to a channel (its own row, else the ''*'' defaults).';
+
+CREATE OR REPLACE FUNCTION pgfence._outbox_check_message(
+  p_channel text, p_recipient text, p_payload jsonb, p_idempotency_key text, p_max_attempts integer)
+RETURNS void
+LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, pgfence, pg_temp
+AS $$
+BEGIN
+  IF p_channel IS NULL OR p_recipient IS NULL OR p_payload IS NULL THEN
+    RAISE EXCEPTION 'outbox: channel, recipient and payload are required'
+      USING ERRCODE = '22004', HINT = 'Pass a channel name, a recipient and a JSON object payload.';
+  END IF;
+  IF p_channel !~ '^[a-z0-9][a-z0-9_.-]{0,62}$' THEN
+    RAISE EXCEPTION 'outbox: invalid channel name "%"', p_channel
+      USING ERRCODE = '22023', HINT = 'Channel names are 1-63 characters of a-z, 0-9, _ . - starting with a letter or digit.';
+  END IF;
+  IF p_recipient = '' OR length(p_recipient) > 2048 THEN
+    RAISE EXCEPTION 'outbox: recipient must be 1-2048 characters'
+      USING ERRCODE = '22023', HINT = 'Pass the address the transport delivers to (a URL, an e-mail address, ...).';
+  END IF;
+  IF jsonb_typeof(p_payload) <> 'object' THEN
+    RAISE EXCEPTION 'outbox: payload must be a JSON object, got %', jsonb_typeof(p_payload)
+      USING ERRCODE = '22023', HINT = 'Wrap the value: jsonb_build_object(''data'', value).';
+  END IF;
+  IF p_idempotency_key IS NOT NULL AND (p_idempotency_key = '' OR length(p_idempotency_key) > 255) THEN
+    RAISE EXCEPTION 'outbox: idempotency_key must be 1-255 characters or NULL'
+      USING ERRCODE = '22023', HINT = 'Use a stable business key such as ''order-42-confirmation''.';
+  END IF;
+  IF p_max_attempts IS NOT NULL AND p_max_attempts NOT BETWEEN 1 AND 1000 THEN
+    RAISE EXCEPTION 'outbox: max_attempts must be between 1 and 1000, got %', p_max_attempts
+      USING ERRCODE = '22023', HINT = 'Pass NULL to use the channel''s setting.';
+  END IF;
+END
+$$;
+REVOKE ALL ON FUNCTION pgfence._outbox_check_message(text, text, jsonb, text, integer) FROM PUBLIC;
+COMMENT ON FUNCTION pgfence._outbox_check_message(text, text, jsonb, text, integer) IS
+  'Private: validates one message''s arguments; raises 22004/22023 with a hint.';
+
+CREATE OR REPLACE FUNCTION pgfence._outbox_require(p_id bigint)
+RETURNS void
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pgfence, pg_temp
+AS $$
+BEGIN
+  IF p_id IS NULL THEN
+    RAISE EXCEPTION 'outbox: message id is required' USING ERRCODE = '22004';
+  END IF;
+  PERFORM 1 FROM pgfence.outbox WHERE id = p_id;
+  IF NOT FOUND THEN
+    RAISE EXCEPTION 'outbox: no message with id %', p_id
+      USING ERRCODE = 'P0002', HINT = 'Check the id; purged messages are gone.';
+  END IF;
+END
+$$;
+REVOKE ALL ON FUNCTION pgfence._outbox_require(bigint) FROM PUBLIC;
+COMMENT ON FUNCTION pgfence._outbox_require(bigint) IS
+  'Private: raises P0002 when no message has this id (used on the lost-race path to tell a stale call from an unknown id).';
+
+CREATE OR REPLACE FUNCTION pgfence._outbox_check_worker(p_worker text, p_lease interval)
+RETURNS void
+LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, pgfence, pg_temp
+AS $$
+BEGIN
+  IF p_worker IS NULL OR p_worker = '' OR length(p_worker) > 200 THEN
+    RAISE EXCEPTION 'outbox: worker must be a non-empty name of at most 200 characters'
+      USING ERRCODE = '22023', HINT = 'Use something an operator can trace, e.g. host:pid.';
+  END IF;
+  IF p_lease IS NOT NULL AND p_lease <= interval '0' THEN
+    RAISE EXCEPTION 'outbox: lease must be positive, got %', p_lease
+      USING ERRCODE = '22023', HINT = 'Pass NULL for the channel''s lease, or e.g. interval ''5 minutes''.';
+  END IF;
+END
+$$;
+REVOKE ALL ON FUNCTION pgfence._outbox_check_worker(text, interval) FROM PUBLIC;
+COMMENT ON FUNCTION pgfence._outbox_check_worker(text, interval) IS
+  'Private: validates a worker name and a lease; raises 22023.';
+
+-- ---------------------------------------------------------------------------------------------
+-- Enqueue
+-- ---------------------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION pgfence.outbox_enqueue(
+  p_channel         text,
+  p_recipient       text,
+  p_payload         jsonb,
+  p_idempotency_key text DEFAULT NULL,
+  p_deliver_at      timestamptz DEFAULT NULL,
+  p_max_attempts    integer DEFAULT NULL
+)
+RETURNS bigint
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pgfence, pg_temp
+AS $$
+DECLARE
+  v_id        bigint;
+  v_channel   text;
+  v_recipient text;
+BEGIN
+  PERFORM pgfence._outbox_check_message(p_channel, p_recipient, p_payload, p_idempotency_key, p_max_attempts);
+
+  INSERT INTO pgfence.outbox AS o (channel, recipient, payload, idempotency_key, max_attempts, next_attempt_at)
+  VALUES (p_channel, p_recipient, p_payload, p_idempotency_key,
+          coalesce(p_max_attempts, (pgfence._outbox_settings(p_channel)).max_attempts),
+          coalesce(p_deliver_at, now()))
+  ON CONFLICT (idempotency_key) DO NOTHING
+  RETURNING o.id INTO v_id;
+
+  IF v_id IS NULL THEN
+    -- The key exists (committed, or committed by the transaction we just waited for).
+    SELECT o.id, o.channel, o.recipient INTO v_id, v_channel, v_recipient
+    FROM pgfence.outbox o WHERE o.idempotency_key = p_idempotency_key;
+    IF v_id IS NULL THEN
+      RAISE EXCEPTION 'outbox: idempotency key "%" is held by a transaction this snapshot cannot see', p_idempotency_key
+        USING ERRCODE = '40001', HINT = 'Retry the transaction (this happens only under REPEATABLE READ or SERIALIZABLE).';
+    END IF;
+    IF v_channel <> p_channel OR v_recipient <> p_recipient THEN
+      RAISE EXCEPTION 'outbox: idempotency key "%" already names message % for %/%', p_idempotency_key, v_id, v_channel, v_recipient
+        USING ERRCODE = 'PF003',
+              DETAIL = format('This call asked for channel %s, recipient %s.', p_channel, p_recipient),
+              HINT = 'Idempotency keys identify one message; use a different key for a different destination.';
+    END IF;
+    RETURN v_id;
+  END IF;
+
+  IF p_deliver_at IS NULL OR p_deliver_at <= now() THEN
+    PERFORM pg_notify('pgfence_outbox', json_build_object('channel', p_channel, 'id', v_id)::text);
+  END IF;
+  RETURN v_id;
+END
+$$;
+REVOKE ALL ON FUNCTION pgfence.outbox_enqueue(text, text, jsonb, text, timestamptz, integer) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION pgfence.outbox_enqueue(text, text, jsonb, text, timestamptz, integer)
+  TO pgfence_client, pgfence_admin;
+COMMENT ON FUNCTION pgfence.outbox_enqueue(text, text, jsonb, text, timestamptz, integer) IS
+  'Enqueue one message; call it inside your own business transaction so the message exists iff your change commits. Returns the message id. A repeated idempotency key (also from a concurrent transaction) returns the existing id and inserts nothing; the first call''s payload wins. deliver_at delays the first attempt; max_attempts NULL = the channel''s setting. At commit a NOTIFY pgfence_outbox carries {"channel","id"} only, never the payload. Errors: 22004 (missing argument), 22023 (bad channel/recipient/payload/key/max_attempts), PF003 (key already used for another channel or recipient), 40001 (key held by a transaction invisible to a REPEATABLE READ snapshot: retry).';
+
+CREATE OR REPLACE FUNCTION pgfence.outbox_enqueue_many(
+  p_channel          text,
+  p_recipients       text[],
+  p_payloads         jsonb[],
+  p_idempotency_keys text[] DEFAULT NULL,
+  p_deliver_at       timestamptz DEFAULT NULL,
+  p_max_attempts     integer DEFAULT NULL
+)
+RETURNS SETOF bigint
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pgfence, pg_temp
+AS $$
+DECLARE
+  v_n        integer := coalesce(cardinality(p_recipients), 0);
+  v_max      integer;
+  v_bad      record;
+BEGIN
+  IF p_channel IS NULL OR p_recipients IS NULL OR p_payloads IS NULL THEN
+    RAISE EXCEPTION 'outbox_enqueue_many: channel, recipients and payloads are required'
+      USING ERRCODE = '22004';
+  END IF;
+  IF cardinality(p_payloads) <> v_n
+     OR (p_idempotency_keys IS NOT NULL AND cardinality(p_idempotency_keys) <> v_n) THEN
+    RAISE EXCEPTION 'outbox_enqueue_many: recipients, payloads and idempotency_keys must have the same length'
+      USING ERRCODE = '22023', HINT = 'Pass one element per message in each array (or NULL for no keys).';
+  END IF;
+  IF v_n = 0 THEN
+    RETURN;
+  END IF;
+  PERFORM pgfence._outbox_check_message(p_channel, 'x', '{}'::jsonb, NULL, p_max_attempts);
+  SELECT i, r, p, k INTO v_bad
+  FROM unnest(p_recipients, p_payloads, coalesce(p_idempotency_keys, array_fill(NULL::text, ARRAY[v_n])))
+         WITH ORDINALITY AS u(r, p, k, i)
+  WHERE r IS NULL OR r = '' OR length(r) > 2048
+     OR p IS NULL OR jsonb_typeof(p) <> 'object'
+     OR k = '' OR length(k) > 255
+  LIMIT 1;
+  IF FOUND THEN
+    RAISE EXCEPTION 'outbox_enqueue_many: message % is invalid (recipient 1-2048 chars, payload a JSON object, key 1-255 chars or NULL)', v_bad.i
+      USING ERRCODE = '22023', HINT = 'Fix that element; nothing was enqueued.';
+  END IF;
+  v_max := coalesce(p_max_attempts, (pgfence._outbox_settings(p_channel)).max_attempts);
+  SELECT u.i, o.id, o.channel, o.recipient INTO v_bad
+  FROM unnest(p_recipients, p_idempotency_keys) WITH ORDINALITY AS u(r, k, i)
+  JOIN pgfence.outbox o ON o.idempotency_key = u.k
+  WHERE o.channel <> p_channel OR o.recipient <> u.r
+  LIMIT 1;
+  IF FOUND THEN
+    RAISE EXCEPTION 'outbox_enqueue_many: the idempotency key of message % already names message % for %/%', v_bad.i, v_bad.id, v_bad.channel, v_bad.recipient
+      USING ERRCODE = 'PF003', HINT = 'Idempotency keys identify one message; nothing was enqueued.';
+  END IF;
+
+  RETURN QUERY
+  WITH input AS (
+    SELECT u.i, u.r, u.p, u.k, nextval(pg_get_serial_sequence('pgfence.outbox', 'id')) AS new_id
+    FROM unnest(p_recipients, p_payloads, coalesce(p_idempotency_keys, array_fill(NULL::text, ARRAY[v_n])))
+           WITH ORDINALITY AS u(r, p, k, i)
+  ), ins AS (
+    INSERT INTO pgfence.outbox AS o (id, channel, recipient, payload, idempotency_key, max_attempts, next_attempt_at)
+    OVERRIDING SYSTEM VALUE
+    SELECT input.new_id, p_channel, input.r, input.p, input.k, v_max, coalesce(p_deliver_at, now())
+    FROM input ORDER BY input.i
+    ON CONFLICT (idempotency_key) DO NOTHING
+    RETURNING o.id, o.idempotency_key
+  )
+  SELECT coalesce(
+           (SELECT ins.id FROM ins WHERE ins.id = input.new_id),
+           (SELECT ins.id FROM ins WHERE ins.idempotency_key = input.k),   -- repeated within this call
+           (SELECT o.id FROM pgfence.outbox o WHERE o.idempotency_key = input.k))
+  FROM input ORDER BY input.i;
+
+  IF p_deliver_at IS NULL OR p_deliver_at <= now() THEN
+    PERFORM pg_notify('pgfence_outbox', json_build_object('channel', p_channel, 'id', NULL, 'count', v_n)::text);
+  END IF;
+END
+$$;
+REVOKE ALL ON FUNCTION pgfence.outbox_enqueue_many(text, text[], jsonb[], text[], timestamptz, integer) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION pgfence.outbox_enqueue_many(text, text[], jsonb[], text[], timestamptz, integer)
+  TO pgfence_client, pgfence_admin;
+COMMENT ON FUNCTION pgfence.outbox_enqueue_many(text, text[], jsonb[], text[], timestamptz, integer) IS
+  'Bulk enqueue on one channel in one statement: element i of recipients, payloads and idempotency_keys is message i. Returns the ids in input order (a repeated key yields the existing id). One NOTIFY per call. Same validation and errors as outbox_enqueue; an invalid element rejects the whole call (22023) so nothing is half-enqueued.';
+
+-- ---------------------------------------------------------------------------------------------
+-- Claim (executor)
+-- ---------------------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION pgfence.outbox_claim(
+  p_worker   text,
+  p_batch    integer DEFAULT 1,
+  p_channels text[] DEFAULT NULL,
+  p_lease    interval DEFAULT NULL
+)
+RETURNS TABLE (
+  id               bigint,
+  channel          text,
+  recipient        text,
+  payload          jsonb,
+  idempotency_key  text,
+  attempt          integer,
+  max_attempts     integer,
+  lease            interval,
+  lease_expires_at timestamptz,
+  created_at       timestamptz
+)
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pgfence, pg_temp
+AS $$
+#variable_conflict use_column
+BEGIN
+  PERFORM pgfence._outbox_check_worker(p_worker, p_lease);
+  IF p_batch IS NULL OR p_batch NOT BETWEEN 1 AND 10000 THEN
+    RAISE EXCEPTION 'outbox_claim: batch must be between 1 and 10000, got %', p_batch
+      USING ERRCODE = '22023', HINT = 'Claim at most as many messages as you can deliver within one lease.';
+  END IF;
+  RETURN QUERY
+  WITH due AS (
+    SELECT o.id
+    FROM pgfence.outbox o
+    WHERE o.status = 'pending'
+      AND o.next_attempt_at <= now()
+      AND (p_channels IS NULL OR o.channel = ANY (p_channels))
+    ORDER BY o.next_attempt_at, o.id
+    LIMIT p_batch
+    FOR UPDATE SKIP LOCKED
+  ), claimed AS (
+    UPDATE pgfence.outbox o
+    SET status = 'processing',
+        attempts = o.attempts + 1,
+        locked_by = p_worker,
+        claimed_at = now(),
+        lease_expires_at = now() + coalesce(p_lease, (pgfence._outbox_settings(o.channel)).lease)
+    FROM due
+    WHERE o.id = due.id
+    RETURNING o.id, o.channel, o.recipient, o.payload, o.idempotency_key, o.attempts,
+              o.max_attempts, o.lease_expires_at - now() AS lease, o.lease_expires_at,
+              o.created_at, o.next_attempt_at AS due_at
+  )
+  SELECT c.id, c.channel, c.recipient, c.payload, c.idempotency_key, c.attempts, c.max_attempts,
+         c.lease, c.lease_expires_at, c.created_at
+  FROM claimed c
+  ORDER BY c.due_at, c.id;
+END
+$$;
+REVOKE ALL ON FUNCTION pgfence.outbox_claim(text, integer, text[], interval) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION pgfence.outbox_claim(text, integer, text[], interval) TO pgfence_executor, pgfence_admin;
+COMMENT ON FUNCTION pgfence.outbox_claim(text, integer, text[], interval) IS
+  'Claim up to p_batch due messages (oldest due time first, then id) with FOR UPDATE SKIP LOCKED, so concurrent claimers never get the same row. Each claim bumps attempts and returns it as attempt: the fence token for outbox_mark_sent / outbox_mark_failed. The lease runs from now() (database clock) for p_lease, or the channel''s lease when NULL. p_channels NULL = all channels. Errors: 22023 (empty worker, batch outside 1..10000, lease <= 0).';
+
+CREATE OR REPLACE FUNCTION pgfence.outbox_next_due(p_channels text[] DEFAULT NULL)
+RETURNS interval
+LANGUAGE sql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pgfence, pg_temp
+AS $$
+  SELECT CASE WHEN min(o.next_attempt_at) IS NOT NULL THEN greatest(min(o.next_attempt_at) - now(), interval '0') END
+  FROM pgfence.outbox o
+  WHERE o.status = 'pending' AND (p_channels IS NULL OR o.channel = ANY (p_channels));
+$$;
+REVOKE ALL ON FUNCTION pgfence.outbox_next_due(text[]) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION pgfence.outbox_next_due(text[]) TO pgfence_executor, pgfence_admin;
+COMMENT ON FUNCTION pgfence.outbox_next_due(text[]) IS
+  'How long until the earliest pending message is due, by the database clock (0 if one is due now, NULL if none is pending). Executors sleep min(this, poll interval) so delayed and backed-off messages go out on time without a NOTIFY.';
+
+-- ---------------------------------------------------------------------------------------------
+-- Report an outcome (executor), fenced on attempt
+-- ---------------------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION pgfence.outbox_mark_sent(
+  p_id      bigint,
+  p_attempt integer,
+  p_receipt jsonb DEFAULT NULL
+)
+RETURNS boolean
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pgfence, pg_temp
+AS $$
+BEGIN
+  IF p_attempt IS NULL THEN
+    RAISE EXCEPTION 'outbox_mark_sent: attempt (the fence token from outbox_claim) is required'
+      USING ERRCODE = '22004';
+  END IF;
+  UPDATE pgfence.outbox o
+  SET status = 'sent', receipt = p_receipt, finished_at = now(), last_error = NULL,
+      locked_by = NULL, lease_expires_at = NULL
+  WHERE o.id = p_id AND o.attempts = p_attempt AND o.status = 'processing';
+  IF FOUND THEN
+    RETURN true;
+  END IF;
+  PERFORM pgfence._outbox_require(p_id);
+  RETURN false;
+END
+$$;
+REVOKE ALL ON FUNCTION pgfence.outbox_mark_sent(bigint, integer, jsonb) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION pgfence.outbox_mark_sent(bigint, integer, jsonb) TO pgfence_executor, pgfence_admin;
+COMMENT ON FUNCTION pgfence.outbox_mark_sent(bigint, integer, jsonb) IS
+  'Record a successful delivery: processing -> sent, only if the message is still processing under this attempt (the fence). Returns true if this call made the transition, false if the claim is stale (another attempt owns it, or it is already finished): a lost race, nothing changed. A lapsed lease that nobody reclaimed yet is still accepted, since the delivery did happen. Errors: 22004 (attempt NULL), P0002 (unknown id).';
+
+CREATE OR REPLACE FUNCTION pgfence.outbox_mark_sent_many(
+  p_ids      bigint[],
+  p_attempts integer[],
+  p_receipts jsonb[] DEFAULT NULL
+)
+RETURNS SETOF bigint
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pgfence, pg_temp
+AS $$
+DECLARE
+  v_missing bigint;
+  v_rows    bigint;
+BEGIN
+  IF p_ids IS NULL OR p_attempts IS NULL THEN
+    RAISE EXCEPTION 'outbox_mark_sent_many: ids and attempts are required' USING ERRCODE = '22004';
+  END IF;
+  IF cardinality(p_ids) <> cardinality(p_attempts)
+     OR (p_receipts IS NOT NULL AND cardinality(p_receipts) <> cardinality(p_ids)) THEN
+    RAISE EXCEPTION 'outbox_mark_sent_many: ids, attempts and receipts must have the same length'
+      USING ERRCODE = '22023';
+  END IF;
+  RETURN QUERY
+  UPDATE pgfence.outbox o
+  SET status = 'sent', receipt = u.receipt, finished_at = now(), last_error = NULL,
+      locked_by = NULL, lease_expires_at = NULL
+  FROM unnest(p_ids, p_attempts, coalesce(p_receipts, array_fill(NULL::jsonb, ARRAY[cardinality(p_ids)])))
+         AS u(id, attempt, receipt)
+  WHERE o.id = u.id AND o.attempts = u.attempt AND o.status = 'processing'
+  RETURNING o.id;
+  GET DIAGNOSTICS v_rows = ROW_COUNT;
+  IF v_rows < cardinality(p_ids) THEN
+    SELECT u.id INTO v_missing FROM unnest(p_ids) AS u(id)
+    WHERE NOT EXISTS (SELECT 1 FROM pgfence.outbox o WHERE o.id = u.id) LIMIT 1;
+    IF v_missing IS NOT NULL THEN
+      RAISE EXCEPTION 'outbox_mark_sent_many: no message with id %', v_missing
+        USING ERRCODE = 'P0002', HINT = 'Nothing was marked; check the ids.';
+    END IF;
+  END IF;
+END
+$$;
+REVOKE ALL ON FUNCTION pgfence.outbox_mark_sent_many(bigint[], integer[], jsonb[]) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION pgfence.outbox_mark_sent_many(bigint[], integer[], jsonb[]) TO pgfence_executor, pgfence_admin;
+COMMENT ON FUNCTION pgfence.outbox_mark_sent_many(bigint[], integer[], jsonb[]) IS
+  'outbox_mark_sent for many messages in one statement: element i of ids/attempts/receipts is one (id, fence, receipt). Every row is fenced exactly as in outbox_mark_sent. Returns the ids that this call moved to sent; the others were stale claims (lost races). Errors: 22004, 22023 (arrays of different lengths), P0002 (an unknown id; then nothing is marked).';
+
+CREATE OR REPLACE FUNCTION pgfence.outbox_mark_failed(
+  p_id          bigint,
+  p_attempt     integer,
+  p_error       text,
+  p_retryable   boolean DEFAULT true,
+  p_retry_after interval DEFAULT NULL
+)
+RETURNS text
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pgfence, pg_temp
+AS $$
+DECLARE
+  v_status text;
+BEGIN
+  IF p_attempt IS NULL OR p_error IS NULL OR p_retryable IS NULL THEN
+    RAISE EXCEPTION 'outbox_mark_failed: attempt, error and retryable are required' USING ERRCODE = '22004';
+  END IF;
+  IF p_retry_after IS NOT NULL AND p_retry_after < interval '0' THEN
+    RAISE EXCEPTION 'outbox_mark_failed: retry_after must not be negative, got %', p_retry_after
+      USING ERRCODE = '22023';
+  END IF;
+  UPDATE pgfence.outbox o
+  SET status = CASE WHEN NOT p_retryable THEN 'failed'
+                    WHEN o.attempts >= o.max_attempts THEN 'dead'
+                    ELSE 'pending' END,
+      next_attempt_at = CASE
+        WHEN p_retryable AND o.attempts < o.max_attempts THEN
+          now() + (SELECT least(greatest(pgfence.backoff(o.attempts, s.backoff_base, s.backoff_cap),
+                                         coalesce(p_retry_after, interval '0')),
+                                s.backoff_cap)
+                   FROM pgfence._outbox_settings(o.channel) s)
+        ELSE o.next_attempt_at END,
+      finished_at = CASE WHEN NOT p_retryable OR o.attempts >= o.max_attempts THEN now() END,
+      last_error = left(p_error, 8000),
+      locked_by = NULL, lease_expires_at = NULL
+  WHERE o.id = p_id AND o.attempts = p_attempt AND o.status = 'processing'
+  RETURNING o.status INTO v_status;
+  IF v_status IS NULL THEN
+    PERFORM pgfence._outbox_require(p_id);
+  END IF;
+  RETURN v_status;
+END
+$$;
+REVOKE ALL ON FUNCTION pgfence.outbox_mark_failed(bigint, integer, text, boolean, interval) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION pgfence.outbox_mark_failed(bigint, integer, text, boolean, interval) TO pgfence_executor, pgfence_admin;
+COMMENT ON FUNCTION pgfence.outbox_mark_failed(bigint, integer, text, boolean, interval) IS
+  'Record a failed delivery under the claim''s attempt (the fence). Retryable: back to pending, due after the channel''s capped, jittered exponential backoff (or retry_after, e.g. an HTTP Retry-After, if longer; never beyond the cap), or dead when no attempts remain. Not retryable: failed. Returns the new status, or NULL when the claim is stale (lost race: nothing changed). Errors: 22004 (missing argument), 22023 (negative retry_after), P0002 (unknown id).';
+
+-- ---------------------------------------------------------------------------------------------
+-- Reaper
+-- ---------------------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION pgfence.outbox_reclaim_stale(p_max_rows integer DEFAULT 1000)
+RETURNS integer
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pgfence, pg_temp
+AS $$
+DECLARE
+  v_count integer;
+BEGIN
+  IF p_max_rows IS NULL OR p_max_rows < 1 THEN
+    RAISE EXCEPTION 'outbox_reclaim_stale: max_rows must be positive, got %', p_max_rows
+      USING ERRCODE = '22023';
+  END IF;
+  -- SKIP LOCKED: a row being marked right now is left alone; FOR UPDATE re-reads a row
+  -- committed after our snapshot and drops it unless it is still processing and lapsed.
+  WITH stale AS (
+    SELECT o.id FROM pgfence.outbox o
+    WHERE o.status = 'processing' AND o.lease_expires_at < now()
+    ORDER BY o.lease_expires_at
+    LIMIT p_max_rows
+    FOR UPDATE SKIP LOCKED
+  ), reclaimed AS (
+    UPDATE pgfence.outbox o
+    SET status = CASE WHEN o.attempts >= o.max_attempts THEN 'dead' ELSE 'pending' END,
+        next_attempt_at = CASE WHEN o.attempts >= o.max_attempts THEN o.next_attempt_at
+          ELSE now() + (SELECT pgfence.backoff(o.attempts, s.backoff_base, s.backoff_cap)
+                        FROM pgfence._outbox_settings(o.channel) s) END,
+        finished_at = CASE WHEN o.attempts >= o.max_attempts THEN now() END,
+        last_error = format('lease expired: worker %s did not finish attempt %s by %s',
+                            o.locked_by, o.attempts, o.lease_expires_at),
+        locked_by = NULL, lease_expires_at = NULL
+    FROM stale
+    WHERE o.id = stale.id AND o.status = 'processing' AND o.lease_expires_at < now()
+    RETURNING o.id
+  )
+  SELECT count(*) INTO v_count FROM reclaimed;
+  RETURN v_count;
+END
+$$;
+REVOKE ALL ON FUNCTION pgfence.outbox_reclaim_stale(integer) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION pgfence.outbox_reclaim_stale(integer) TO pgfence_executor, pgfence_admin;
+COMMENT ON FUNCTION pgfence.outbox_reclaim_stale(integer) IS
+  'Reaper: messages whose lease lapsed by the database clock go back to pending after a backoff (counted as a failed attempt), or to dead when no attempts remain. Takes at most max_rows; skips rows locked by a concurrent mark and never touches a row finished between its read and its write. Returns how many it reclaimed. Run by executors on a timer; safe for a DBA to call. Errors: 22023 (max_rows < 1).';
+
+-- ---------------------------------------------------------------------------------------------
+-- Operator functions
+-- ---------------------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION pgfence.outbox_requeue(p_id bigint, p_extra_attempts integer DEFAULT NULL)
+RETURNS boolean
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pgfence, pg_temp
+AS $$
+BEGIN
+  IF p_extra_attempts IS NOT NULL AND p_extra_attempts NOT BETWEEN 1 AND 1000 THEN
+    RAISE EXCEPTION 'outbox_requeue: extra_attempts must be between 1 and 1000, got %', p_extra_attempts
+      USING ERRCODE = '22023';
+  END IF;
+  UPDATE pgfence.outbox o
+  SET status = 'pending',
+      next_attempt_at = now(),
+      finished_at = NULL,
+      max_attempts = CASE WHEN o.status = 'pending' THEN o.max_attempts
+                          ELSE o.attempts + coalesce(p_extra_attempts, (pgfence._outbox_settings(o.channel)).max_attempts) END
+  WHERE o.id = p_id AND o.status IN ('failed', 'dead', 'pending');
+  IF FOUND THEN
+    RETURN true;
+  END IF;
+  PERFORM pgfence._outbox_require(p_id);
+  RETURN false;
+END
+$$;
+REVOKE ALL ON FUNCTION pgfence.outbox_requeue(bigint, integer) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION pgfence.outbox_requeue(bigint, integer) TO pgfence_admin;
+COMMENT ON FUNCTION pgfence.outbox_requeue(bigint, integer) IS
+  'Operator: retry a failed or dead message now, granting extra_attempts more attempts (default: the channel''s max_attempts); a pending message is made due now. attempts keeps counting, so fence tokens are never reused. Returns false for a message that is processing or sent (a sent message never changes again). Errors: 22023 (extra_attempts outside 1..1000), P0002 (unknown id).';
+
+CREATE OR REPLACE FUNCTION pgfence.outbox_configure_channel(
+  p_channel      text,
+  p_max_attempts integer DEFAULT NULL,
+  p_backoff_base interval DEFAULT NULL,
+  p_backoff_cap  interval DEFAULT NULL,
+  p_lease        interval DEFAULT NULL
+)
+RETURNS pgfence.outbox_channel
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pgfence, pg_temp
+AS $$
+DECLARE
+  v_cur pgfence.outbox_channel;
+  v_row pgfence.outbox_channel;
+BEGIN
+  IF p_channel IS NULL OR (p_channel <> '*' AND p_channel !~ '^[a-z0-9][a-z0-9_.-]{0,62}$') THEN
+    RAISE EXCEPTION 'outbox_configure_channel: invalid channel name "%"', p_channel
+      USING ERRCODE = '22023', HINT = 'Use a channel name, or ''*'' for the defaults.';
+  END IF;
+  v_cur := pgfence._outbox_settings(p_channel);
+  BEGIN
+    INSERT INTO pgfence.outbox_channel AS c (channel, max_attempts, backoff_base, backoff_cap, lease)
+    VALUES (p_channel,
+            coalesce(p_max_attempts, v_cur.max_attempts),
+            coalesce(p_backoff_base, v_cur.backoff_base),
+            coalesce(p_backoff_cap, v_cur.backoff_cap),
+            coalesce(p_lease, v_cur.lease))
+    ON CONFLICT (channel) DO UPDATE
+      SET max_attempts = EXCLUDED.max_attempts, backoff_base = EXCLUDED.backoff_base,
+          backoff_cap = EXCLUDED.backoff_cap, lease = EXCLUDED.lease, updated_at = now()
+    RETURNING c.* INTO v_row;
+  EXCEPTION WHEN check_violation THEN
+    RAISE EXCEPTION 'outbox_configure_channel: invalid settings for "%"', p_channel
+      USING ERRCODE = '22023',
+            HINT = 'Need 1 <= max_attempts <= 1000, 0 < backoff_base <= backoff_cap, lease > 0.';
+  END;
+  RETURN v_row;
+END
+$$;
+REVOKE ALL ON FUNCTION pgfence.outbox_configure_channel(text, integer, interval, interval, interval) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION pgfence.outbox_configure_channel(text, integer, interval, interval, interval) TO pgfence_admin;
+COMMENT ON FUNCTION pgfence.outbox_configure_channel(text, integer, interval, interval, interval) IS
+  'Operator: set a channel''s retry settings (NULL keeps the current value, inherited from ''*'' for a new channel). Applies to claims and failures from now on; max_attempts applies to messages enqueued from now on. Returns the stored row. Errors: 22023 (bad name or settings).';
+
+CREATE OR REPLACE FUNCTION pgfence.outbox_get(p_id bigint)
+RETURNS TABLE (
+  id bigint, channel text, recipient text, payload jsonb, idempotency_key text, status text,
+  attempts integer, max_attempts integer, next_attempt_at timestamptz, locked_by text,
+  claimed_at timestamptz, lease_expires_at timestamptz, last_error text, receipt jsonb,
+  created_at timestamptz, updated_at timestamptz, finished_at timestamptz
+)
+LANGUAGE plpgsql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pgfence, pg_temp
+AS $$
+#variable_conflict use_column
+BEGIN
+  PERFORM pgfence._outbox_require(p_id);
+  RETURN QUERY
+  SELECT o.id, o.channel, o.recipient, o.payload, o.idempotency_key, o.status, o.attempts,
+         o.max_attempts, o.next_attempt_at, o.locked_by, o.claimed_at, o.lease_expires_at,
+         o.last_error, o.receipt, o.created_at, o.updated_at, o.finished_at
+  FROM pgfence.outbox o WHERE o.id = p_id;
+END
+$$;
+REVOKE ALL ON FUNCTION pgfence.outbox_get(bigint) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION pgfence.outbox_get(bigint) TO pgfence_client, pgfence_executor, pgfence_admin;
+COMMENT ON FUNCTION pgfence.outbox_get(bigint) IS
+  'One message with its delivery state (status, attempts, owner and lease, last error, receipt). Errors: 22004 (id NULL), P0002 (unknown id).';
+
+-- ---------------------------------------------------------------------------------------------
+-- Views for operators (psql)
+-- ---------------------------------------------------------------------------------------------
+CREATE OR REPLACE VIEW pgfence.outbox_summary AS
+SELECT o.channel,
+       o.status,
+       count(*)                                                         AS messages,
+       min(o.created_at)                                                AS oldest_created_at,
+       CASE WHEN o.status = 'pending' THEN
+         greatest(now() - min(o.next_attempt_at) FILTER (WHERE o.next_attempt_at <= now()), interval '0')
+       END                                                              AS oldest_due_age,
+       count(*) FILTER (WHERE o.status = 'pending' AND o.next_attempt_at > now()) AS deferred,
+       count(*) FILTER (WHERE o.status = 'processing' AND o.lease_expires_at < now()) AS lapsed_leases,
+       max(o.attempts)                                                  AS max_attempts_used
+FROM pgfence.outbox o
+GROUP BY o.channel, o.status;
+REVOKE ALL ON pgfence.outbox_summary FROM PUBLIC;
+GRANT SELECT ON pgfence.outbox_summary TO pgfence_admin;
+COMMENT ON VIEW pgfence.outbox_summary IS
+  'Operators: one row per channel and status: message count, oldest created, oldest_due_age (pending: how long the most overdue due message has waited), deferred (pending, not yet due: backoff or deliver_at), lapsed_leases (processing past its lease: the reaper will take them), highest attempts used.';
+
+CREATE OR REPLACE VIEW pgfence.outbox_leases AS
+SELECT o.locked_by                          AS worker,
+       o.channel,
+       count(*)                             AS held,
+       min(o.claimed_at)                    AS oldest_claim_at,
+       min(o.lease_expires_at)              AS next_expiry,
+       count(*) FILTER (WHERE o.lease_expires_at < now()) AS lapsed
+FROM pgfence.outbox o
+WHERE o.status = 'processing'
+GROUP BY o.locked_by, o.channel;
+REVOKE ALL ON pgfence.outbox_leases FROM PUBLIC;
+GRANT SELECT ON pgfence.outbox_leases TO pgfence_admin;
+COMMENT ON VIEW pgfence.outbox_leases IS
+  'Operators: who holds outbox leases right now, per worker and channel, with the earliest expiry and how many already lapsed (database clock).';

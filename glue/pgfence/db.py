@@ -1,0 +1,127 @@
+"""Connections: which database to use, and the schema-version check.
+
+The database is chosen in this order:
+
+1. an explicit ``dsn`` argument (the CLI's ``--dsn``);
+2. ``$DATABASE_URL``;
+3. the dev cluster started by ``pgfence db start`` (recorded in its state file);
+
+otherwise :func:`resolve_dsn` raises :class:`NoDatabase` with what to do.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+import psycopg
+from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+from . import SCHEMA_VERSION
+from .embedded import load_dev_cluster
+from .errors import SchemaMismatch
+
+logger = logging.getLogger(__name__)
+
+
+class NoDatabase(RuntimeError):
+    """No ``--dsn``, no ``DATABASE_URL`` and no running dev cluster."""
+
+
+def resolve_dsn(dsn: str | None = None) -> str:
+    """Return the connection string to use (see the module docstring for the order).
+
+    Raises:
+        NoDatabase: nothing to connect to; the message says how to get a database.
+    """
+    if dsn:
+        return dsn
+    if env := os.environ.get("DATABASE_URL"):
+        return env
+    if info := load_dev_cluster():
+        return info.url
+    raise NoDatabase(
+        "No database: set DATABASE_URL (e.g. postgresql://user@host/db), pass --dsn, "
+        "or start a throwaway local one with `pgfence db start`."
+    )
+
+
+def with_dbname(dsn: str, dbname: str) -> str:
+    """Return ``dsn`` pointing at database ``dbname`` instead (same host, port, user)."""
+    params = conninfo_to_dict(dsn)
+    params["dbname"] = dbname
+    return make_conninfo(**params)
+
+
+def connect(dsn: str | None = None, *, autocommit: bool = True, check_schema: bool = True,
+            **kwargs: Any) -> psycopg.Connection[Any]:
+    """Open a connection (autocommit by default: every pgfence call is its own transaction).
+
+    Args:
+        dsn: libpq connection string or URI; None = :func:`resolve_dsn`.
+        autocommit: False to own the transaction (e.g. enqueue inside business work).
+        check_schema: verify ``pgfence.schema_version()`` first (see :func:`check_schema`).
+
+    Raises:
+        NoDatabase, SchemaMismatch, psycopg.OperationalError.
+    """
+    conn = psycopg.connect(resolve_dsn(dsn), autocommit=autocommit, **kwargs)
+    if check_schema:
+        try:
+            verify_schema(conn)
+        except BaseException:
+            conn.close()
+            raise
+    return conn
+
+
+def schema_version(conn: psycopg.Connection[Any]) -> int | None:
+    """Return ``pgfence.schema_version()``, or None when pgfence is not installed."""
+    row = conn.execute(
+        "SELECT to_regprocedure('pgfence.schema_version()') IS NOT NULL"
+    ).fetchone()
+    if not row or not row[0]:
+        return None
+    got = conn.execute("SELECT pgfence.schema_version()").fetchone()
+    return int(got[0]) if got else None
+
+
+def verify_schema(conn: psycopg.Connection[Any], expected: int = SCHEMA_VERSION) -> int:
+    """Raise unless the database's schema version is exactly ``expected``.
+
+    Raises:
+        SchemaMismatch: pgfence is missing or older (run ``pgfence migrate``), or newer than
+            this glue (upgrade the pgfence package).
+    """
+    got = schema_version(conn)
+    if got == expected:
+        return got
+    if got is None:
+        msg = "pgfence is not installed in this database: run `pgfence migrate`"
+    elif got < expected:
+        msg = (f"database schema is version {got}, this pgfence needs {expected}: "
+               "run `pgfence migrate`")
+    else:
+        msg = (f"database schema is version {got}, newer than this pgfence ({expected}): "
+               "upgrade the pgfence package")
+    raise SchemaMismatch(msg)
+
+
+def create_database(admin_dsn: str, name: str, template: str | None = None) -> str:
+    """CREATE DATABASE ``name`` (optionally from ``template``); return its DSN."""
+    with psycopg.connect(admin_dsn, autocommit=True) as conn:
+        stmt = sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name))
+        if template:
+            stmt = sql.SQL("{} TEMPLATE {}").format(stmt, sql.Identifier(template))
+        conn.execute(stmt)
+    return with_dbname(admin_dsn, name)
+
+
+def drop_database(admin_dsn: str, name: str) -> None:
+    """DROP DATABASE IF EXISTS ``name`` WITH (FORCE): disconnects its sessions first."""
+    with psycopg.connect(admin_dsn, autocommit=True) as conn:
+        conn.execute(
+            sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+        )

@@ -1,0 +1,58 @@
+-- pgfence 0002 — outbox: messages to deliver at least once, and per-channel retry settings.
+-- depends: 0001_core
+
+CREATE TABLE pgfence.outbox_channel (
+  channel      text PRIMARY KEY
+               CHECK (channel = '*' OR channel ~ '^[a-z0-9][a-z0-9_.-]{0,62}$'),
+  max_attempts integer  NOT NULL CHECK (max_attempts BETWEEN 1 AND 1000),
+  backoff_base interval NOT NULL CHECK (backoff_base > interval '0'),
+  backoff_cap  interval NOT NULL,
+  lease        interval NOT NULL CHECK (lease > interval '0'),
+  updated_at   timestamptz NOT NULL DEFAULT now(),
+  CONSTRAINT outbox_channel_cap_ge_base CHECK (backoff_cap >= backoff_base)
+);
+COMMENT ON TABLE pgfence.outbox_channel IS
+  'Retry settings per outbox channel; the row ''*'' holds the defaults for channels without a row. Change with pgfence.outbox_configure_channel().';
+INSERT INTO pgfence.outbox_channel (channel, max_attempts, backoff_base, backoff_cap, lease)
+VALUES ('*', 10, interval '1 second', interval '1 hour', interval '5 minutes');
+
+CREATE TABLE pgfence.outbox (
+  id               bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+  channel          text NOT NULL CHECK (channel ~ '^[a-z0-9][a-z0-9_.-]{0,62}$'),
+  recipient        text NOT NULL CHECK (recipient <> '' AND length(recipient) <= 2048),
+  payload          jsonb NOT NULL CHECK (jsonb_typeof(payload) = 'object'),
+  idempotency_key  text UNIQUE CHECK (idempotency_key <> '' AND length(idempotency_key) <= 255),
+  status           text NOT NULL DEFAULT 'pending'
+                   CHECK (status IN ('pending', 'processing', 'sent', 'failed', 'dead')),
+  attempts         integer NOT NULL DEFAULT 0 CHECK (attempts >= 0),
+  max_attempts     integer NOT NULL CHECK (max_attempts >= 1),
+  next_attempt_at  timestamptz NOT NULL DEFAULT now(),
+  locked_by        text,
+  claimed_at       timestamptz,
+  lease_expires_at timestamptz,
+  last_error       text,
+  receipt          jsonb,
+  created_at       timestamptz NOT NULL DEFAULT now(),
+  updated_at       timestamptz NOT NULL DEFAULT now(),
+  finished_at      timestamptz,
+  CONSTRAINT outbox_attempts_le_max CHECK (attempts <= max_attempts),
+  CONSTRAINT outbox_lease_iff_processing
+    CHECK ((status = 'processing') = (locked_by IS NOT NULL AND lease_expires_at IS NOT NULL)),
+  CONSTRAINT outbox_finished_iff_terminal
+    CHECK ((status IN ('sent', 'failed', 'dead')) = (finished_at IS NOT NULL))
+);
+COMMENT ON TABLE pgfence.outbox IS
+  'Transactional outbox: one row per message. Status machine pending -> processing -> sent | failed | dead; a retry is pending again with attempts > 0. attempts is the fence token. Not an API: use the pgfence.outbox_* functions.';
+COMMENT ON COLUMN pgfence.outbox.attempts IS
+  'Claims made so far; bumped at claim, so it is also the fence token the claimer must present to mark the message. Never decreases.';
+COMMENT ON COLUMN pgfence.outbox.next_attempt_at IS
+  'When the message is due (database clock). Set by enqueue (deliver_at), by backoff after a retryable failure or a lapsed lease, and by requeue.';
+COMMENT ON COLUMN pgfence.outbox.lease_expires_at IS
+  'While processing: the claim is owned by locked_by until this time (database clock); after it, outbox_reclaim_stale may take it back.';
+COMMENT ON COLUMN pgfence.outbox.receipt IS
+  'What the transport reported on success (for a webhook: HTTP status and response id), written by outbox_mark_sent.';
+
+CREATE INDEX outbox_due_idx ON pgfence.outbox (next_attempt_at, id) WHERE status = 'pending';
+CREATE INDEX outbox_lease_idx ON pgfence.outbox (lease_expires_at) WHERE status = 'processing';
+
+UPDATE pgfence.meta SET schema_version = 2;
