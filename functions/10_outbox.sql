@@ -683,3 +683,40 @@ REVOKE ALL ON pgfence.outbox_leases FROM PUBLIC;
 GRANT SELECT ON pgfence.outbox_leases TO pgfence_admin;
 COMMENT ON VIEW pgfence.outbox_leases IS
   'Operators: who holds outbox leases right now, per worker and channel, with the earliest expiry and how many already lapsed (database clock).';
+
+CREATE OR REPLACE FUNCTION pgfence.outbox_list(
+  p_channel text DEFAULT NULL,
+  p_status  text DEFAULT NULL,
+  p_limit   integer DEFAULT 100
+)
+RETURNS TABLE (
+  id bigint, channel text, recipient text, idempotency_key text, status text, attempts integer,
+  max_attempts integer, next_attempt_at timestamptz, locked_by text, lease_expires_at timestamptz,
+  last_error text, created_at timestamptz, finished_at timestamptz
+)
+LANGUAGE plpgsql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pgfence, pg_temp
+AS $$
+#variable_conflict use_column
+BEGIN
+  IF p_status IS NOT NULL AND p_status NOT IN ('pending', 'processing', 'sent', 'failed', 'dead') THEN
+    RAISE EXCEPTION 'outbox_list: unknown status "%"', p_status
+      USING ERRCODE = '22023', HINT = 'One of pending, processing, sent, failed, dead.';
+  END IF;
+  IF p_limit IS NULL OR p_limit NOT BETWEEN 1 AND 10000 THEN
+    RAISE EXCEPTION 'outbox_list: limit must be between 1 and 10000' USING ERRCODE = '22023';
+  END IF;
+  RETURN QUERY
+  SELECT o.id, o.channel, o.recipient, o.idempotency_key, o.status, o.attempts, o.max_attempts,
+         o.next_attempt_at, o.locked_by, o.lease_expires_at, o.last_error, o.created_at, o.finished_at
+  FROM pgfence.outbox o
+  WHERE (p_channel IS NULL OR o.channel = p_channel)
+    AND (p_status IS NULL OR o.status = p_status)
+  ORDER BY o.id DESC
+  LIMIT p_limit;
+END
+$$;
+REVOKE ALL ON FUNCTION pgfence.outbox_list(text, text, integer) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION pgfence.outbox_list(text, text, integer) TO pgfence_admin;
+COMMENT ON FUNCTION pgfence.outbox_list(text, text, integer) IS
+  'Operators: the newest messages (highest id first), optionally of one channel and/or status, without payloads. Errors: 22023 (unknown status, limit outside 1..10000).';

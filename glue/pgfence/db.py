@@ -17,6 +17,7 @@ from typing import Any
 
 import psycopg
 from psycopg import sql
+from psycopg.rows import tuple_row
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from . import SCHEMA_VERSION
@@ -79,12 +80,13 @@ def connect(dsn: str | None = None, *, autocommit: bool = True, check_schema: bo
 
 def schema_version(conn: psycopg.Connection[Any]) -> int | None:
     """Return ``pgfence.schema_version()``, or None when pgfence is not installed."""
-    row = conn.execute(
-        "SELECT to_regprocedure('pgfence.schema_version()') IS NOT NULL"
-    ).fetchone()
-    if not row or not row[0]:
-        return None
-    got = conn.execute("SELECT pgfence.schema_version()").fetchone()
+    with conn.cursor(row_factory=tuple_row) as cur:
+        cur.execute("SELECT to_regprocedure('pgfence.schema_version()') IS NOT NULL")
+        row = cur.fetchone()
+        if not row or not row[0]:
+            return None
+        cur.execute("SELECT pgfence.schema_version()")
+        got = cur.fetchone()
     return int(got[0]) if got else None
 
 
@@ -95,7 +97,11 @@ def verify_schema(conn: psycopg.Connection[Any], expected: int = SCHEMA_VERSION)
         SchemaMismatch: pgfence is missing or older (run ``pgfence migrate``), or newer than
             this glue (upgrade the pgfence package).
     """
-    got = schema_version(conn)
+    return check_version(schema_version(conn), expected)
+
+
+def check_version(got: int | None, expected: int = SCHEMA_VERSION) -> int:
+    """Compare a database's schema version with ``expected``; raise SchemaMismatch if different."""
     if got == expected:
         return got
     if got is None:

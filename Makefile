@@ -1,0 +1,59 @@
+# pgfence — the two commands a new user needs:
+#   make demo   the outbox (and every module) on a throwaway embedded PostgreSQL
+#   make test   pgTAP suites (pg_prove) + pytest, against a throwaway cluster or $DATABASE_URL
+# Everything is installed on first use: system packages via tools/ensure-system-deps.sh (apt, as
+# root), Python packages into .venv.
+
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+PGFENCE := $(VENV)/bin/pgfence
+PYTEST_ARGS ?=
+
+.PHONY: help venv deps test-deps demo test test-here pgtap pytest bench lint schema clean
+
+help:
+	@echo "make demo    run the demo on a throwaway PostgreSQL"
+	@echo "make test    pgTAP + pytest (installs what it needs)"
+	@echo "make bench   benchmarks (prints numbers and ratios, writes bench/results/)"
+	@echo "make lint    ruff + mypy"
+
+$(VENV)/.installed: pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV) || { \
+	  echo "python3 -m venv failed: install python3-venv (apt-get install python3-venv)"; exit 1; }
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[dev]'
+	@touch $@
+
+venv: $(VENV)/.installed
+
+deps:
+	@tools/ensure-system-deps.sh
+
+test-deps:
+	@tools/ensure-system-deps.sh --pgtap
+
+demo: venv deps
+	$(PGFENCE) demo
+
+# One throwaway cluster for the whole run (or $$DATABASE_URL); stopped afterwards.
+test: venv test-deps
+	@$(PGFENCE) db run -- $(MAKE) --no-print-directory test-here
+
+test-here: pgtap pytest
+
+pgtap:
+	$(PY) tests/run_pgtap.py
+
+pytest:
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+bench: venv deps
+	$(PGFENCE) db run --durable -- $(PY) bench/run.py
+
+lint: venv
+	$(VENV)/bin/ruff check glue tests bench
+	$(VENV)/bin/mypy
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache bench/results

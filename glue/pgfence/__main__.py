@@ -1,0 +1,5 @@
+"""``python -m pgfence`` = the ``pgfence`` command."""
+
+from .cli import main
+
+main()

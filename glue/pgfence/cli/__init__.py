@@ -1,0 +1,79 @@
+"""The ``pgfence`` command line.
+
+Every command talks to the database chosen by ``--dsn``, else ``$DATABASE_URL``, else the dev
+cluster of ``pgfence db start`` (see :mod:`pgfence.db`). Read commands take ``--json``.
+Each module adds its group here: ``outbox``, ``plan``, ``op``, ``doc``.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+import click
+
+from .. import __version__
+from ..db import NoDatabase
+from ..embedded import PostgresNotFound
+from ..errors import PgfenceError
+from ._common import CliState
+
+
+class _Group(click.Group):
+    """Turns the errors a user can act on into one clear line and exit code 1 (2 for usage)."""
+
+    def invoke(self, ctx: click.Context) -> object:
+        try:
+            return super().invoke(ctx)
+        except (NoDatabase, PostgresNotFound) as exc:
+            click.echo(f"pgfence: {exc}", err=True)
+            sys.exit(1)
+        except PgfenceError as exc:
+            msg = f"pgfence: {exc}"
+            if exc.sqlstate:
+                msg += f" [{exc.sqlstate}]"
+            if exc.detail:
+                msg += f"\n  detail: {exc.detail}"
+            if exc.hint:
+                msg += f"\n  hint: {exc.hint}"
+            click.echo(msg, err=True)
+            sys.exit(1)
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="pgfence")
+@click.option("--dsn", envvar="PGFENCE_DSN", metavar="DSN",
+              help="Database to use (libpq URI or key=value). Default: $DATABASE_URL, "
+                   "else the dev cluster from `pgfence db start`.")
+@click.option("-v", "--verbose", count=True, help="More logging (-v info, -vv debug).")
+@click.pass_context
+def main(ctx: click.Context, dsn: str | None, verbose: int) -> None:
+    """pgfence — durable step execution and versioned documents in PostgreSQL.
+
+    \b
+    Quick start (a throwaway local PostgreSQL):
+      pgfence db start            # prints the DATABASE_URL it started
+      pgfence migrate             # install / upgrade schema pgfence
+      pgfence outbox enqueue --channel hooks --recipient http://127.0.0.1:8080/hook '{"hi": 1}'
+      pgfence executor --route hooks=webhook
+      pgfence status
+      pgfence db stop
+    """
+    level = logging.WARNING - 10 * verbose
+    logging.basicConfig(level=max(level, logging.DEBUG),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    ctx.obj = CliState(dsn=dsn)
+
+
+def _register() -> None:
+    from .db import db
+    from .executor import executor_cmd
+    from .migrate import migrate_cmd
+    from .outbox import outbox
+    from .status import status
+
+    for cmd in (db, migrate_cmd, executor_cmd, outbox, status):
+        main.add_command(cmd)
+
+
+_register()

@@ -1,0 +1,94 @@
+"""Helpers shared by the CLI commands: the connection, and table / JSON output."""
+
+from __future__ import annotations
+
+import datetime as dt
+import decimal
+import json
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import click
+import psycopg
+from tabulate import tabulate
+
+from ..db import connect, resolve_dsn
+from ..errors import translate
+
+
+@dataclass
+class CliState:
+    """Per-invocation state: the ``--dsn`` given on the command line (or None)."""
+
+    dsn: str | None
+
+    @property
+    def resolved_dsn(self) -> str:
+        """The DSN after applying the defaults of :func:`pgfence.db.resolve_dsn`."""
+        return resolve_dsn(self.dsn)
+
+
+pass_state = click.make_pass_decorator(CliState)
+
+
+@contextmanager
+def db_conn(state: CliState) -> Iterator[psycopg.Connection[Any]]:
+    """Autocommit connection (schema version checked); SQLSTATE errors become pgfence ones."""
+    with connect(state.dsn) as conn:
+        try:
+            yield conn
+        except psycopg.Error as exc:
+            raise translate(exc) from exc
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, dt.datetime | dt.date):
+        return value.isoformat()
+    if isinstance(value, dt.timedelta):
+        return value.total_seconds()
+    if isinstance(value, decimal.Decimal):
+        return float(value)
+    return value
+
+
+def fmt_value(value: Any) -> str:
+    """Human text for one cell: intervals as seconds, timestamps to the millisecond in UTC."""
+    if value is None:
+        return ""
+    if isinstance(value, dt.timedelta):
+        return f"{value.total_seconds():.1f}s"
+    if isinstance(value, dt.datetime):
+        return value.astimezone(dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] + "Z"
+    if isinstance(value, dict | list):
+        text = json.dumps(value, separators=(",", ":"))
+        return text if len(text) <= 60 else text[:57] + "..."
+    return str(value)
+
+
+def emit(rows: Sequence[dict[str, Any]], as_json: bool, columns: Sequence[str] | None = None,
+         empty: str = "(none)") -> None:
+    """Print ``rows`` as a table (or JSON array with ``as_json``), in ``columns`` order."""
+    cols = list(columns) if columns else (list(rows[0].keys()) if rows else [])
+    if as_json:
+        click.echo(json.dumps([{c: _jsonable(r.get(c)) for c in cols} for r in rows], indent=2))
+        return
+    if not rows:
+        click.echo(empty)
+        return
+    click.echo(tabulate([[fmt_value(r.get(c)) for c in cols] for r in rows], headers=cols))
+
+
+def emit_one(row: dict[str, Any], as_json: bool) -> None:
+    """Print one record as ``key: value`` lines (or a JSON object)."""
+    if as_json:
+        click.echo(json.dumps({k: _jsonable(v) for k, v in row.items()}, indent=2))
+        return
+    width = max(len(k) for k in row)
+    for key, value in row.items():
+        text = json.dumps(value) if isinstance(value, dict | list) else fmt_value(value)
+        click.echo(f"{key.rjust(width)}: {text}")
+
+
+json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")

@@ -1,0 +1,104 @@
+"""``pgfence executor``: run the executor process."""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import click
+
+from ..db import resolve_dsn
+from ..executor import Executor, ExecutorConfig, OutboxModule
+from ..transports import Transport, parse_route
+from ._common import CliState, pass_state
+
+
+def _load_config(path: Path | None) -> dict[str, Any]:
+    if path is None:
+        return {}
+    with open(path, "rb") as fh:
+        return tomllib.load(fh)
+
+
+@click.command("executor")
+@click.option("--route", "routes", multiple=True, metavar="CHANNEL=TRANSPORT",
+              help="Deliver CHANNEL with TRANSPORT (repeatable; CHANNEL '*' = every other "
+                   "channel). TRANSPORT: log | noop | webhook | webhook:<url> | "
+                   "smtp://host:port?from=addr | python:module:function.")
+@click.option("--config", "config_path", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="TOML file with [executor] settings and a [routes] table (CLI options win).")
+@click.option("--concurrency", type=click.IntRange(1, 10000), help="Deliveries at once [16].")
+@click.option("--batch", type=click.IntRange(1, 10000), help="Messages per claim [10].")
+@click.option("--poll-interval", type=click.FloatRange(0.01), help="Sweep every N seconds even "
+              "without NOTIFY [5].")
+@click.option("--reap-interval", "--reclaim-interval", "reap_interval", type=click.FloatRange(0.01),
+              help="Run the reapers every N seconds [10].")
+@click.option("--lease", type=click.FloatRange(0.1), help="Claim lease in seconds; default: "
+              "each channel's configured lease.")
+@click.option("--grace", type=click.FloatRange(0), help="Seconds in-flight work may take after "
+              "SIGTERM [30].")
+@click.option("--worker-id", help="Name to claim under [host:pid:random].")
+@click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]),
+              default="info", show_default=True,
+              help="info logs one line per delivery; warning only retries, failures and lapses.")
+@pass_state
+def executor_cmd(state: CliState, routes: tuple[str, ...], config_path: Path | None,
+                 concurrency: int | None, batch: int | None, poll_interval: float | None,
+                 reap_interval: float | None, lease: float | None, grace: float | None,
+                 worker_id: str | None, log_level: str) -> None:
+    """Deliver outbox messages: LISTEN for NOTIFY, sweep on a timer, claim, deliver, record.
+
+    \b
+    Examples:
+      pgfence executor --route orders=webhook --route mail='smtp://127.0.0.1:25?from=me@x.org'
+      pgfence executor --config executor.toml
+
+    \b
+    executor.toml:
+      [executor]
+      concurrency = 32
+      batch = 20
+      [routes]
+      orders = "webhook"
+      audit = "log"
+
+    SIGTERM stops claiming and lets in-flight deliveries finish within --grace seconds.
+    """
+    conf = _load_config(config_path)
+    section = conf.get("executor", {})
+    route_specs: dict[str, str] = dict(conf.get("routes", {}))
+    for item in routes:
+        channel, sep, spec = item.partition("=")
+        if not sep or not channel or not spec:
+            raise click.BadParameter(f"expected CHANNEL=TRANSPORT, got {item!r}", param_hint="--route")
+        route_specs[channel] = spec
+    if not route_specs:
+        raise click.UsageError("give at least one --route CHANNEL=TRANSPORT (or a [routes] table)")
+    transports: dict[str, Transport] = {}
+    for channel, spec in route_specs.items():
+        try:
+            transports[channel] = parse_route(spec)
+        except ValueError as exc:
+            raise click.BadParameter(f"{channel}: {exc}", param_hint="--route") from exc
+
+    def pick(cli_value: Any, key: str, default: Any) -> Any:
+        return cli_value if cli_value is not None else section.get(key, default)
+
+    config = ExecutorConfig(
+        concurrency=int(pick(concurrency, "concurrency", 16)),
+        batch=int(pick(batch, "batch", 10)),
+        poll_interval=float(pick(poll_interval, "poll_interval", 5.0)),
+        reap_interval=float(pick(reap_interval, "reap_interval", 10.0)),
+        grace=float(pick(grace, "grace", 30.0)),
+    )
+    if wid := pick(worker_id, "worker_id", None):
+        config.worker_id = str(wid)
+    lease_s = pick(lease, "lease", None)
+    module = OutboxModule(transports,
+                          lease=dt.timedelta(seconds=float(lease_s)) if lease_s else None)
+    executor = Executor(resolve_dsn(state.dsn), [module], config)
+    logging.getLogger("pgfence").setLevel(log_level.upper())
+    executor.run_forever()

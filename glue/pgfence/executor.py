@@ -1,0 +1,506 @@
+"""The executor: a small asyncio process that performs external side effects.
+
+It owns nothing by itself: every claim, fence check and outcome is a call to the SQL functions,
+which decide. What it does:
+
+- **Wake-up**: a dedicated autocommit connection LISTENs on each module's NOTIFY channel. NOTIFY
+  is only a nudge: it is lost while the listener is disconnected, so the dispatcher also sweeps
+  every ``poll_interval`` seconds, and sleeps no longer than the next due time reported by the
+  database. A dropped listener (server restart, ``pg_terminate_backend``) reconnects with
+  capped, jittered backoff, re-LISTENs, and triggers a sweep.
+- **Claim**: in batches of up to ``batch``, never more than the free delivery slots
+  (``concurrency``). Each claim is its own short transaction; no transaction is open while a
+  delivery runs.
+- **Deliver**: each message runs in its own task with a timeout shorter than its lease.
+  Outcomes go back through the fenced SQL functions; successful ones are grouped into one
+  ``outbox_mark_sent_many`` per burst. A failure to record an outcome is logged and retried
+  until the lease would lapse; after that the reaper takes the message back (at least once).
+- **Reaper**: each module's reaper runs every ``reap_interval`` seconds.
+- **Shutdown**: SIGTERM/SIGINT stop claiming; in-flight deliveries get ``grace`` seconds to
+  finish and be recorded; whatever is left is abandoned to its lease. SIGKILL is survived by
+  leases alone.
+
+Modules plug in through :class:`Module`; the outbox is :class:`OutboxModule`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as dt
+import logging
+import os
+import random
+import signal
+import socket
+import time
+import uuid
+from abc import ABC, abstractmethod
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import psycopg
+from psycopg.rows import class_row
+from psycopg.types.json import Jsonb
+from psycopg_pool import AsyncConnectionPool
+
+from . import outbox as sql
+from .db import check_version
+from .outbox import Claimed
+from .transports import PermanentError, RetryableError, Transport
+
+logger = logging.getLogger(__name__)
+
+Job = Callable[[], Awaitable[None]]
+
+
+def default_worker_id() -> str:
+    """``host:pid:random`` — unique per process, readable in ``outbox_leases``."""
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+
+
+@dataclass
+class ExecutorConfig:
+    """Executor settings. Durations are seconds (float)."""
+
+    concurrency: int = 16
+    batch: int = 10
+    poll_interval: float = 5.0
+    reap_interval: float = 10.0
+    grace: float = 30.0
+    reconnect_max: float = 10.0
+    pool_size: int = 4
+    worker_id: str = field(default_factory=default_worker_id)
+
+
+class Module(ABC):
+    """One durable module as the executor sees it: what wakes it, how it claims, its reaper."""
+
+    name: str = "module"
+    notify_channels: tuple[str, ...] = ()
+
+    def bind(self, executor: Executor) -> None:
+        """Called once before the executor starts; keep a reference for the pool and config."""
+        self.executor = executor
+
+    @abstractmethod
+    async def claim(self, slots: int) -> list[Job]:
+        """Claim up to ``slots`` units of work; return one job per claimed unit."""
+
+    async def next_due(self) -> float | None:
+        """Seconds until this module has due work (None = nothing scheduled)."""
+        return None
+
+    async def reap(self) -> int:
+        """Run the module's reaper once; return how many items it took back."""
+        return 0
+
+    async def aclose(self) -> None:
+        """Release resources at shutdown."""
+        return None
+
+
+class Executor:
+    """Runs modules until :meth:`stop` (or SIGTERM/SIGINT with :meth:`run_forever`).
+
+    Args:
+        dsn: the database (libpq URI / key=value).
+        modules: the modules to serve (e.g. ``[OutboxModule(routes)]``).
+        config: :class:`ExecutorConfig`.
+    """
+
+    def __init__(self, dsn: str, modules: Sequence[Module],
+                 config: ExecutorConfig | None = None) -> None:
+        self.dsn = dsn
+        self.modules = list(modules)
+        self.config = config or ExecutorConfig()
+        self.pool: AsyncConnectionPool | None = None
+        self._wake = asyncio.Event()
+        self._stopping = asyncio.Event()
+        self._inflight: set[asyncio.Task[None]] = set()
+        self._saturated = False
+        self.listener_connects = 0  # observable for tests: how many times LISTEN was (re)issued
+
+    # -- lifecycle --------------------------------------------------------------------------
+    def stop(self) -> None:
+        """Stop claiming; :meth:`run` returns once in-flight work finished or ``grace`` passed."""
+        self._stopping.set()
+        self._wake.set()
+
+    @property
+    def worker_id(self) -> str:
+        """The name this executor claims under (visible in ``pgfence.outbox_leases``)."""
+        return self.config.worker_id
+
+    async def run(self) -> None:
+        """Serve until :meth:`stop`. Checks the schema version first (SchemaMismatch)."""
+        async with await psycopg.AsyncConnection.connect(self.dsn, autocommit=True) as conn:
+            cur = await conn.execute(
+                "SELECT to_regprocedure('pgfence.schema_version()') IS NOT NULL")
+            installed = await cur.fetchone()
+            version = None
+            if installed and installed[0]:
+                cur = await conn.execute("SELECT pgfence.schema_version()")
+                row = await cur.fetchone()
+                version = int(row[0]) if row else None
+        check_version(version)
+        self.pool = AsyncConnectionPool(
+            self.dsn, min_size=1, max_size=self.config.pool_size, open=False,
+            kwargs={"autocommit": True}, check=AsyncConnectionPool.check_connection,
+            name="pgfence-executor",
+        )
+        await self.pool.open(wait=True, timeout=30)
+        for module in self.modules:
+            module.bind(self)
+        logger.info("executor %s started: modules=%s concurrency=%d batch=%d poll=%.1fs",
+                    self.worker_id, ",".join(m.name for m in self.modules),
+                    self.config.concurrency, self.config.batch, self.config.poll_interval)
+        listener = asyncio.create_task(self._listen(), name="pgfence-listener")
+        reaper = asyncio.create_task(self._reap_loop(), name="pgfence-reaper")
+        try:
+            await self._dispatch()
+            await self._drain()
+        finally:
+            for task in (listener, reaper):
+                task.cancel()
+            await asyncio.gather(listener, reaper, return_exceptions=True)
+            for module in self.modules:
+                with contextlib.suppress(Exception):
+                    await module.aclose()
+            await self.pool.close()
+            logger.info("executor %s stopped", self.worker_id)
+
+    def run_forever(self) -> None:
+        """Run in a fresh event loop; SIGTERM and SIGINT trigger a graceful :meth:`stop`."""
+
+        async def main() -> None:
+            loop = asyncio.get_running_loop()
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(sig, self._on_signal, sig)
+            await self.run()
+
+        asyncio.run(main())
+
+    def _on_signal(self, sig: int) -> None:
+        logger.warning("executor %s: %s received, no new claims; %d in flight get %.0fs",
+                       self.worker_id, signal.Signals(sig).name, len(self._inflight),
+                       self.config.grace)
+        self.stop()
+
+    # -- wake-up ----------------------------------------------------------------------------
+    async def _listen(self) -> None:
+        channels = sorted({c for m in self.modules for c in m.notify_channels})
+        if not channels:
+            return
+        failures = 0
+        while not self._stopping.is_set():
+            try:
+                async with await psycopg.AsyncConnection.connect(
+                        self.dsn, autocommit=True) as conn:
+                    for ch in channels:
+                        await conn.execute(f"LISTEN {ch}")
+                    self.listener_connects += 1
+                    if failures:
+                        logger.warning("listener reconnected after %d failed attempt(s); sweeping",
+                                       failures)
+                    failures = 0
+                    self._wake.set()  # NOTIFYs sent while we were away are lost: sweep now
+                    async for _ in conn.notifies():
+                        self._wake.set()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - any loss of the listener means reconnect
+                failures += 1
+                delay = min(self.config.reconnect_max, 0.1 * 2 ** min(failures - 1, 10))
+                delay *= 0.5 + random.random() / 2
+                logger.warning("listener connection lost (%s: %s); reconnecting in %.2fs",
+                               type(exc).__name__, str(exc).strip().splitlines()[0] if str(exc) else "",
+                               delay)
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(self._stopping.wait(), delay)
+
+    # -- dispatch ---------------------------------------------------------------------------
+    async def _dispatch(self) -> None:
+        cfg = self.config
+        failures = 0
+        while not self._stopping.is_set():
+            self._wake.clear()
+            timeout = cfg.poll_interval
+            try:
+                free = cfg.concurrency - len(self._inflight)
+                for module in self.modules:
+                    if free <= 0:
+                        break
+                    jobs = await module.claim(free)
+                    for job in jobs:
+                        self._spawn(job)
+                    free -= len(jobs)
+                self._saturated = free <= 0
+                if not self._saturated:
+                    for module in self.modules:
+                        due = await module.next_due()
+                        if due is not None:
+                            timeout = min(timeout, max(due, 0.001))
+                failures = 0
+            except Exception as exc:  # noqa: BLE001 - the database may be restarting
+                failures += 1
+                timeout = min(cfg.reconnect_max, 0.1 * 2 ** min(failures - 1, 10))
+                logger.warning("claim failed (%s: %s); retrying in %.2fs", type(exc).__name__,
+                               str(exc).strip().splitlines()[0] if str(exc) else "", timeout)
+            if self._saturated:
+                # a finishing job sets _wake; the timeout is only a safety net
+                timeout = cfg.poll_interval
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), timeout)
+
+    def _spawn(self, job: Job) -> None:
+        task = asyncio.create_task(job())
+        self._inflight.add(task)
+        task.add_done_callback(self._done)
+
+    def _done(self, task: asyncio.Task[None]) -> None:
+        self._inflight.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            logger.error("job crashed: %r", task.exception())
+        if self._saturated:
+            self._saturated = False
+            self._wake.set()
+
+    async def _drain(self) -> None:
+        if not self._inflight:
+            return
+        done, pending = await asyncio.wait(set(self._inflight), timeout=self.config.grace)
+        if pending:
+            logger.warning("grace period over: abandoning %d in-flight job(s) to their leases",
+                           len(pending))
+            for task in pending:
+                task.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
+
+    async def _reap_loop(self) -> None:
+        while not self._stopping.is_set():
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._stopping.wait(), self.config.reap_interval)
+            if self._stopping.is_set():
+                return
+            for module in self.modules:
+                try:
+                    n = await module.reap()
+                except Exception as exc:  # noqa: BLE001 - next round will try again
+                    logger.warning("%s reaper failed: %s", module.name, exc)
+                    continue
+                if n:
+                    logger.warning("%s reaper took back %d lapsed claim(s)", module.name, n)
+                    self._wake.set()
+
+    # -- database helpers for modules ----------------------------------------------------
+    async def fetch(self, query: str, params: Sequence[Any], *, retry_until: float | None = None,
+                    row_factory: Any = None) -> list[Any]:
+        """Run one statement on a pooled autocommit connection and return all rows.
+
+        With ``retry_until`` (a ``time.monotonic()`` deadline), connection errors are retried
+        with capped backoff until then; SQL errors (a SQLSTATE from pgfence) are not retried.
+        """
+        assert self.pool is not None
+        attempt = 0
+        while True:
+            try:
+                async with self.pool.connection() as conn:
+                    cur = conn.cursor(row_factory=row_factory) if row_factory else conn.cursor()
+                    async with cur:
+                        await cur.execute(query, params)
+                        return await cur.fetchall() if cur.description else []
+            except psycopg.OperationalError as exc:
+                attempt += 1
+                delay = min(self.config.reconnect_max, 0.05 * 2 ** min(attempt, 10))
+                if retry_until is None or time.monotonic() + delay > retry_until:
+                    raise
+                logger.warning("database unavailable (%s); retry %d in %.2fs", exc, attempt, delay)
+                await asyncio.sleep(delay)
+
+
+# ===============================================================================================
+# Outbox
+# ===============================================================================================
+@dataclass
+class _SentItem:
+    message: Claimed
+    receipt: dict[str, Any] | None
+    deadline: float
+    done: asyncio.Future[bool]
+
+
+class OutboxModule(Module):
+    """Delivers outbox messages through the transport routed for each channel.
+
+    Args:
+        routes: channel → transport. The key ``"*"`` is the fallback for other channels.
+        channels: claim only these channels; None = the routed channels, or all channels when
+            there is a ``"*"`` route.
+        lease: override every channel's lease (timedelta); None = per-channel setting.
+        margin: seconds kept between a delivery's timeout and its lease, so the outcome can be
+            recorded before the reaper may take the message back.
+    """
+
+    name = "outbox"
+    notify_channels = (sql.NOTIFY_CHANNEL,)
+
+    def __init__(self, routes: Mapping[str, Transport], *, channels: Sequence[str] | None = None,
+                 lease: dt.timedelta | None = None, margin: float = 2.0) -> None:
+        if not routes:
+            raise ValueError("the outbox module needs at least one route")
+        self.routes = dict(routes)
+        if channels is not None:
+            self.channels: list[str] | None = list(channels)
+        elif "*" in self.routes:
+            self.channels = None
+        else:
+            self.channels = sorted(self.routes)
+        self.lease = lease
+        self.margin = margin
+        self._sent: asyncio.Queue[_SentItem] = asyncio.Queue()
+        self._completer: asyncio.Task[None] | None = None
+        self.delivered = 0
+
+    def bind(self, executor: Executor) -> None:
+        super().bind(executor)
+        self._completer = asyncio.create_task(self._complete_loop(), name="pgfence-outbox-marks")
+
+    async def aclose(self) -> None:
+        if self._completer is not None:
+            self._completer.cancel()
+            await asyncio.gather(self._completer, return_exceptions=True)
+        for transport in {id(t): t for t in self.routes.values()}.values():
+            with contextlib.suppress(Exception):
+                await transport.aclose()
+
+    def _transport(self, channel: str) -> Transport | None:
+        return self.routes.get(channel) or self.routes.get("*")
+
+    async def claim(self, slots: int) -> list[Job]:
+        batch = min(slots, self.executor.config.batch)
+        jobs: list[Job] = []
+        while slots > 0:
+            rows: list[Claimed] = await self.executor.fetch(
+                sql.SQL_CLAIM, (self.executor.worker_id, min(batch, slots), self.channels,
+                                self.lease), row_factory=class_row(Claimed))
+            for message in rows:
+                jobs.append(self._job(message))
+            slots -= len(rows)
+            if len(rows) < batch:
+                break
+        return jobs
+
+    async def next_due(self) -> float | None:
+        rows = await self.executor.fetch(sql.SQL_NEXT_DUE, (self.channels,))
+        due = rows[0][0] if rows else None
+        return None if due is None else due.total_seconds()
+
+    async def reap(self) -> int:
+        rows = await self.executor.fetch(sql.SQL_RECLAIM, (1000,))
+        return int(rows[0][0]) if rows else 0
+
+    def _job(self, message: Claimed) -> Job:
+        async def run() -> None:
+            await self.deliver(message)
+        return run
+
+    async def deliver(self, message: Claimed) -> None:
+        """Deliver one claimed message and record the outcome under its fence."""
+        started = time.monotonic()
+        # The lease is measured on the database clock; this local deadline only bounds our own
+        # wait so that the outcome reaches the database before the lease can lapse.
+        deadline = started + message.lease.total_seconds()
+        budget = max(deadline - self.margin - started, 0.5)
+        transport = self._transport(message.channel)
+        error: str | None = None
+        retryable = True
+        retry_after: dt.timedelta | None = None
+        receipt: dict[str, Any] | None = None
+        try:
+            if transport is None:
+                raise PermanentError(f"no route for channel {message.channel!r}")
+            receipt = await asyncio.wait_for(transport.deliver(message), budget)
+        except RetryableError as exc:
+            error, retry_after = str(exc), exc.retry_after
+        except PermanentError as exc:
+            error, retryable = str(exc), False
+        except asyncio.TimeoutError:
+            error = f"delivery timed out after {budget:.1f}s (lease {message.lease})"
+        except asyncio.CancelledError:
+            logger.warning("outbox#%d attempt %d abandoned at shutdown; its lease will lapse",
+                           message.id, message.attempt)
+            raise
+        except Exception as exc:  # noqa: BLE001 - unknown errors are retryable
+            error = f"{type(exc).__name__}: {exc}"
+        elapsed_ms = (time.monotonic() - started) * 1000
+        try:
+            if error is None:
+                fut: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+                await self._sent.put(_SentItem(message, receipt, deadline, fut))
+                marked = await fut
+                self.delivered += 1
+                if marked:
+                    logger.info("sent     outbox#%d %s -> %s attempt %d (%.0f ms)", message.id,
+                                message.channel, message.recipient, message.attempt, elapsed_ms)
+                else:
+                    logger.warning("stale    outbox#%d attempt %d delivered but its claim was "
+                                   "taken over; the new owner delivers again (at least once)",
+                                   message.id, message.attempt)
+            else:
+                rows = await self.executor.fetch(
+                    sql.SQL_MARK_FAILED,
+                    (message.id, message.attempt, error[:8000], retryable, retry_after),
+                    retry_until=deadline)
+                status = rows[0][0] if rows else None
+                if status is None:
+                    logger.warning("stale    outbox#%d attempt %d failed (%s) but its claim "
+                                   "was taken over", message.id, message.attempt, error)
+                else:
+                    log = logger.info if status == "pending" else logger.warning
+                    log("%-8s outbox#%d %s -> %s attempt %d/%d: %s", status, message.id,
+                        message.channel, message.recipient, message.attempt,
+                        message.max_attempts, error)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - never take the executor down
+            logger.error("could not record the outcome of outbox#%d attempt %d (%s); the reaper "
+                         "will take it back when the lease lapses", message.id, message.attempt,
+                         exc)
+
+    async def _complete_loop(self) -> None:
+        """Group successful deliveries into one fenced ``outbox_mark_sent_many`` per burst."""
+        while True:
+            items = [await self._sent.get()]
+            while not self._sent.empty() and len(items) < 1000:
+                items.append(self._sent.get_nowait())
+            try:
+                marked = await self._mark_sent(items)
+            except Exception as exc:  # noqa: BLE001
+                for item in items:
+                    if not item.done.done():
+                        item.done.set_exception(exc)
+                continue
+            for item in items:
+                if not item.done.done():
+                    item.done.set_result(item.message.id in marked)
+
+    async def _mark_sent(self, items: list[_SentItem]) -> set[int]:
+        deadline = min(i.deadline for i in items)
+        params = ([i.message.id for i in items], [i.message.attempt for i in items],
+                  [Jsonb(i.receipt) if i.receipt is not None else None for i in items])
+        try:
+            rows = await self.executor.fetch(sql.SQL_MARK_SENT_MANY, params, retry_until=deadline)
+            return {int(r[0]) for r in rows}
+        except psycopg.errors.NoDataFound:
+            # A message vanished (purged by an operator): mark the others one by one.
+            marked: set[int] = set()
+            for item in items:
+                with contextlib.suppress(psycopg.errors.NoDataFound):
+                    rows = await self.executor.fetch(
+                        sql.SQL_MARK_SENT, (item.message.id, item.message.attempt,
+                                            Jsonb(item.receipt) if item.receipt else None))
+                    if rows and rows[0][0]:
+                        marked.add(item.message.id)
+            return marked

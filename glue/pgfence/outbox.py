@@ -1,0 +1,209 @@
+"""Typed wrappers around the outbox SQL functions (Module 1).
+
+Every function is one ``SELECT pgfence.outbox_*(%s::type, …)`` on a connection the caller
+owns, so ``enqueue`` can run inside the caller's business transaction (the transactional
+outbox). Decisions — who owns a message, what a failure means — are made in SQL; this file only
+passes arguments and translates SQLSTATEs (:mod:`pgfence.errors`).
+
+The SQL strings are module constants so the async executor sends the very same statements.
+Times are ``datetime`` with a time zone; durations are ``timedelta`` (PostgreSQL ``interval``).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+from psycopg.rows import class_row, dict_row, tuple_row
+from psycopg.types.json import Jsonb
+
+from .errors import translate
+
+logger = logging.getLogger(__name__)
+
+SQL_ENQUEUE = (
+    "SELECT pgfence.outbox_enqueue(%s::text, %s::text, %s::jsonb, %s::text, %s::timestamptz, %s::int)"
+)
+SQL_ENQUEUE_MANY = (
+    "SELECT id FROM pgfence.outbox_enqueue_many(%s::text, %s::text[], %s::jsonb[], %s::text[],"
+    " %s::timestamptz, %s::int) AS id"
+)
+SQL_CLAIM = "SELECT * FROM pgfence.outbox_claim(%s::text, %s::int, %s::text[], %s::interval)"
+SQL_MARK_SENT = "SELECT pgfence.outbox_mark_sent(%s::bigint, %s::int, %s::jsonb)"
+SQL_MARK_SENT_MANY = (
+    "SELECT id FROM pgfence.outbox_mark_sent_many(%s::bigint[], %s::int[], %s::jsonb[]) AS id"
+)
+SQL_MARK_FAILED = (
+    "SELECT pgfence.outbox_mark_failed(%s::bigint, %s::int, %s::text, %s::boolean, %s::interval)"
+)
+SQL_RECLAIM = "SELECT pgfence.outbox_reclaim_stale(%s::int)"
+SQL_NEXT_DUE = "SELECT pgfence.outbox_next_due(%s::text[])"
+SQL_REQUEUE = "SELECT pgfence.outbox_requeue(%s::bigint, %s::int)"
+SQL_GET = "SELECT * FROM pgfence.outbox_get(%s::bigint)"
+SQL_LIST = "SELECT * FROM pgfence.outbox_list(%s::text, %s::text, %s::int)"
+SQL_CONFIGURE = (
+    "SELECT * FROM pgfence.outbox_configure_channel(%s::text, %s::int, %s::interval,"
+    " %s::interval, %s::interval)"
+)
+
+#: LISTEN channel on which enqueue NOTIFYs ``{"channel": …, "id": …}`` at commit.
+NOTIFY_CHANNEL = "pgfence_outbox"
+
+
+@dataclass(frozen=True)
+class Claimed:
+    """One claimed message, as returned by ``pgfence.outbox_claim``.
+
+    ``attempt`` is the fence token to pass back to :func:`mark_sent` / :func:`mark_failed`;
+    ``lease`` is how long the claim is owned (``lease_expires_at`` is on the database clock).
+    """
+
+    id: int
+    channel: str
+    recipient: str
+    payload: dict[str, Any]
+    idempotency_key: str | None
+    attempt: int
+    max_attempts: int
+    lease: dt.timedelta
+    lease_expires_at: dt.datetime
+    created_at: dt.datetime
+
+
+AnyConn = psycopg.Connection[Any]
+
+
+@contextmanager
+def _sqlstate() -> Iterator[None]:
+    try:
+        yield
+    except psycopg.Error as exc:
+        raise translate(exc) from exc
+
+
+def _scalar(conn: AnyConn, query: str, params: Sequence[Any]) -> Any:
+    """First column of the first row, whatever row factory ``conn`` was opened with."""
+    with _sqlstate(), conn.cursor(row_factory=tuple_row) as cur:
+        cur.execute(query, params)
+        row = cur.fetchone()
+    return None if row is None else row[0]
+
+
+def enqueue(conn: AnyConn, channel: str, recipient: str, payload: dict[str, Any], *,
+            idempotency_key: str | None = None, deliver_at: dt.datetime | None = None,
+            max_attempts: int | None = None) -> int:
+    """Enqueue one message on ``conn`` (inside its current transaction, if any); return its id.
+
+    Args:
+        channel: routing name, ``[a-z0-9][a-z0-9_.-]{0,62}``; the executor maps it to a transport.
+        recipient: where the transport delivers (webhook URL, e-mail address, ...), ≤ 2048 chars.
+        payload: a JSON object (dict).
+        idempotency_key: a repeat returns the existing id; ≤ 255 chars.
+        deliver_at: earliest delivery time (aware datetime); None = now (database clock).
+        max_attempts: 1..1000; None = the channel's setting.
+
+    Raises:
+        InvalidArgument (22004/22023), IdempotencyKeyReused (PF003), SerializationFailure (40001).
+    """
+    return int(_scalar(conn, SQL_ENQUEUE, (channel, recipient, Jsonb(payload), idempotency_key,
+                                           deliver_at, max_attempts)))
+
+
+def enqueue_many(conn: AnyConn, channel: str, recipients: Sequence[str],
+                 payloads: Sequence[dict[str, Any]], *,
+                 idempotency_keys: Sequence[str | None] | None = None,
+                 deliver_at: dt.datetime | None = None,
+                 max_attempts: int | None = None) -> list[int]:
+    """Enqueue many messages on one channel in one statement; return ids in input order.
+
+    Element *i* of ``recipients``/``payloads``/``idempotency_keys`` is message *i*. Same rules
+    and errors as :func:`enqueue`; an invalid element rejects the whole call.
+    """
+    with _sqlstate(), conn.cursor(row_factory=tuple_row) as cur:
+        rows = cur.execute(
+            SQL_ENQUEUE_MANY,
+            (channel, list(recipients), [Jsonb(p) for p in payloads],
+             list(idempotency_keys) if idempotency_keys is not None else None,
+             deliver_at, max_attempts),
+        ).fetchall()
+    return [int(r[0]) for r in rows]
+
+
+def claim(conn: AnyConn, worker: str, batch: int = 1, channels: Sequence[str] | None = None,
+          lease: dt.timedelta | None = None) -> list[Claimed]:
+    """Claim up to ``batch`` due messages for ``worker`` (see ``pgfence.outbox_claim``).
+
+    ``lease`` None = each channel's configured lease. Returns oldest-due first.
+    """
+    with _sqlstate(), conn.cursor(row_factory=class_row(Claimed)) as cur:
+        cur.execute(SQL_CLAIM, (worker, batch, list(channels) if channels else None, lease))
+        return cur.fetchall()
+
+
+def mark_sent(conn: AnyConn, message_id: int, attempt: int,
+              receipt: dict[str, Any] | None = None) -> bool:
+    """processing → sent under fence ``attempt``; False = stale claim (lost race, no change).
+
+    Raises:
+        NotFound (P0002): unknown id.
+    """
+    return bool(_scalar(conn, SQL_MARK_SENT,
+                        (message_id, attempt, Jsonb(receipt) if receipt is not None else None)))
+
+
+def mark_failed(conn: AnyConn, message_id: int, attempt: int, error: str, *,
+                retryable: bool = True, retry_after: dt.timedelta | None = None) -> str | None:
+    """Report a failed delivery under fence ``attempt``.
+
+    Returns the new status (``pending`` = will retry after backoff, ``dead``, ``failed``), or
+    None for a stale claim (lost race, nothing changed).
+    """
+    status = _scalar(conn, SQL_MARK_FAILED, (message_id, attempt, error, retryable, retry_after))
+    return None if status is None else str(status)
+
+
+def reclaim_stale(conn: AnyConn, max_rows: int = 1000) -> int:
+    """Run the outbox reaper once; return how many lapsed claims it took back."""
+    return int(_scalar(conn, SQL_RECLAIM, (max_rows,)) or 0)
+
+
+def requeue(conn: AnyConn, message_id: int, extra_attempts: int | None = None) -> bool:
+    """Operator: retry a failed/dead message now (grants more attempts). False if not requeueable."""
+    return bool(_scalar(conn, SQL_REQUEUE, (message_id, extra_attempts)))
+
+
+def get(conn: AnyConn, message_id: int) -> dict[str, Any]:
+    """One message with its delivery state. Raises NotFound (P0002) for an unknown id."""
+    with _sqlstate(), conn.cursor(row_factory=dict_row) as cur:
+        cur.execute(SQL_GET, (message_id,))
+        row = cur.fetchone()
+    assert row is not None
+    return row
+
+
+def list_messages(conn: AnyConn, channel: str | None = None, status: str | None = None,
+                  limit: int = 100) -> list[dict[str, Any]]:
+    """Newest messages first, optionally filtered by channel and status (no payloads)."""
+    with _sqlstate(), conn.cursor(row_factory=dict_row) as cur:
+        cur.execute(SQL_LIST, (channel, status, limit))
+        return cur.fetchall()
+
+
+def configure_channel(conn: AnyConn, channel: str, *, max_attempts: int | None = None,
+                      backoff_base: dt.timedelta | None = None,
+                      backoff_cap: dt.timedelta | None = None,
+                      lease: dt.timedelta | None = None) -> dict[str, Any]:
+    """Set a channel's retry settings (None keeps the current value); returns the stored row.
+
+    ``channel='*'`` changes the defaults for channels without their own row.
+    """
+    with _sqlstate(), conn.cursor(row_factory=dict_row) as cur:
+        cur.execute(SQL_CONFIGURE, (channel, max_attempts, backoff_base, backoff_cap, lease))
+        row = cur.fetchone()
+    assert row is not None
+    return row

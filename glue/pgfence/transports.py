@@ -1,0 +1,323 @@
+"""Transports: how the executor performs an outbox message's external side effect.
+
+A transport receives a claimed message (:class:`pgfence.outbox.Claimed`) and either returns a
+receipt (a small JSON-able dict stored on the message by ``outbox_mark_sent``) or raises:
+
+- :class:`RetryableError` — try again later (backoff in SQL; ``retry_after`` may ask for longer);
+- :class:`PermanentError` — never retry; the message becomes ``failed``.
+
+Any other exception counts as retryable. Delivery is **at least once**: a worker that dies after
+the remote side accepted the message, but before the database recorded it, leads to a second
+delivery. Each transport says how the receiver can recognise the repeat:
+
+- ``webhook``: HTTP POST of the payload as JSON, with ``Idempotency-Key`` = the message's
+  idempotency key, or ``pgfence-outbox-<id>`` when it has none (stable across attempts);
+  2xx = sent; 408, 425, 429, 5xx, timeouts and connection errors = retryable (``Retry-After``
+  honoured); other statuses = permanent.
+- ``smtp``: an e-mail whose ``Message-ID`` is derived from the message id only
+  (``<pgfence-outbox-<id>@<domain>>``), so a repeat is the same message to the receiving MTA;
+  4xx SMTP replies and connection errors = retryable, 5xx = permanent.
+- ``log``: writes the message to the log; ``noop``: does nothing (benchmarks).
+- ``python:module:function``: any callable ``f(message) -> receipt | None``, sync (run in a
+  thread) or async.
+
+Routes map channels to transports; :func:`parse_route` reads the CLI / config spelling.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import email.utils
+import importlib
+import inspect
+import json
+import logging
+import socket
+from collections.abc import Awaitable, Callable
+from email.message import EmailMessage
+from typing import Any, Protocol
+from urllib.parse import parse_qs, urlparse
+
+import aiohttp
+import aiosmtplib
+
+from .outbox import Claimed
+
+logger = logging.getLogger(__name__)
+
+Receipt = dict[str, Any] | None
+
+
+class RetryableError(Exception):
+    """The delivery failed but may succeed later. ``retry_after``: the remote's requested wait."""
+
+    def __init__(self, message: str, *, retry_after: dt.timedelta | None = None) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class PermanentError(Exception):
+    """The delivery can never succeed (bad address, rejected payload): do not retry."""
+
+
+class Transport(Protocol):
+    """What the executor needs from a transport."""
+
+    name: str
+
+    async def deliver(self, message: Claimed) -> Receipt:
+        """Perform the side effect; return a receipt or raise Retryable/PermanentError."""
+        ...
+
+    async def aclose(self) -> None:
+        """Release connections (called once at executor shutdown)."""
+        ...
+
+
+def idempotency_key(message: Claimed) -> str:
+    """The key a receiver can deduplicate on: the message's own key, else ``pgfence-outbox-<id>``."""
+    return message.idempotency_key or f"pgfence-outbox-{message.id}"
+
+
+# -----------------------------------------------------------------------------------------------
+class LogTransport:
+    """Writes each message to the ``pgfence.transports`` log at INFO; always succeeds."""
+
+    name = "log"
+
+    async def deliver(self, message: Claimed) -> Receipt:
+        logger.info("log transport: outbox#%d %s -> %s %s", message.id, message.channel,
+                    message.recipient, json.dumps(message.payload)[:500])
+        return {"logged": True}
+
+    async def aclose(self) -> None:
+        return None
+
+
+class NoopTransport:
+    """Succeeds immediately without doing anything (benchmarks, tests)."""
+
+    name = "noop"
+
+    async def deliver(self, message: Claimed) -> Receipt:
+        return None
+
+    async def aclose(self) -> None:
+        return None
+
+
+# -----------------------------------------------------------------------------------------------
+_RETRYABLE_HTTP = {408, 425, 429}
+
+
+def _retry_after(value: str | None) -> dt.timedelta | None:
+    if not value:
+        return None
+    value = value.strip()
+    if value.isdigit():
+        return dt.timedelta(seconds=int(value))
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=dt.timezone.utc)
+    return max(when - dt.datetime.now(dt.timezone.utc), dt.timedelta(0))
+
+
+class WebhookTransport:
+    """HTTP POST of the payload (JSON) to the recipient URL, or to a fixed ``url``.
+
+    Args:
+        url: if set, every message goes there and the recipient travels in the
+            ``Pgfence-Recipient`` header; else the recipient must be an http(s) URL.
+        timeout: seconds for the whole request (connect + response).
+        headers: extra headers for every request.
+    """
+
+    name = "webhook"
+
+    def __init__(self, url: str | None = None, *, timeout: float = 10.0,
+                 headers: dict[str, str] | None = None) -> None:
+        self.url = url
+        self.timeout = aiohttp.ClientTimeout(total=timeout)
+        self.headers = dict(headers or {})
+        self._session: aiohttp.ClientSession | None = None
+
+    def _client(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            self._session = aiohttp.ClientSession(timeout=self.timeout,
+                                                  headers={"User-Agent": "pgfence-executor"})
+        return self._session
+
+    async def deliver(self, message: Claimed) -> Receipt:
+        target = self.url or message.recipient
+        if urlparse(target).scheme not in ("http", "https"):
+            raise PermanentError(f"webhook recipient is not an http(s) URL: {target!r}")
+        headers = {
+            **self.headers,
+            "Content-Type": "application/json",
+            "Idempotency-Key": idempotency_key(message),
+            "Pgfence-Message-Id": str(message.id),
+            "Pgfence-Attempt": str(message.attempt),
+            "Pgfence-Channel": message.channel,
+        }
+        if self.url:
+            headers["Pgfence-Recipient"] = message.recipient
+        try:
+            async with self._client().post(target, data=json.dumps(message.payload),
+                                           headers=headers) as resp:
+                body = await resp.text()
+                status = resp.status
+                retry_after = _retry_after(resp.headers.get("Retry-After"))
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+            raise RetryableError(f"webhook {target}: {type(exc).__name__}: {exc}") from exc
+        if 200 <= status < 300:
+            return {"http_status": status, "response": body[:500]}
+        detail = f"webhook {target}: HTTP {status} {body[:200]!r}"
+        if status in _RETRYABLE_HTTP or status >= 500:
+            raise RetryableError(detail, retry_after=retry_after)
+        raise PermanentError(detail)
+
+    async def aclose(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+
+
+# -----------------------------------------------------------------------------------------------
+class SmtpTransport:
+    """Sends ``payload = {"subject": str, "text": str}`` as an e-mail to the recipient address.
+
+    Args:
+        host, port: the SMTP server.
+        sender: the From address.
+        domain: right-hand side of the stable Message-ID (default: this host's FQDN).
+        tls: ``none``, ``starttls`` or ``ssl``.
+        timeout: seconds per SMTP operation.
+    """
+
+    name = "smtp"
+
+    def __init__(self, host: str, port: int, sender: str, *, domain: str | None = None,
+                 tls: str = "none", timeout: float = 30.0, username: str | None = None,
+                 password: str | None = None) -> None:
+        if tls not in ("none", "starttls", "ssl"):
+            raise ValueError("tls must be none, starttls or ssl")
+        self.host, self.port, self.sender = host, port, sender
+        self.domain = domain or socket.getfqdn() or "localhost"
+        self.tls, self.timeout = tls, timeout
+        self.username, self.password = username, password
+
+    def message_id(self, message: Claimed) -> str:
+        """Stable across attempts: the same outbox message always has the same Message-ID."""
+        return f"<pgfence-outbox-{message.id}@{self.domain}>"
+
+    async def deliver(self, message: Claimed) -> Receipt:
+        subject = message.payload.get("subject")
+        text = message.payload.get("text", message.payload.get("body"))
+        if not isinstance(subject, str) or not isinstance(text, str):
+            raise PermanentError('smtp payload must be {"subject": str, "text": str}')
+        mail = EmailMessage()
+        mail["From"] = self.sender
+        mail["To"] = message.recipient
+        mail["Subject"] = subject
+        mail["Message-ID"] = self.message_id(message)
+        mail["Date"] = email.utils.formatdate(localtime=False)
+        mail["Pgfence-Attempt"] = str(message.attempt)
+        mail.set_content(text)
+        try:
+            errors, reply = await aiosmtplib.send(
+                mail, hostname=self.host, port=self.port, timeout=self.timeout,
+                use_tls=self.tls == "ssl", start_tls=self.tls == "starttls",
+                username=self.username, password=self.password,
+            )
+        except aiosmtplib.SMTPResponseException as exc:
+            detail = f"smtp {self.host}:{self.port}: {exc.code} {exc.message}"
+            if 400 <= exc.code < 500:
+                raise RetryableError(detail) from exc
+            raise PermanentError(detail) from exc
+        except (aiosmtplib.SMTPException, OSError, asyncio.TimeoutError) as exc:
+            raise RetryableError(f"smtp {self.host}:{self.port}: {type(exc).__name__}: {exc}") from exc
+        if errors:
+            raise PermanentError(f"smtp refused recipients: {errors}")
+        return {"message_id": mail["Message-ID"], "smtp_reply": reply[:200]}
+
+    async def aclose(self) -> None:
+        return None
+
+
+# -----------------------------------------------------------------------------------------------
+class CallableTransport:
+    """Wraps ``func(message) -> receipt | None`` (sync: run in a worker thread; or async)."""
+
+    name = "python"
+
+    def __init__(self, func: Callable[[Claimed], Receipt | Awaitable[Receipt]],
+                 label: str | None = None) -> None:
+        self.func = func
+        self.label = label or getattr(func, "__qualname__", repr(func))
+        self._is_async = inspect.iscoroutinefunction(func)
+
+    async def deliver(self, message: Claimed) -> Receipt:
+        if self._is_async:
+            result = self.func(message)
+            assert inspect.isawaitable(result)
+            return await result
+        out = await asyncio.to_thread(self.func, message)
+        assert not inspect.isawaitable(out)
+        return out
+
+    async def aclose(self) -> None:
+        return None
+
+
+def load_callable(path: str) -> Callable[[Claimed], Any]:
+    """Import ``package.module:function``; raises ValueError with a clear message if missing."""
+    module_name, _, attr = path.partition(":")
+    if not module_name or not attr:
+        raise ValueError(f"expected module:function, got {path!r}")
+    try:
+        obj: Any = importlib.import_module(module_name)
+        for part in attr.split("."):
+            obj = getattr(obj, part)
+    except (ImportError, AttributeError) as exc:
+        raise ValueError(f"cannot load handler {path!r}: {exc}") from exc
+    if not callable(obj):
+        raise ValueError(f"handler {path!r} is not callable")
+    return obj  # type: ignore[no-any-return]
+
+
+def parse_route(spec: str) -> Transport:
+    """Build a transport from its route spelling.
+
+    ``log`` · ``noop`` · ``webhook`` (recipient is the URL) · ``webhook:<url>`` (fixed URL) ·
+    ``smtp://host:port?from=addr[&domain=d][&tls=none|starttls|ssl][&timeout=s]`` ·
+    ``python:module:function``.
+
+    Raises:
+        ValueError: unknown or malformed spec.
+    """
+    if spec == "log":
+        return LogTransport()
+    if spec == "noop":
+        return NoopTransport()
+    if spec == "webhook":
+        return WebhookTransport()
+    if spec.startswith("webhook:"):
+        return WebhookTransport(spec.removeprefix("webhook:"))
+    if spec.startswith("smtp://"):
+        url = urlparse(spec)
+        q = {k: v[-1] for k, v in parse_qs(url.query).items()}
+        if not url.hostname or "from" not in q:
+            raise ValueError("smtp route needs smtp://host:port?from=sender@example.com")
+        return SmtpTransport(url.hostname, url.port or 25, q["from"], domain=q.get("domain"),
+                             tls=q.get("tls", "none"), timeout=float(q.get("timeout", 30)),
+                             username=url.username, password=url.password)
+    if spec.startswith("python:"):
+        path = spec.removeprefix("python:")
+        return CallableTransport(load_callable(path), label=path)
+    raise ValueError(
+        f"unknown transport {spec!r}: use log, noop, webhook, webhook:<url>, "
+        "smtp://host:port?from=addr or python:module:function"
+    )
