@@ -60,3 +60,38 @@ GRANT EXECUTE ON FUNCTION pgfence.backoff(integer, interval, interval, double pr
   TO pgfence_client, pgfence_executor, pgfence_admin;
 COMMENT ON FUNCTION pgfence.backoff(integer, interval, interval, double precision) IS
   'Delay before retry number p_attempt: min(cap, base * 2^(attempt-1)), scaled by (1 - jitter/2) so that concurrent retries spread over [delay/2, delay]. Never exceeds the cap and never overflows, whatever the attempt. p_jitter NULL = random. Errors: 22004 (NULL argument), 22023 (base <= 0, cap < base, jitter outside [0,1)).';
+
+-- The event log writer, shared by every module's triggers.
+CREATE OR REPLACE FUNCTION pgfence._event(
+  p_module      text,
+  p_item_id     bigint,
+  p_event       text,
+  p_from_status text DEFAULT NULL,
+  p_to_status   text DEFAULT NULL,
+  p_fence       bigint DEFAULT NULL,
+  p_detail      jsonb DEFAULT NULL,
+  p_actor       text DEFAULT NULL
+)
+RETURNS void
+LANGUAGE sql VOLATILE
+SET search_path = pg_catalog, pgfence, pg_temp
+AS $$
+  INSERT INTO pgfence.event (module, item_id, event, from_status, to_status, actor, fence, detail)
+  VALUES (p_module, p_item_id, p_event, p_from_status, p_to_status,
+          coalesce(p_actor, nullif(current_setting('pgfence.actor', true), ''), session_user::text),
+          p_fence, p_detail);
+$$;
+REVOKE ALL ON FUNCTION pgfence._event(text, bigint, text, text, text, bigint, jsonb, text) FROM PUBLIC;
+COMMENT ON FUNCTION pgfence._event(text, bigint, text, text, text, bigint, jsonb, text) IS
+  'Private: append one row to pgfence.event in the current transaction. The actor is p_actor, else the transaction-local setting pgfence.actor (set by functions that take a worker / by argument, see _set_actor), else session_user.';
+
+CREATE OR REPLACE FUNCTION pgfence._set_actor(p_actor text)
+RETURNS void
+LANGUAGE sql VOLATILE
+-- No SET clause on purpose: a function-level SET would undo this set_config at exit.
+AS $$
+  SELECT pg_catalog.set_config('pgfence.actor', coalesce(p_actor, ''), true);
+$$;
+REVOKE ALL ON FUNCTION pgfence._set_actor(text) FROM PUBLIC;
+COMMENT ON FUNCTION pgfence._set_actor(text) IS
+  'Private: name the actor (worker, approver, user) that the event log records for the changes that follow. Called inside a function that has a SET clause, the setting ends with that function call.';

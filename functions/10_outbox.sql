@@ -62,6 +62,73 @@ CREATE OR REPLACE TRIGGER outbox_guard
   BEFORE UPDATE ON pgfence.outbox
   FOR EACH ROW EXECUTE FUNCTION pgfence.tg_outbox_guard();
 
+-- Event log (pgfence.event), per channel: outbox_channel.log_events. Statement-level triggers
+-- with transition tables, so a batch claim or mark costs one INSERT ... SELECT, and nothing
+-- but one indexed probe when no channel logs.
+CREATE OR REPLACE FUNCTION pgfence.tg_outbox_event_insert()
+RETURNS trigger
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pgfence, pg_temp
+AS $$
+BEGIN
+  IF NOT EXISTS (SELECT 1 FROM pgfence.outbox_channel WHERE log_events) THEN
+    RETURN NULL;
+  END IF;
+  INSERT INTO pgfence.event (module, item_id, event, from_status, to_status, actor, fence, detail)
+  SELECT 'outbox', n.id, 'enqueue', NULL, n.status,
+         coalesce(nullif(current_setting('pgfence.actor', true), ''), session_user::text), n.attempts,
+         jsonb_build_object('channel', n.channel, 'recipient', n.recipient, 'due_at', n.next_attempt_at)
+  FROM new_rows n
+  WHERE (pgfence._outbox_settings(n.channel)).log_events;
+  RETURN NULL;
+END
+$$;
+REVOKE ALL ON FUNCTION pgfence.tg_outbox_event_insert() FROM PUBLIC;
+COMMENT ON FUNCTION pgfence.tg_outbox_event_insert() IS
+  'AFTER INSERT statement trigger on pgfence.outbox: logs enqueue events for channels with log_events, in the enqueuing transaction.';
+
+CREATE OR REPLACE FUNCTION pgfence.tg_outbox_event_update()
+RETURNS trigger
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pgfence, pg_temp
+AS $$
+BEGIN
+  IF NOT EXISTS (SELECT 1 FROM pgfence.outbox_channel WHERE log_events) THEN
+    RETURN NULL;
+  END IF;
+  INSERT INTO pgfence.event (module, item_id, event, from_status, to_status, actor, fence, detail)
+  SELECT 'outbox', n.id,
+         CASE WHEN n.status = 'processing' AND o.status = 'pending' THEN 'claim'
+              WHEN n.status = o.status THEN 'update'
+              ELSE 'transition' END,
+         o.status, n.status,
+         coalesce(nullif(current_setting('pgfence.actor', true), ''),
+                  CASE WHEN n.status = 'processing' THEN n.locked_by
+                       WHEN o.status = 'processing' THEN o.locked_by END,
+                  session_user::text),
+         n.attempts,
+         jsonb_strip_nulls(jsonb_build_object(
+           'channel', n.channel,
+           'error', CASE WHEN n.last_error IS DISTINCT FROM o.last_error THEN n.last_error END,
+           'receipt', CASE WHEN n.status = 'sent' THEN n.receipt END,
+           'lease_expires_at', n.lease_expires_at,
+           'next_attempt_at', CASE WHEN n.status = 'pending' THEN n.next_attempt_at END))
+  FROM new_rows n JOIN old_rows o ON o.id = n.id
+  WHERE (pgfence._outbox_settings(n.channel)).log_events;
+  RETURN NULL;
+END
+$$;
+REVOKE ALL ON FUNCTION pgfence.tg_outbox_event_update() FROM PUBLIC;
+COMMENT ON FUNCTION pgfence.tg_outbox_event_update() IS
+  'AFTER UPDATE statement trigger on pgfence.outbox: logs claims and transitions (with actor, attempt, error, receipt) for channels with log_events, in the same transaction.';
+
+CREATE OR REPLACE TRIGGER outbox_event_insert
+  AFTER INSERT ON pgfence.outbox REFERENCING NEW TABLE AS new_rows
+  FOR EACH STATEMENT EXECUTE FUNCTION pgfence.tg_outbox_event_insert();
+CREATE OR REPLACE TRIGGER outbox_event_update
+  AFTER UPDATE ON pgfence.outbox REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows
+  FOR EACH STATEMENT EXECUTE FUNCTION pgfence.tg_outbox_event_update();
+
 -- ---------------------------------------------------------------------------------------------
 -- Private helpers
 -- ---------------------------------------------------------------------------------------------
@@ -516,6 +583,7 @@ BEGIN
     RAISE EXCEPTION 'outbox_reclaim_stale: max_rows must be positive, got %', p_max_rows
       USING ERRCODE = '22023';
   END IF;
+  PERFORM pgfence._set_actor('reaper');
   -- SKIP LOCKED: a row being marked right now is left alone; FOR UPDATE re-reads a row
   -- committed after our snapshot and drops it unless it is still processing and lapsed.
   WITH stale AS (
@@ -584,7 +652,8 @@ CREATE OR REPLACE FUNCTION pgfence.outbox_configure_channel(
   p_max_attempts integer DEFAULT NULL,
   p_backoff_base interval DEFAULT NULL,
   p_backoff_cap  interval DEFAULT NULL,
-  p_lease        interval DEFAULT NULL
+  p_lease        interval DEFAULT NULL,
+  p_log_events   boolean DEFAULT NULL
 )
 RETURNS pgfence.outbox_channel
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
@@ -600,15 +669,17 @@ BEGIN
   END IF;
   v_cur := pgfence._outbox_settings(p_channel);
   BEGIN
-    INSERT INTO pgfence.outbox_channel AS c (channel, max_attempts, backoff_base, backoff_cap, lease)
+    INSERT INTO pgfence.outbox_channel AS c (channel, max_attempts, backoff_base, backoff_cap, lease, log_events)
     VALUES (p_channel,
             coalesce(p_max_attempts, v_cur.max_attempts),
             coalesce(p_backoff_base, v_cur.backoff_base),
             coalesce(p_backoff_cap, v_cur.backoff_cap),
-            coalesce(p_lease, v_cur.lease))
+            coalesce(p_lease, v_cur.lease),
+            coalesce(p_log_events, v_cur.log_events))
     ON CONFLICT (channel) DO UPDATE
       SET max_attempts = EXCLUDED.max_attempts, backoff_base = EXCLUDED.backoff_base,
-          backoff_cap = EXCLUDED.backoff_cap, lease = EXCLUDED.lease, updated_at = now()
+          backoff_cap = EXCLUDED.backoff_cap, lease = EXCLUDED.lease,
+          log_events = EXCLUDED.log_events, updated_at = now()
     RETURNING c.* INTO v_row;
   EXCEPTION WHEN check_violation THEN
     RAISE EXCEPTION 'outbox_configure_channel: invalid settings for "%"', p_channel
@@ -618,10 +689,10 @@ BEGIN
   RETURN v_row;
 END
 $$;
-REVOKE ALL ON FUNCTION pgfence.outbox_configure_channel(text, integer, interval, interval, interval) FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION pgfence.outbox_configure_channel(text, integer, interval, interval, interval) TO pgfence_admin;
-COMMENT ON FUNCTION pgfence.outbox_configure_channel(text, integer, interval, interval, interval) IS
-  'Operator: set a channel''s retry settings (NULL keeps the current value, inherited from ''*'' for a new channel). Applies to claims and failures from now on; max_attempts applies to messages enqueued from now on. Returns the stored row. Errors: 22023 (bad name or settings).';
+REVOKE ALL ON FUNCTION pgfence.outbox_configure_channel(text, integer, interval, interval, interval, boolean) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION pgfence.outbox_configure_channel(text, integer, interval, interval, interval, boolean) TO pgfence_admin;
+COMMENT ON FUNCTION pgfence.outbox_configure_channel(text, integer, interval, interval, interval, boolean) IS
+  'Operator: set a channel''s retry settings and whether its transitions go to the event log (NULL keeps the current value, inherited from ''*'' for a new channel). Applies to claims and failures from now on; max_attempts applies to messages enqueued from now on. Returns the stored row. Errors: 22023 (bad name or settings).';
 
 CREATE OR REPLACE FUNCTION pgfence.outbox_get(p_id bigint)
 RETURNS TABLE (

@@ -36,3 +36,28 @@ CREATE TABLE pgfence.meta (
 COMMENT ON TABLE pgfence.meta IS
   'One row: the schema version that the migrations have brought this database to (read it with pgfence.schema_version()).';
 INSERT INTO pgfence.meta (schema_version) VALUES (1);
+
+-- The event log: one row per transition (and per receipt / conflict where a module says so),
+-- written by the modules' triggers in the same transaction as the change it records, so a
+-- rolled-back transition leaves no event. Append-only: only purge functions delete from it.
+CREATE TABLE pgfence.event (
+  id          bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+  module      text NOT NULL CHECK (module IN ('outbox', 'plan', 'operation', 'document')),
+  item_id     bigint NOT NULL,
+  event       text NOT NULL CHECK (event ~ '^[a-z_]{1,40}$'),
+  from_status text,
+  to_status   text,
+  actor       text,
+  fence       bigint,
+  detail      jsonb,
+  at          timestamptz NOT NULL DEFAULT clock_timestamp(),
+  txid        xid8 NOT NULL DEFAULT pg_current_xact_id()
+);
+COMMENT ON TABLE pgfence.event IS
+  'Append-only event log of every module: transitions with who made them and under which fence token, receipts, errors with SQLSTATE, document save outcomes. Written by the modules'' triggers and functions in the same transaction as the change. Not an API: read it through the audit views.';
+COMMENT ON COLUMN pgfence.event.actor IS
+  'Who made the change: the worker, approver or user passed to the pgfence function (via the transaction-local setting pgfence.actor), else the database session user.';
+COMMENT ON COLUMN pgfence.event.fence IS
+  'The fence token in force after the change (outbox attempts, operation fence), when the module has one.';
+CREATE INDEX event_item_idx ON pgfence.event (module, item_id, id);
+CREATE INDEX event_at_idx ON pgfence.event (at);

@@ -8,13 +8,16 @@ CREATE TABLE pgfence.outbox_channel (
   backoff_base interval NOT NULL CHECK (backoff_base > interval '0'),
   backoff_cap  interval NOT NULL,
   lease        interval NOT NULL CHECK (lease > interval '0'),
+  log_events   boolean NOT NULL DEFAULT false,
   updated_at   timestamptz NOT NULL DEFAULT now(),
   CONSTRAINT outbox_channel_cap_ge_base CHECK (backoff_cap >= backoff_base)
 );
+COMMENT ON COLUMN pgfence.outbox_channel.log_events IS
+  'Write every transition of this channel''s messages to pgfence.event (off by default: outbox volume is high; the message row keeps attempts, owner, times and last error either way).';
 COMMENT ON TABLE pgfence.outbox_channel IS
   'Retry settings per outbox channel; the row ''*'' holds the defaults for channels without a row. Change with pgfence.outbox_configure_channel().';
-INSERT INTO pgfence.outbox_channel (channel, max_attempts, backoff_base, backoff_cap, lease)
-VALUES ('*', 10, interval '1 second', interval '1 hour', interval '5 minutes');
+INSERT INTO pgfence.outbox_channel (channel, max_attempts, backoff_base, backoff_cap, lease, log_events)
+VALUES ('*', 10, interval '1 second', interval '1 hour', interval '5 minutes', false);
 
 CREATE TABLE pgfence.outbox (
   id               bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,

@@ -48,7 +48,7 @@ SQL_GET = "SELECT * FROM pgfence.outbox_get(%s::bigint)"
 SQL_LIST = "SELECT * FROM pgfence.outbox_list(%s::text, %s::text, %s::int)"
 SQL_CONFIGURE = (
     "SELECT * FROM pgfence.outbox_configure_channel(%s::text, %s::int, %s::interval,"
-    " %s::interval, %s::interval)"
+    " %s::interval, %s::interval, %s::boolean)"
 )
 
 #: LISTEN channel on which enqueue NOTIFYs ``{"channel": …, "id": …}`` at commit.
@@ -197,13 +197,16 @@ def list_messages(conn: AnyConn, channel: str | None = None, status: str | None 
 def configure_channel(conn: AnyConn, channel: str, *, max_attempts: int | None = None,
                       backoff_base: dt.timedelta | None = None,
                       backoff_cap: dt.timedelta | None = None,
-                      lease: dt.timedelta | None = None) -> dict[str, Any]:
+                      lease: dt.timedelta | None = None,
+                      log_events: bool | None = None) -> dict[str, Any]:
     """Set a channel's retry settings (None keeps the current value); returns the stored row.
 
-    ``channel='*'`` changes the defaults for channels without their own row.
+    ``channel='*'`` changes the defaults for channels without their own row. ``log_events``
+    writes every transition of the channel's messages to ``pgfence.event``.
     """
     with _sqlstate(), conn.cursor(row_factory=dict_row) as cur:
-        cur.execute(SQL_CONFIGURE, (channel, max_attempts, backoff_base, backoff_cap, lease))
+        cur.execute(SQL_CONFIGURE,
+                    (channel, max_attempts, backoff_base, backoff_cap, lease, log_events))
         row = cur.fetchone()
     assert row is not None
     return row

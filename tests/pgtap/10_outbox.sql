@@ -2,7 +2,7 @@
 -- documented SQLSTATE. Concurrency cells use real second sessions (dblink, see helpers/).
 BEGIN;
 \ir helpers/setup.sql
-SELECT plan(124);
+SELECT plan(133);
 
 -- =============================================================================================
 -- Catalog: signatures, definer, volatility, privileges
@@ -15,7 +15,7 @@ SELECT has_function('pgfence', 'outbox_mark_sent_many', ARRAY['bigint[]','intege
 SELECT has_function('pgfence', 'outbox_mark_failed', ARRAY['bigint','integer','text','boolean','interval'], 'outbox_mark_failed signature');
 SELECT has_function('pgfence', 'outbox_reclaim_stale', ARRAY['integer'], 'outbox_reclaim_stale signature');
 SELECT has_function('pgfence', 'outbox_requeue', ARRAY['bigint','integer'], 'outbox_requeue signature');
-SELECT has_function('pgfence', 'outbox_configure_channel', ARRAY['text','integer','interval','interval','interval'], 'outbox_configure_channel signature');
+SELECT has_function('pgfence', 'outbox_configure_channel', ARRAY['text','integer','interval','interval','interval','boolean'], 'outbox_configure_channel signature');
 SELECT has_function('pgfence', 'outbox_get', ARRAY['bigint'], 'outbox_get signature');
 SELECT has_function('pgfence', 'outbox_next_due', ARRAY['text[]'], 'outbox_next_due signature');
 SELECT has_view('pgfence', 'outbox_summary', 'outbox_summary view');
@@ -37,7 +37,7 @@ SELECT function_privs_are('pgfence', 'outbox_mark_failed', ARRAY['bigint','integ
 SELECT function_privs_are('pgfence', 'outbox_reclaim_stale', ARRAY['integer'], 'pgfence_executor', ARRAY['EXECUTE'], 'executor may run the reaper');
 SELECT function_privs_are('pgfence', 'outbox_requeue', ARRAY['bigint','integer'], 'pgfence_executor', ARRAY[]::text[], 'executor may not requeue');
 SELECT function_privs_are('pgfence', 'outbox_requeue', ARRAY['bigint','integer'], 'pgfence_admin', ARRAY['EXECUTE'], 'admin may requeue');
-SELECT function_privs_are('pgfence', 'outbox_configure_channel', ARRAY['text','integer','interval','interval','interval'], 'pgfence_client', ARRAY[]::text[], 'client may not configure channels');
+SELECT function_privs_are('pgfence', 'outbox_configure_channel', ARRAY['text','integer','interval','interval','interval','boolean'], 'pgfence_client', ARRAY[]::text[], 'client may not configure channels');
 SELECT table_privs_are('pgfence', 'outbox_summary', 'pgfence_admin', ARRAY['SELECT'], 'admin reads outbox_summary');
 SELECT table_privs_are('pgfence', 'outbox', 'pgfence_client', ARRAY[]::text[], 'client has no privilege on the outbox table');
 
@@ -257,6 +257,34 @@ SELECT throws_ok($$SELECT * FROM pgfence.outbox_get(-1)$$, 'P0002', NULL, 'outbo
 SELECT throws_ok($$SELECT pgfence.outbox_configure_channel('tap-a', 0)$$, '22023', NULL, 'configure_channel: max_attempts 0 is 22023');
 SELECT throws_ok($$SELECT pgfence.outbox_configure_channel('tap-a', NULL, '1 hour', '1 second')$$, '22023', NULL, 'configure_channel: cap < base is 22023');
 SELECT throws_ok($$SELECT pgfence.outbox_configure_channel('NOT OK')$$, '22023', NULL, 'configure_channel: bad name is 22023');
+
+-- =============================================================================================
+-- Event log, per channel (outbox_channel.log_events)
+-- =============================================================================================
+SELECT lives_ok($$SELECT pgfence.outbox_configure_channel('tap-log', p_log_events => true)$$, 'turn the event log on for channel tap-log');
+INSERT INTO ids SELECT 'logged', pgfence.outbox_enqueue('tap-log', 'r', '{}');
+INSERT INTO ids SELECT 'unlogged', pgfence.outbox_enqueue('tap-nolog', 'r', '{}');
+SELECT is((SELECT count(*)::int FROM pgfence.outbox_claim('tap-logger', 5, ARRAY['tap-log', 'tap-nolog'])), 2, 'claim one logged and one unlogged message');
+SELECT is(pgfence.outbox_mark_sent((SELECT id FROM ids WHERE name = 'logged'), 1, '{"ok": true}'), true, 'mark the logged one sent');
+SELECT results_eq(
+  $$SELECT format('%s %s->%s by %s fence %s', event, from_status, to_status, actor, fence) FROM pgfence.event WHERE module = 'outbox' AND item_id = (SELECT id FROM ids WHERE name = 'logged') ORDER BY id$$,
+  ARRAY[format('enqueue ->pending by %s fence 0', session_user) COLLATE "default",
+        'claim pending->processing by tap-logger fence 1',
+        'transition processing->sent by tap-logger fence 1']::text[],
+  'enqueue, claim and sent are logged with actor and fence');
+SELECT is((SELECT detail->'receipt' FROM pgfence.event WHERE module = 'outbox' AND item_id = (SELECT id FROM ids WHERE name = 'logged') AND to_status = 'sent'), '{"ok": true}'::jsonb,
+  'the sent event carries the delivery receipt');
+SELECT is((SELECT count(*)::int FROM pgfence.event WHERE module = 'outbox' AND item_id = (SELECT id FROM ids WHERE name = 'unlogged')), 0,
+  'a channel without log_events writes no events');
+SAVEPOINT before_failed_transition;
+SELECT pgfence.outbox_requeue((SELECT id FROM ids WHERE name = 'crashy'));
+ROLLBACK TO SAVEPOINT before_failed_transition;
+SELECT lives_ok($$SELECT pgfence.outbox_configure_channel('tap-a', p_log_events => true)$$, 'log channel tap-a too');
+SAVEPOINT before_rollback;
+SELECT pgfence.outbox_requeue((SELECT id FROM ids WHERE name = 'crashy'));
+SELECT is((SELECT count(*)::int FROM pgfence.event WHERE item_id = (SELECT id FROM ids WHERE name = 'crashy') AND to_status = 'pending' AND from_status = 'dead'), 1, 'requeue is logged inside its transaction ...');
+ROLLBACK TO SAVEPOINT before_rollback;
+SELECT is((SELECT count(*)::int FROM pgfence.event WHERE item_id = (SELECT id FROM ids WHERE name = 'crashy') AND from_status = 'dead'), 0, '... and a rolled-back transition leaves no event');
 
 SELECT * FROM finish();
 ROLLBACK;

@@ -90,11 +90,13 @@ def requeue(state: CliState, message_id: int, extra_attempts: int | None) -> Non
 @click.option("--backoff-base", type=click.FloatRange(0.001), help="Seconds.")
 @click.option("--backoff-cap", type=click.FloatRange(0.001), help="Seconds.")
 @click.option("--lease", type=click.FloatRange(0.001), help="Seconds.")
+@click.option("--log-events/--no-log-events", default=None,
+              help="Write every transition of this channel to the event log.")
 @json_option
 @pass_state
 def configure(state: CliState, channel: str, max_attempts: int | None,
               backoff_base: float | None, backoff_cap: float | None, lease: float | None,
-              as_json: bool) -> None:
+              log_events: bool | None, as_json: bool) -> None:
     """Set CHANNEL's retry settings ('*' = defaults); unspecified ones are kept."""
 
     def secs(v: float | None) -> dt.timedelta | None:
@@ -103,5 +105,6 @@ def configure(state: CliState, channel: str, max_attempts: int | None,
     with db_conn(state) as conn:
         row = api.configure_channel(conn, channel, max_attempts=max_attempts,
                                     backoff_base=secs(backoff_base),
-                                    backoff_cap=secs(backoff_cap), lease=secs(lease))
+                                    backoff_cap=secs(backoff_cap), lease=secs(lease),
+                                    log_events=log_events)
     emit_one(row, as_json)
