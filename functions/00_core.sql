@@ -94,4 +94,4 @@ AS $$
 $$;
 REVOKE ALL ON FUNCTION pgfence._set_actor(text) FROM PUBLIC;
 COMMENT ON FUNCTION pgfence._set_actor(text) IS
-  'Private: name the actor (worker, approver, user) that the event log records for the changes that follow. Called inside a function that has a SET clause, the setting ends with that function call.';
+  'Private: name the actor (worker, approver, user) that the event log records for the changes that follow. A calling function must declare SET pgfence.actor = '''' in its definition, so that the name ends with the call instead of leaking into the rest of the caller''s transaction.';

@@ -575,6 +575,7 @@ CREATE OR REPLACE FUNCTION pgfence.outbox_reclaim_stale(p_max_rows integer DEFAU
 RETURNS integer
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pgfence, pg_temp
+SET pgfence.actor = ''
 AS $$
 DECLARE
   v_count integer;
