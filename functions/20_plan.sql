@@ -293,8 +293,9 @@ AS $$
   SELECT 'pgfence-plan-' || p_id || '-step-' || p_step;
 $$;
 REVOKE ALL ON FUNCTION pgfence._plan_step_key(bigint, integer) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION pgfence._plan_step_key(bigint, integer) TO pgfence_client, pgfence_executor, pgfence_admin;
 COMMENT ON FUNCTION pgfence._plan_step_key(bigint, integer) IS
-  'Private: the idempotency key of a plan step, pgfence-plan-<plan id>-step-<step index>: the same for every delivery of that step, whichever worker performs it.';
+  'Private: the idempotency key of a plan step, pgfence-plan-<plan id>-step-<step index>: the same for every delivery of that step, whichever worker performs it. Executable by the group roles because plan_run_step (not security definer) and the plan_receipts view call it as the reader.';
 
 -- Heal plans that nobody can finish any more: executing with a lapsed heartbeat -> failed
 -- (interrupted); pending past expires_at -> expired. Rows locked right now are skipped: a live
