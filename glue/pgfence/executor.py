@@ -147,7 +147,8 @@ class Executor:
         check_version(version)
         self.pool = AsyncConnectionPool(
             self.dsn, min_size=1, max_size=self.config.pool_size, open=False,
-            kwargs={"autocommit": True}, check=AsyncConnectionPool.check_connection,
+            kwargs={"autocommit": True, "application_name": f"pgfence-executor:{self.worker_id}"[:63]},
+            check=AsyncConnectionPool.check_connection,
             name="pgfence-executor",
         )
         await self.pool.open(wait=True, timeout=30)
@@ -197,7 +198,8 @@ class Executor:
         while not self._stopping.is_set():
             try:
                 async with await psycopg.AsyncConnection.connect(
-                        self.dsn, autocommit=True) as conn:
+                        self.dsn, autocommit=True,
+                        application_name=f"pgfence-listener:{self.worker_id}"[:63]) as conn:
                     for ch in channels:
                         await conn.execute(f"LISTEN {ch}")
                     self.listener_connects += 1

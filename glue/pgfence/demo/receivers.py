@@ -10,6 +10,7 @@ Webhook paths:
 - ``/flaky?fail=N`` → 503 for the first N requests of each idempotency key (default 2), then 200;
 - ``/gone`` → 410 (a permanent failure);
 - ``/slow?s=SECONDS`` → waits, then 200 (the request is counted when it *arrives*);
+- ``/slow-once?s=SECONDS`` → like ``/slow`` for the first request of a key, then immediate;
 - ``/status/CODE`` → that status.
 """
 
@@ -100,7 +101,7 @@ class WebhookReceiver:
             status = 503 if seen <= int(request.query.get("fail", "2")) else 200
         elif request.path == "/gone":
             status = 410
-        elif request.path == "/slow":
+        elif request.path == "/slow" or (request.path == "/slow-once" and seen == 1):
             await asyncio.sleep(float(request.query.get("s", "3")))
         elif request.path.startswith("/status/"):
             status = int(request.path.rsplit("/", 1)[1])
