@@ -1022,8 +1022,9 @@ COMMENT ON FUNCTION pgfence._plan_step_finish(bigint, text, integer, boolean, js
   'Bookkeeping for plan_run_step (security definer): writes the receipt of SQL step p_step in the step''s own transaction and moves the plan on (next step, executed, or failed on an error). Returns the plan''s new status, or NULL if the step is not the owner''s next SQL step. Not for direct use.';
 
 CREATE OR REPLACE FUNCTION pgfence.plan_run_step(
-  p_id     bigint,
-  p_worker text,
+  p_id            bigint,
+  p_worker        text,
+  p_external_only boolean DEFAULT false,
   OUT step_index      integer,
   OUT action          text,
   OUT outcome         text,
@@ -1058,6 +1059,12 @@ BEGIN
     args := v.args;
     RETURN;
   END IF;
+  IF p_external_only THEN
+    -- A runner that performs only external effects hands a SQL step to a SQL runner.
+    PERFORM pgfence.plan_release(p_id, p_worker);
+    outcome := 'released';
+    RETURN;
+  END IF;
   -- The action runs here, in this function, with the privileges of the role calling it:
   -- plan_run_step is not security definer. A subtransaction: if the action raises, only its
   -- effects are rolled back, and the error receipt below commits with the step.
@@ -1085,10 +1092,10 @@ BEGIN
   status := pgfence._plan_step_finish(p_id, p_worker, v.step_index, outcome = 'ok', output, error);
 END
 $$;
-REVOKE ALL ON FUNCTION pgfence.plan_run_step(bigint, text) FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION pgfence.plan_run_step(bigint, text) TO pgfence_executor, pgfence_admin;
-COMMENT ON FUNCTION pgfence.plan_run_step(bigint, text) IS
-  'Run the next step of a run p_worker owns, in the caller''s transaction (one step per transaction): lock the plan row and refuse unless it is still executing by p_worker with a live heartbeat; run the SQL action with the privileges of the calling role (this function is NOT security definer) inside a subtransaction; write the receipt in the same transaction — ok with the action''s output, or error with SQLSTATE and message (the action''s effects rolled back, the plan failed, earlier steps stay committed). After the last ok step the plan is executed. For an external step nothing runs: outcome ''external'' with its args and idempotency key, for the executor to perform and report with plan_record_step. Returns (step_index, action, outcome ok|error|external, status, output, error, args, idempotency_key); outcome NULL = refused (lost race, stale worker, terminal plan): nothing ran. Errors: 22004/22023 (worker), P0002 (unknown plan).';
+REVOKE ALL ON FUNCTION pgfence.plan_run_step(bigint, text, boolean) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION pgfence.plan_run_step(bigint, text, boolean) TO pgfence_executor, pgfence_admin;
+COMMENT ON FUNCTION pgfence.plan_run_step(bigint, text, boolean) IS
+  'Run the next step of a run p_worker owns, in the caller''s transaction (one step per transaction): lock the plan row and refuse unless it is still executing by p_worker with a live heartbeat; run the SQL action with the privileges of the calling role (this function is NOT security definer) inside a subtransaction; write the receipt in the same transaction — ok with the action''s output, or error with SQLSTATE and message (the action''s effects rolled back, the plan failed, earlier steps stay committed). After the last ok step the plan is executed. For an external step nothing runs: outcome ''external'' with its args and idempotency key, for the executor to perform and report with plan_record_step. p_external_only (an executor that runs no SQL actions): at a SQL step nothing runs and the run is released for a SQL runner (outcome ''released''). Returns (step_index, action, outcome ok|error|external|released, status, output, error, args, idempotency_key); outcome NULL = refused (lost race, stale worker, terminal plan): nothing ran. Errors: 22004/22023 (worker), P0002 (unknown plan).';
 
 CREATE OR REPLACE FUNCTION pgfence.plan_record_step(
   p_id         bigint,

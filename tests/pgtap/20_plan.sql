@@ -3,7 +3,7 @@
 -- commits) are in 21_plan_concurrency.sql.
 BEGIN;
 \ir helpers/setup.sql
-SELECT plan(269);
+SELECT plan(271);
 
 -- Fixtures: a small table, SQL actions on it, an external action (rolled back at the end).
 CREATE TABLE public.tap_plan_t (k text PRIMARY KEY, v integer NOT NULL CHECK (v >= 0));
@@ -35,7 +35,7 @@ SELECT has_function('pgfence', 'plan_start', ARRAY['bigint','text','interval'], 
 SELECT has_function('pgfence', 'plan_claim', ARRAY['text','integer','boolean','interval'], 'plan_claim signature');
 SELECT has_function('pgfence', 'plan_release', ARRAY['bigint','text'], 'plan_release signature');
 SELECT has_function('pgfence', 'plan_heartbeat', ARRAY['bigint','text'], 'plan_heartbeat signature');
-SELECT has_function('pgfence', 'plan_run_step', ARRAY['bigint','text'], 'plan_run_step signature');
+SELECT has_function('pgfence', 'plan_run_step', ARRAY['bigint','text','boolean'], 'plan_run_step signature');
 SELECT has_function('pgfence', 'plan_record_step', ARRAY['bigint','integer','text','boolean','jsonb','text'], 'plan_record_step signature');
 SELECT has_function('pgfence', 'plan_execute', ARRAY['bigint','text','interval','text','jsonb'], 'plan_execute signature');
 SELECT is((SELECT prokind::text FROM pg_proc WHERE oid = 'pgfence.plan_execute(bigint,text,interval,text,jsonb)'::regprocedure), 'p',
@@ -47,7 +47,7 @@ SELECT has_function('pgfence', 'plan_reap_stale', ARRAY['integer'], 'plan_reap_s
 SELECT has_view('pgfence', 'plan_receipts', 'plan_receipts view');
 SELECT has_view('pgfence', 'plan_actions', 'plan_actions view');
 
-SELECT isnt_definer('pgfence', 'plan_run_step', ARRAY['bigint','text'], 'plan_run_step is NOT security definer: actions run with the executing role''s privileges');
+SELECT isnt_definer('pgfence', 'plan_run_step', ARRAY['bigint','text','boolean'], 'plan_run_step is NOT security definer: actions run with the executing role''s privileges');
 SELECT isnt_definer('pgfence', 'plan_execute', ARRAY['bigint','text','interval','text','jsonb'], 'plan_execute is NOT security definer');
 SELECT is_definer('pgfence', '_plan_step_begin', ARRAY['bigint','text'], 'the lock-and-check helper is security definer');
 SELECT is_definer('pgfence', '_plan_step_finish', ARRAY['bigint','text','integer','boolean','jsonb','jsonb'], 'the receipt-writing helper is security definer');
@@ -62,7 +62,7 @@ FROM pg_proc p WHERE p.pronamespace = 'pgfence'::regnamespace AND p.proname LIKE
 SELECT is((SELECT proconfig FROM pg_proc WHERE oid = 'pgfence.plan_execute(bigint,text,interval,text,jsonb)'::regprocedure), NULL,
   'plan_execute has no SET clause (a procedure with one cannot COMMIT)');
 SELECT volatility_is('pgfence', 'plan_get', ARRAY['bigint'], 'volatile', 'plan_get is volatile (it heals lazily)');
-SELECT volatility_is('pgfence', 'plan_run_step', ARRAY['bigint','text'], 'volatile', 'plan_run_step is volatile');
+SELECT volatility_is('pgfence', 'plan_run_step', ARRAY['bigint','text','boolean'], 'volatile', 'plan_run_step is volatile');
 
 SELECT function_privs_are('pgfence', 'plan_propose', ARRAY['jsonb','text','interval','text','bigint'], 'pgfence_client', ARRAY['EXECUTE'], 'client may propose');
 SELECT function_privs_are('pgfence', 'plan_propose', ARRAY['jsonb','text','interval','text','bigint'], 'pgfence_executor', ARRAY[]::text[], 'executor may not propose');
@@ -75,7 +75,7 @@ SELECT function_privs_are('pgfence', 'plan_register_action', ARRAY['text','regpr
 SELECT function_privs_are('pgfence', 'plan_register_action', ARRAY['text','regprocedure','text'], 'pgfence_admin', ARRAY['EXECUTE'], 'admin may register actions');
 SELECT function_privs_are('pgfence', 'plan_start', ARRAY['bigint','text','interval'], 'pgfence_client', ARRAY[]::text[], 'client may not start a run');
 SELECT function_privs_are('pgfence', 'plan_start', ARRAY['bigint','text','interval'], 'pgfence_executor', ARRAY['EXECUTE'], 'executor may start a run');
-SELECT function_privs_are('pgfence', 'plan_run_step', ARRAY['bigint','text'], 'pgfence_executor', ARRAY['EXECUTE'], 'executor may run steps');
+SELECT function_privs_are('pgfence', 'plan_run_step', ARRAY['bigint','text','boolean'], 'pgfence_executor', ARRAY['EXECUTE'], 'executor may run steps');
 SELECT function_privs_are('pgfence', '_plan_step_begin', ARRAY['bigint','text'], 'pgfence_executor', ARRAY['EXECUTE'], 'executor may call the step helper that plan_run_step uses');
 SELECT function_privs_are('pgfence', '_plan_step_begin', ARRAY['bigint','text'], 'pgfence_client', ARRAY[]::text[], 'client may not');
 SELECT function_privs_are('pgfence', 'plan_execute', ARRAY['bigint','text','interval','text','jsonb'], 'pgfence_executor', ARRAY['EXECUTE'], 'executor may CALL plan_execute');
@@ -399,9 +399,13 @@ SELECT results_eq($$SELECT outcome, status FROM pgfence.plan_run_step(pg_temp.pi
   $$VALUES (NULL::text, 'executing'::text)$$, 'the former owner is refused');
 SELECT results_eq($$SELECT id, next_kind FROM pgfence.plan_claim('tap-ext', 10, true)$$,
   $$VALUES (pg_temp.pid('rel'), 'external'::text)$$, 'an external-only claimer takes the released run whose next step is external');
-SELECT is((SELECT outcome FROM pgfence.plan_run_step(pg_temp.pid('rel'), 'tap-ext')), 'external', 'it is handed the external step');
+SELECT is((SELECT outcome FROM pgfence.plan_run_step(pg_temp.pid('rel'), 'tap-ext', true)), 'external', 'it is handed the external step');
 SELECT is(pgfence.plan_record_step(pg_temp.pid('rel'), 2, 'tap-ext', true, '{"http_status": 204}'), true, '... records it');
-SELECT is(pgfence.plan_release(pg_temp.pid('rel'), 'tap-ext'), true, '... and releases the run before the SQL step');
+SELECT results_eq($$SELECT step_index, outcome, status FROM pgfence.plan_run_step(pg_temp.pid('rel'), 'tap-ext', true)$$,
+  $$VALUES (3, 'released'::text, 'executing'::text)$$, 'an external-only runner reaching a SQL step runs nothing and releases the run');
+SELECT results_eq($$SELECT worker, next_step FROM pgfence.plan WHERE id = pg_temp.pid('rel')$$,
+  $$VALUES (NULL::text, 3)$$, '... released, still at step 3');
+SELECT is((SELECT count(*)::int FROM public.tap_plan_t WHERE k = 'r3'), 0, '... and step 3 did not run');
 SELECT is((SELECT count(*)::int FROM pgfence.plan_claim('tap-ext', 10, true)), 0, 'an external-only claimer leaves a run whose next step is SQL');
 SELECT is(pgfence.plan_start(pg_temp.pid('rel'), 'tap-w3'), true, 'a SQL runner takes it over with plan_start');
 SELECT results_eq($$SELECT outcome, status FROM pgfence.plan_run_step(pg_temp.pid('rel'), 'tap-w3')$$,
