@@ -71,9 +71,10 @@ def _register() -> None:
     from .executor import executor_cmd
     from .migrate import migrate_cmd
     from .outbox import outbox
+    from .plan import plan
     from .status import status
 
-    for cmd in (db, demo, migrate_cmd, executor_cmd, outbox, status):
+    for cmd in (db, demo, migrate_cmd, executor_cmd, outbox, plan, status):
         main.add_command(cmd)
 
 

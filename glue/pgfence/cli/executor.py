@@ -11,7 +11,8 @@ from typing import Any
 import click
 
 from ..db import resolve_dsn
-from ..executor import Executor, ExecutorConfig, OutboxModule
+from ..executor import Executor, ExecutorConfig, Module, OutboxModule
+from ..plan.module import PlanModule
 from ..transports import Transport, parse_route
 from ._common import CliState, pass_state
 
@@ -41,6 +42,14 @@ def _load_config(path: Path | None) -> dict[str, Any]:
 @click.option("--grace", type=click.FloatRange(0), help="Seconds in-flight work may take after "
               "SIGTERM [30].")
 @click.option("--worker-id", help="Name to claim under [host:pid:random].")
+@click.option("--plans", type=click.Choice(["start", "external", "off"]), default=None,
+              help="Approved plans: start = take and run them (SQL steps with this executor's "
+                   "database role, external steps through the routes named after their "
+                   "actions); external = only perform external steps of runs released to "
+                   "executors; off [start].")
+@click.option("--plan-heartbeat", type=click.FloatRange(1, 86400),
+              help="Heartbeat interval in seconds for plan runs this executor takes "
+                   "[the plan's, 120].")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]),
               default="info", show_default=True,
               help="info logs one line per delivery; warning only retries, failures and lapses.")
@@ -48,8 +57,9 @@ def _load_config(path: Path | None) -> dict[str, Any]:
 def executor_cmd(state: CliState, routes: tuple[str, ...], config_path: Path | None,
                  concurrency: int | None, batch: int | None, poll_interval: float | None,
                  reap_interval: float | None, lease: float | None, grace: float | None,
-                 worker_id: str | None, log_level: str) -> None:
-    """Deliver outbox messages: LISTEN for NOTIFY, sweep on a timer, claim, deliver, record.
+                 worker_id: str | None, plans: str | None, plan_heartbeat: float | None,
+                 log_level: str) -> None:
+    """Deliver outbox messages and run approved plans: LISTEN for NOTIFY, sweep, claim, record.
 
     \b
     Examples:
@@ -75,7 +85,8 @@ def executor_cmd(state: CliState, routes: tuple[str, ...], config_path: Path | N
         if not sep or not channel or not spec:
             raise click.BadParameter(f"expected CHANNEL=TRANSPORT, got {item!r}", param_hint="--route")
         route_specs[channel] = spec
-    if not route_specs:
+    plans_mode = plans or str(section.get("plans", "start"))
+    if not route_specs and plans_mode == "off":
         raise click.UsageError("give at least one --route CHANNEL=TRANSPORT (or a [routes] table)")
     transports: dict[str, Transport] = {}
     for channel, spec in route_specs.items():
@@ -97,8 +108,14 @@ def executor_cmd(state: CliState, routes: tuple[str, ...], config_path: Path | N
     if wid := pick(worker_id, "worker_id", None):
         config.worker_id = str(wid)
     lease_s = pick(lease, "lease", None)
-    module = OutboxModule(transports,
-                          lease=dt.timedelta(seconds=float(lease_s)) if lease_s else None)
-    executor = Executor(resolve_dsn(state.dsn), [module], config)
+    modules: list[Module] = []
+    if transports:
+        modules.append(OutboxModule(transports,
+                                    lease=dt.timedelta(seconds=float(lease_s)) if lease_s else None))
+    if plans_mode != "off":
+        hb = pick(plan_heartbeat, "plan_heartbeat", None)
+        modules.append(PlanModule(transports, external_only=plans_mode == "external",
+                                  heartbeat=dt.timedelta(seconds=float(hb)) if hb else None))
+    executor = Executor(resolve_dsn(state.dsn), modules, config)
     logging.getLogger("pgfence").setLevel(log_level.upper())
     executor.run_forever()
