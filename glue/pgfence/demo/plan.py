@@ -128,7 +128,7 @@ def run(ctx: DemoContext) -> None:
 
     def interrupted() -> bool:
         with ctx.connect() as conn:
-            return plan.get(conn, pid)["status"] == "failed"
+            return bool(plan.get(conn, pid)["status"] == "failed")
 
     ctx.wait_until(interrupted, 20, "the plan to be marked interrupted")
     steps = _show(ctx, pid)
@@ -157,7 +157,7 @@ def run(ctx: DemoContext) -> None:
 
     def undone() -> bool:
         with ctx.connect() as conn:
-            return plan.get(conn, undo)["status"] in ("executed", "failed")
+            return bool(plan.get(conn, undo)["status"] in ("executed", "failed"))
 
     ctx.wait_until(undone, 20, "the compensating plan to run")
     _show(ctx, undo)
@@ -167,7 +167,9 @@ def run(ctx: DemoContext) -> None:
                   f"plan#{pid} records that plan#{undo} compensates it")
     ctx.check(_stock(ctx, skus) == before, f"stock is back to {before}")
 
-    ctx.step("a plan whose third step raises, run from SQL (CALL pgfence.plan_execute)")
+    ctx.step("executors stopped; a plan whose third step raises, run from SQL "
+             "(CALL pgfence.plan_execute: one committed transaction per step)")
+    ctx.stop_executors()
     with ctx.connect() as conn:
         bad = plan.propose(conn, [
             _adjust(widget, 1, "one more widget"),
