@@ -42,13 +42,13 @@ SET search_path = pg_catalog, pgfence, pg_temp
 AS $$
 BEGIN
   IF NEW.id IS DISTINCT FROM OLD.id
-     OR NEW.steps IS DISTINCT FROM OLD.steps
+     OR NEW.step_count IS DISTINCT FROM OLD.step_count
      OR NEW.proposed_by IS DISTINCT FROM OLD.proposed_by
      OR NEW.proposed_at IS DISTINCT FROM OLD.proposed_at
      OR NEW.expires_at IS DISTINCT FROM OLD.expires_at
      OR NEW.idempotency_key IS DISTINCT FROM OLD.idempotency_key
      OR NEW.compensates IS DISTINCT FROM OLD.compensates THEN
-    RAISE EXCEPTION 'plan % is immutable: its steps, proposer, expiry, idempotency key and the plan it compensates never change', OLD.id
+    RAISE EXCEPTION 'plan % is immutable: its step count, proposer, expiry, idempotency key and the plan it compensates never change', OLD.id
       USING ERRCODE = 'PF002', HINT = 'Propose a new plan instead.';
   END IF;
   IF (OLD.approved_by IS NOT NULL AND (NEW.approved_by, NEW.approved_at) IS DISTINCT FROM (OLD.approved_by, OLD.approved_at))
@@ -97,7 +97,7 @@ END
 $$;
 REVOKE ALL ON FUNCTION pgfence.tg_plan_guard() FROM PUBLIC;
 COMMENT ON FUNCTION pgfence.tg_plan_guard() IS
-  'BEFORE UPDATE trigger on pgfence.plan: refuses any transition outside the plan machine, a step advancing without its ok receipt, and a hand-over between two owners without a release (PF001); refuses changes to the frozen plan (steps, proposer, expiry, key, compensated plan, approver, start) and next_step going back (PF002) — even from a hand-written UPDATE.';
+  'BEFORE UPDATE trigger on pgfence.plan: refuses any transition outside the plan machine, a step advancing without its ok receipt, and a hand-over between two owners without a release (PF001); refuses changes to the frozen plan (step count, proposer, expiry, key, compensated plan, approver, start) and next_step going back (PF002) — even from a hand-written UPDATE.';
 
 CREATE OR REPLACE TRIGGER plan_guard
   BEFORE UPDATE ON pgfence.plan
@@ -111,18 +111,37 @@ AS $$
 DECLARE
   v_plan pgfence.plan;
 BEGIN
-  IF TG_OP = 'UPDATE' THEN
+  IF TG_OP = 'DELETE' THEN
+    -- Only as part of deleting the plan itself (ON DELETE CASCADE: the plan row is gone).
+    IF EXISTS (SELECT 1 FROM pgfence.plan p WHERE p.id = OLD.plan_id) THEN
+      RAISE EXCEPTION 'plan %: step % cannot be deleted: steps and receipts are immutable', OLD.plan_id, OLD.step_index
+        USING ERRCODE = 'PF002', HINT = 'Propose a new plan instead.';
+    END IF;
+    RETURN OLD;
+  END IF;
+  SELECT * INTO v_plan FROM pgfence.plan p WHERE p.id = NEW.plan_id;
+  IF TG_OP = 'INSERT' THEN
+    IF v_plan.status IS DISTINCT FROM 'pending' OR NEW.step_index > v_plan.step_count OR NEW.outcome IS NOT NULL THEN
+      RAISE EXCEPTION 'plan %: step % can only be written with the proposal, without a receipt', NEW.plan_id, NEW.step_index
+        USING ERRCODE = 'PF001', HINT = 'Steps are written by pgfence.plan_propose; receipts by plan_run_step / plan_record_step.';
+    END IF;
+    RETURN NEW;
+  END IF;
+  IF (NEW.plan_id, NEW.step_index, NEW.action, NEW.kind, NEW.function, NEW.args, NEW.note)
+     IS DISTINCT FROM (OLD.plan_id, OLD.step_index, OLD.action, OLD.kind, OLD.function, OLD.args, OLD.note) THEN
+    RAISE EXCEPTION 'plan %: step % is immutable once proposed', OLD.plan_id, OLD.step_index
+      USING ERRCODE = 'PF002', HINT = 'Propose a new plan instead.';
+  END IF;
+  IF OLD.outcome IS NOT NULL THEN
     RAISE EXCEPTION 'receipt of plan % step % is immutable', OLD.plan_id, OLD.step_index
       USING ERRCODE = 'PF002', HINT = 'A receipt records what committed; to undo a step propose a compensating plan.';
   END IF;
-  SELECT * INTO v_plan FROM pgfence.plan p WHERE p.id = NEW.plan_id;
-  IF v_plan.status IS DISTINCT FROM 'executing'
-     OR NEW.step_index <> v_plan.next_step
-     OR NEW.worker IS DISTINCT FROM v_plan.worker
-     OR NEW.action IS DISTINCT FROM v_plan.steps -> (NEW.step_index - 1) ->> 'action'
-     OR NEW.kind IS DISTINCT FROM v_plan.steps -> (NEW.step_index - 1) ->> 'kind' THEN
-    RAISE EXCEPTION 'plan %: a receipt for step % (%) by % does not fit the run (status %, next step %, owner %)',
-      NEW.plan_id, NEW.step_index, NEW.action, NEW.worker, v_plan.status, v_plan.next_step, v_plan.worker
+  IF NEW.outcome IS NOT NULL AND (
+       v_plan.status IS DISTINCT FROM 'executing'
+       OR NEW.step_index <> v_plan.next_step
+       OR NEW.worker IS DISTINCT FROM v_plan.worker) THEN
+    RAISE EXCEPTION 'plan %: a receipt for step % by % does not fit the run (status %, next step %, owner %)',
+      NEW.plan_id, NEW.step_index, NEW.worker, v_plan.status, v_plan.next_step, v_plan.worker
       USING ERRCODE = 'PF001', HINT = 'Receipts are written only by plan_run_step / plan_record_step, for the next step of an executing plan, by its owner.';
   END IF;
   RETURN NEW;
@@ -130,10 +149,10 @@ END
 $$;
 REVOKE ALL ON FUNCTION pgfence.tg_plan_step_guard() FROM PUBLIC;
 COMMENT ON FUNCTION pgfence.tg_plan_step_guard() IS
-  'BEFORE INSERT OR UPDATE trigger on pgfence.plan_step: a receipt is accepted only for the next step of an executing plan, by its owner, naming that step''s action (PF001); receipts never change (PF002).';
+  'BEFORE INSERT / UPDATE / DELETE trigger on pgfence.plan_step: steps are inserted only with their pending plan and never change or disappear except with the plan (PF002); a receipt is written once, only for the next step of an executing plan, by its owner (PF001), and never changes (PF002).';
 
 CREATE OR REPLACE TRIGGER plan_step_guard
-  BEFORE INSERT OR UPDATE ON pgfence.plan_step
+  BEFORE INSERT OR UPDATE OR DELETE ON pgfence.plan_step
   FOR EACH ROW EXECUTE FUNCTION pgfence.tg_plan_step_guard();
 
 -- ---------------------------------------------------------------------------------------------
@@ -145,8 +164,9 @@ LANGUAGE plpgsql
 SET search_path = pg_catalog, pgfence, pg_temp
 AS $$
 DECLARE
-  v_event  text;
-  v_detail jsonb;
+  v_event     text;
+  v_detail    jsonb;
+  v_next_kind text;
 BEGIN
   IF TG_OP = 'INSERT' THEN
     PERFORM pgfence._event('plan', NEW.id, 'propose', NULL, NEW.status, NULL,
@@ -166,6 +186,9 @@ BEGIN
     WHEN NEW.status = 'failed'                                 THEN 'fail'
     WHEN NEW.worker IS NULL                                    THEN 'release'
     ELSE 'take' END;
+  IF v_event = 'release' THEN
+    SELECT s.kind INTO v_next_kind FROM pgfence.plan_step s WHERE s.plan_id = NEW.id AND s.step_index = NEW.next_step;
+  END IF;
   v_detail := jsonb_strip_nulls(CASE v_event
     WHEN 'approve' THEN jsonb_build_object('by', NEW.approved_by)
     WHEN 'reject'  THEN jsonb_build_object('by', NEW.rejected_by, 'reason', NEW.reject_reason)
@@ -177,7 +200,7 @@ BEGIN
                           'external_in_doubt', CASE WHEN NEW.external_started_at IS NOT NULL THEN true END,
                           'heartbeat_expired_at', CASE WHEN NEW.failure = 'interrupted' THEN OLD.heartbeat_expires_at END)
     WHEN 'release' THEN jsonb_build_object('from', OLD.worker, 'step', NEW.next_step,
-                                           'kind', NEW.steps -> (NEW.next_step - 1) ->> 'kind',
+                                           'kind', v_next_kind,
                                            'take_by', NEW.heartbeat_expires_at)
     ELSE jsonb_build_object('worker', NEW.worker, 'step', NEW.next_step) END);
   PERFORM pgfence._event('plan', NEW.id, v_event, OLD.status, NEW.status, NULL, v_detail,
@@ -185,7 +208,7 @@ BEGIN
   IF NEW.status = 'approved' OR v_event = 'release' THEN
     PERFORM pg_notify('pgfence_plan', json_build_object(
       'id', NEW.id, 'status', NEW.status,
-      'next', CASE WHEN v_event = 'release' THEN NEW.steps -> (NEW.next_step - 1) ->> 'kind' END)::text);
+      'next', v_next_kind)::text);
   END IF;
   RETURN NULL;
 END
@@ -220,11 +243,12 @@ END
 $$;
 REVOKE ALL ON FUNCTION pgfence.tg_plan_step_event() FROM PUBLIC;
 COMMENT ON FUNCTION pgfence.tg_plan_step_event() IS
-  'AFTER INSERT trigger on pgfence.plan_step: logs each receipt (step, action, outcome, error with SQLSTATE, small outputs) to pgfence.event in the step''s own transaction; fence = the step index.';
+  'AFTER UPDATE trigger on pgfence.plan_step: logs each receipt when it is written (step, action, outcome, error with SQLSTATE, small outputs) to pgfence.event in the step''s own transaction; fence = the step index.';
 
 CREATE OR REPLACE TRIGGER plan_step_event
-  AFTER INSERT ON pgfence.plan_step
-  FOR EACH ROW EXECUTE FUNCTION pgfence.tg_plan_step_event();
+  AFTER UPDATE OF outcome ON pgfence.plan_step
+  FOR EACH ROW WHEN (OLD.outcome IS NULL AND NEW.outcome IS NOT NULL)
+  EXECUTE FUNCTION pgfence.tg_plan_step_event();
 
 -- ---------------------------------------------------------------------------------------------
 -- Private helpers
@@ -377,18 +401,16 @@ LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pgfence, pg_temp
 AS $$
 DECLARE
-  v_step   jsonb := p_plan.steps -> (p_plan.next_step - 1);
   v_status text;
 BEGIN
-  INSERT INTO pgfence.plan_step (plan_id, step_index, action, kind, outcome, output, error, worker,
-                                 started_at, finished_at)
-  VALUES (p_plan.id, p_plan.next_step, v_step ->> 'action', v_step ->> 'kind',
-          CASE WHEN p_ok THEN 'ok' ELSE 'error' END,
-          CASE WHEN p_ok THEN p_output END,
-          CASE WHEN NOT p_ok THEN p_error END,
-          p_plan.worker,
-          CASE WHEN v_step ->> 'kind' = 'external' THEN coalesce(p_plan.external_started_at, now()) ELSE now() END,
-          clock_timestamp());
+  UPDATE pgfence.plan_step s
+  SET outcome = CASE WHEN p_ok THEN 'ok' ELSE 'error' END,
+      output = CASE WHEN p_ok THEN p_output END,
+      error = CASE WHEN NOT p_ok THEN p_error END,
+      worker = p_plan.worker,
+      started_at = CASE WHEN s.kind = 'external' THEN coalesce(p_plan.external_started_at, now()) ELSE now() END,
+      finished_at = clock_timestamp()
+  WHERE s.plan_id = p_plan.id AND s.step_index = p_plan.next_step;
   -- The heartbeat is stamped with clock_timestamp(): a long step's transaction started (now())
   -- long ago, and the next deadline must count from the moment the step ended.
   UPDATE pgfence.plan p
@@ -408,7 +430,7 @@ END
 $$;
 REVOKE ALL ON FUNCTION pgfence._plan_commit_step(pgfence.plan, boolean, jsonb, jsonb) FROM PUBLIC;
 COMMENT ON FUNCTION pgfence._plan_commit_step(pgfence.plan, boolean, jsonb, jsonb) IS
-  'Private: inserts the receipt of the plan''s next step (ok with output, or error) and moves the plan on in the same transaction: next step with a fresh heartbeat, executed after the last ok step, failed (step_error) after an error. The caller holds the row lock and has checked the owner.';
+  'Private: writes the receipt of the plan''s next step (ok with output, or error) and moves the plan on in the same transaction: next step with a fresh heartbeat, executed after the last ok step, failed (step_error) after an error. The caller holds the row lock and has checked the owner.';
 
 -- Validate and normalise proposed steps: [{"action", "kind", "function", "args", "note"}].
 CREATE OR REPLACE FUNCTION pgfence._plan_normalize_steps(p_steps jsonb)
@@ -511,6 +533,21 @@ $$;
 REVOKE ALL ON FUNCTION pgfence._plan_normalize_steps(jsonb) FROM PUBLIC;
 COMMENT ON FUNCTION pgfence._plan_normalize_steps(jsonb) IS
   'Private: validates proposed steps up front (22004, 22023, PF101 for an action not on the allow-list) and returns them normalised with each action''s kind and function frozen in.';
+
+CREATE OR REPLACE FUNCTION pgfence._plan_steps_json(p_id bigint)
+RETURNS jsonb
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, pgfence, pg_temp
+AS $$
+  SELECT jsonb_agg(jsonb_strip_nulls(jsonb_build_object(
+           'action', s.action, 'kind', s.kind, 'function', s.function, 'note', s.note))
+         || jsonb_build_object('args', s.args)
+         ORDER BY s.step_index)
+  FROM pgfence.plan_step s WHERE s.plan_id = p_id;
+$$;
+REVOKE ALL ON FUNCTION pgfence._plan_steps_json(bigint) FROM PUBLIC;
+COMMENT ON FUNCTION pgfence._plan_steps_json(bigint) IS
+  'Private: a plan''s frozen steps as the JSON array plan_propose normalised them to (what plan_get returns, and what a repeated idempotency key is compared with).';
 
 -- ---------------------------------------------------------------------------------------------
 -- The allow-list
@@ -665,14 +702,18 @@ BEGIN
   v_steps := pgfence._plan_normalize_steps(p_steps);
   PERFORM pgfence._set_actor(p_proposed_by);
 
-  INSERT INTO pgfence.plan AS p (steps, proposed_by, expires_at, idempotency_key, compensates)
-  VALUES (v_steps, p_proposed_by, now() + p_ttl, p_idempotency_key, p_compensates)
+  INSERT INTO pgfence.plan AS p (step_count, proposed_by, expires_at, idempotency_key, compensates)
+  VALUES (jsonb_array_length(v_steps), p_proposed_by, now() + p_ttl, p_idempotency_key, p_compensates)
   ON CONFLICT (idempotency_key) DO NOTHING
   RETURNING p.id INTO v_id;
   IF v_id IS NOT NULL THEN
+    INSERT INTO pgfence.plan_step (plan_id, step_index, action, kind, function, args, note)
+    SELECT v_id, e.i, e.step ->> 'action', e.step ->> 'kind', e.step ->> 'function', e.step -> 'args',
+           e.step ->> 'note'
+    FROM jsonb_array_elements(v_steps) WITH ORDINALITY AS e(step, i);
     RETURN v_id;
   END IF;
-  SELECT p.id, p.steps, p.proposed_by, p.compensates INTO v_old
+  SELECT p.id, pgfence._plan_steps_json(p.id) AS steps, p.proposed_by, p.compensates INTO v_old
   FROM pgfence.plan p WHERE p.idempotency_key = p_idempotency_key;
   IF v_old.id IS NULL THEN
     RAISE EXCEPTION 'plan_propose: idempotency key "%" is held by a transaction this snapshot cannot see', p_idempotency_key
@@ -852,7 +893,9 @@ BEGIN
     SELECT p.id FROM pgfence.plan p
     WHERE (p.status = 'approved' AND NOT p_external_only)
        OR (p.status = 'executing' AND p.worker IS NULL AND p.heartbeat_expires_at >= now()
-           AND (NOT p_external_only OR p.steps -> (p.next_step - 1) ->> 'kind' = 'external'))
+           AND (NOT p_external_only OR EXISTS (
+                  SELECT 1 FROM pgfence.plan_step s
+                  WHERE s.plan_id = p.id AND s.step_index = p.next_step AND s.kind = 'external')))
     ORDER BY p.id
     LIMIT p_batch
     FOR UPDATE SKIP LOCKED
@@ -867,7 +910,8 @@ BEGIN
     FROM ready
     WHERE p.id = ready.id
       AND (p.status = 'approved' OR (p.status = 'executing' AND p.worker IS NULL AND p.heartbeat_expires_at >= now()))
-    RETURNING p.id, p.next_step, p.step_count, p.steps -> (p.next_step - 1) ->> 'kind' AS next_kind,
+    RETURNING p.id, p.next_step, p.step_count,
+              (SELECT s.kind FROM pgfence.plan_step s WHERE s.plan_id = p.id AND s.step_index = p.next_step) AS next_kind,
               p.heartbeat_interval
   )
   SELECT t.id, t.next_step, t.step_count, t.next_kind, t.heartbeat_interval FROM taken t ORDER BY t.id;
@@ -952,7 +996,7 @@ AS $$
 #variable_conflict use_column
 DECLARE
   v        pgfence.plan;
-  v_step   jsonb;
+  v_step   pgfence.plan_step;
   v_action text;
 BEGIN
   PERFORM pgfence._plan_check_name(p_worker, 'worker');
@@ -962,12 +1006,12 @@ BEGIN
   IF v.status <> 'executing' OR v.worker IS DISTINCT FROM p_worker THEN
     RETURN;  -- refused: step_index NULL
   END IF;
-  v_step := v.steps -> (v.next_step - 1);
+  SELECT * INTO v_step FROM pgfence.plan_step s WHERE s.plan_id = p_id AND s.step_index = v.next_step;
   step_index := v.next_step;
-  v_action := v_step ->> 'action';
+  v_action := v_step.action;
   action := v_action;
-  kind := v_step ->> 'kind';
-  args := v_step -> 'args';
+  kind := v_step.kind;
+  args := v_step.args;
   IF kind = 'external' THEN
     UPDATE pgfence.plan p
     SET external_started_at = coalesce(p.external_started_at, now()),
@@ -1010,7 +1054,8 @@ BEGIN
   -- Same transaction as _plan_step_begin: the row lock is ours already, nobody healed it since.
   SELECT * INTO v FROM pgfence.plan p WHERE p.id = p_id FOR UPDATE;
   IF v.status IS DISTINCT FROM 'executing' OR v.worker IS DISTINCT FROM p_worker
-     OR v.next_step <> p_step OR v.steps -> (p_step - 1) ->> 'kind' <> 'sql' THEN
+     OR v.next_step <> p_step
+     OR NOT EXISTS (SELECT 1 FROM pgfence.plan_step s WHERE s.plan_id = p_id AND s.step_index = p_step AND s.kind = 'sql') THEN
     RETURN NULL;
   END IF;
   RETURN pgfence._plan_commit_step(v, p_ok, p_output, p_error);
@@ -1134,7 +1179,7 @@ BEGIN
     RAISE EXCEPTION 'plan_record_step: plan % is at step %, not %', p_id, v.next_step, p_step_index
       USING ERRCODE = 'PF104', HINT = 'Steps run in order; record the step plan_run_step handed you.';
   END IF;
-  IF v.steps -> (p_step_index - 1) ->> 'kind' <> 'external' THEN
+  IF (SELECT s.kind FROM pgfence.plan_step s WHERE s.plan_id = p_id AND s.step_index = p_step_index) <> 'external' THEN
     RAISE EXCEPTION 'plan_record_step: step % of plan % is a SQL action', p_step_index, p_id
       USING ERRCODE = 'PF105', HINT = 'SQL steps are run, and receipted in their own transaction, by plan_run_step / CALL plan_execute.';
   END IF;
@@ -1196,7 +1241,8 @@ SELECT s.plan_id, s.step_index, s.action, s.kind, s.outcome, s.output,
        s.error ->> 'sqlstate' AS sqlstate, s.error ->> 'message' AS message, s.error,
        s.worker, s.started_at, s.finished_at, s.finished_at - s.started_at AS duration,
        pgfence._plan_step_key(s.plan_id, s.step_index) AS idempotency_key
-FROM pgfence.plan_step s;
+FROM pgfence.plan_step s
+WHERE s.outcome IS NOT NULL;
 REVOKE ALL ON pgfence.plan_receipts FROM PUBLIC;
 GRANT SELECT ON pgfence.plan_receipts TO pgfence_client, pgfence_executor, pgfence_admin;
 COMMENT ON VIEW pgfence.plan_receipts IS
@@ -1225,7 +1271,7 @@ BEGIN
          (SELECT array_agg(c.id ORDER BY c.id) FROM pgfence.plan c WHERE c.compensates = p.id),
          p.approved_by, p.approved_at, p.rejected_by, p.rejected_at, p.reject_reason, p.worker,
          p.started_at, p.heartbeat_interval, p.heartbeat_at, p.heartbeat_expires_at,
-         p.external_started_at, p.finished_at, p.updated_at, p.steps
+         p.external_started_at, p.finished_at, p.updated_at, pgfence._plan_steps_json(p.id)
   FROM pgfence.plan p WHERE p.id = p_id;
 END
 $$;
@@ -1248,23 +1294,22 @@ BEGIN
   PERFORM pgfence._plan_require(p_id);
   PERFORM pgfence._plan_heal(p_id, 1);
   RETURN QUERY
-  SELECT e.i::integer, e.step ->> 'action', e.step ->> 'kind', e.step -> 'args', e.step ->> 'note',
+  SELECT s.step_index, s.action, s.kind, s.args, s.note,
          CASE
            WHEN s.outcome IS NOT NULL THEN s.outcome
-           WHEN e.i = p.next_step AND p.status = 'executing' AND p.external_started_at IS NOT NULL THEN 'running'
-           WHEN e.i = p.next_step AND p.status = 'executing' THEN 'next'
+           WHEN s.step_index = p.next_step AND p.status = 'executing' AND p.external_started_at IS NOT NULL THEN 'running'
+           WHEN s.step_index = p.next_step AND p.status = 'executing' THEN 'next'
            WHEN p.status IN ('pending', 'approved', 'executing') THEN 'waiting'
-           WHEN e.i = p.next_step AND p.failure = 'interrupted' AND p.external_started_at IS NOT NULL
+           WHEN s.step_index = p.next_step AND p.failure = 'interrupted' AND p.external_started_at IS NOT NULL
              THEN 'unknown'
            ELSE 'not_run' END,
          s.output, s.error ->> 'sqlstate', s.error ->> 'message', s.worker, s.started_at,
          s.finished_at, s.finished_at - s.started_at,
-         pgfence._plan_step_key(p.id, e.i::integer)
+         pgfence._plan_step_key(p.id, s.step_index)
   FROM pgfence.plan p
-  CROSS JOIN LATERAL jsonb_array_elements(p.steps) WITH ORDINALITY AS e(step, i)
-  LEFT JOIN pgfence.plan_step s ON s.plan_id = p.id AND s.step_index = e.i
+  JOIN pgfence.plan_step s ON s.plan_id = p.id
   WHERE p.id = p_id
-  ORDER BY e.i;
+  ORDER BY s.step_index;
 END
 $$;
 REVOKE ALL ON FUNCTION pgfence.plan_steps(bigint) FROM PUBLIC;

@@ -26,8 +26,7 @@ CREATE TABLE pgfence.plan (
   status                text NOT NULL DEFAULT 'pending'
                         CHECK (status IN ('pending', 'approved', 'rejected', 'expired',
                                           'executing', 'executed', 'failed')),
-  steps                 jsonb NOT NULL CHECK (jsonb_typeof(steps) = 'array'),
-  step_count            integer GENERATED ALWAYS AS (jsonb_array_length(steps)) STORED,
+  step_count            integer NOT NULL,
   proposed_by           text NOT NULL,
   proposed_at           timestamptz NOT NULL DEFAULT now(),
   expires_at            timestamptz NOT NULL,
@@ -66,9 +65,9 @@ CREATE TABLE pgfence.plan (
   CONSTRAINT plan_executed_all_steps CHECK (status <> 'executed' OR next_step = step_count + 1)
 );
 COMMENT ON TABLE pgfence.plan IS
-  'Approved plans: a frozen array of steps proposed by someone (a script, an AI agent), approved by a person, executed in order with a receipt per step. Status machine pending -> approved -> executing -> executed | failed, pending -> rejected | expired; enforced by tg_plan_guard. Not an API: use the pgfence.plan_* functions and views.';
-COMMENT ON COLUMN pgfence.plan.steps IS
-  'The frozen steps, normalised at proposal: [{"action", "kind", "function" (sql), "args", "note"}]. Step n (1-based) is element n-1; a step''s identity is its position, never a count of calls. Never changes (PF002).';
+  'Approved plans: a frozen list of steps (rows of pgfence.plan_step) proposed by someone (a script, an AI agent), approved by a person, executed in order with a receipt per step. Status machine pending -> approved -> executing -> executed | failed, pending -> rejected | expired; enforced by tg_plan_guard. Not an API: use the pgfence.plan_* functions and views.';
+COMMENT ON COLUMN pgfence.plan.step_count IS
+  'How many steps the plan has (1..10000); the steps themselves are rows of pgfence.plan_step, numbered 1..step_count. Never changes (PF002).';
 COMMENT ON COLUMN pgfence.plan.worker IS
   'While executing: the worker that owns the run (runs steps, heartbeats, records external steps); NULL while the run is released and waits for another worker (an executor for an external step, or a SQL runner). Kept after the end: who ran the last step.';
 COMMENT ON COLUMN pgfence.plan.heartbeat_expires_at IS
@@ -88,21 +87,36 @@ CREATE INDEX plan_compensates_idx ON pgfence.plan (compensates) WHERE compensate
 CREATE TABLE pgfence.plan_step (
   plan_id     bigint NOT NULL REFERENCES pgfence.plan (id) ON DELETE CASCADE,
   step_index  integer NOT NULL CHECK (step_index >= 1),
+  -- the frozen step, written with the proposal
   action      text NOT NULL,
   kind        text NOT NULL CHECK (kind IN ('sql', 'external')),
-  outcome     text NOT NULL CHECK (outcome IN ('ok', 'error')),
+  function    text,
+  args        jsonb NOT NULL CHECK (jsonb_typeof(args) = 'object'),
+  note        text,
+  -- its receipt, written once, in the same transaction as the step's effect
+  outcome     text CHECK (outcome IN ('ok', 'error')),
   output      jsonb,
   error       jsonb,
-  worker      text NOT NULL,
-  started_at  timestamptz NOT NULL,
-  finished_at timestamptz NOT NULL,
+  worker      text,
+  started_at  timestamptz,
+  finished_at timestamptz,
   PRIMARY KEY (plan_id, step_index),
+  CONSTRAINT plan_step_function_iff_sql CHECK ((kind = 'sql') = (function IS NOT NULL)),
+  CONSTRAINT plan_step_receipt_whole CHECK (
+    (outcome IS NULL) = (worker IS NULL AND started_at IS NULL AND finished_at IS NULL)),
+  CONSTRAINT plan_step_no_result_without_receipt CHECK (
+    outcome IS NOT NULL OR (output IS NULL AND error IS NULL)),
   CONSTRAINT plan_step_error_iff CHECK (
-    (outcome = 'error') = (error IS NOT NULL AND jsonb_typeof(error) = 'object' AND error ? 'message')),
+    outcome IS NULL
+    OR (outcome = 'error') = (error IS NOT NULL AND jsonb_typeof(error) = 'object' AND error ? 'message')),
   CONSTRAINT plan_step_times CHECK (finished_at >= started_at)
 );
 COMMENT ON TABLE pgfence.plan_step IS
-  'Receipts: one row per step that committed an outcome, written in the same transaction as the step''s database effect (sql) or as the executor''s report (external). Append-only (PF002 on UPDATE). Not an API: read pgfence.plan_receipts or pgfence.plan_steps(id).';
+  'One row per plan step: the frozen step (action, kind, the function of a sql action, args, note), written with the proposal and never changed, and its receipt (outcome ok with output, or error; worker; times), written exactly once in the same transaction as the step''s database effect (sql) or as the executor''s report (external). A step without an outcome did not commit. Not an API: read pgfence.plan_receipts or pgfence.plan_steps(id).';
+COMMENT ON COLUMN pgfence.plan_step.step_index IS
+  'The step''s position in the plan, from 1: its identity, the same across workers and retries of a report (idempotency key pgfence-plan-<plan id>-step-<step_index>).';
+COMMENT ON COLUMN pgfence.plan_step.function IS
+  'For a sql step: the action''s function as registered when the plan was proposed (for audit; the step runs the action''s registered function).';
 COMMENT ON COLUMN pgfence.plan_step.error IS
   'For outcome error: {"sqlstate", "message", "detail", "hint", "context"} of the action''s exception (sql), or {"message"} reported by the executor (external).';
 

@@ -3,7 +3,7 @@
 -- commits) are in 21_plan_concurrency.sql.
 BEGIN;
 \ir helpers/setup.sql
-SELECT plan(271);
+SELECT plan(277);
 
 -- Fixtures: a small table, SQL actions on it, an external action (rolled back at the end).
 CREATE TABLE public.tap_plan_t (k text PRIMARY KEY, v integer NOT NULL CHECK (v >= 0));
@@ -123,11 +123,16 @@ SELECT results_eq(
   $$SELECT status, step_count, next_step, proposed_by, expires_at, approved_by IS NULL, worker IS NULL FROM pgfence.plan WHERE id = pg_temp.pid('p1')$$,
   $$VALUES ('pending'::text, 3, 1, 'tap-agent'::text, now() + interval '1 day', true, true)$$,
   'propose: pending, 3 steps, expires after the default ttl of 1 day');
-SELECT is((SELECT steps -> 0 FROM pgfence.plan WHERE id = pg_temp.pid('p1')),
+SELECT is((SELECT steps -> 0 FROM pgfence.plan_get(pg_temp.pid('p1'))),
   '{"action": "tap-put", "kind": "sql", "function": "public.tap_plan_put(jsonb)", "args": {"k": "a", "v": 1}, "note": "first"}'::jsonb,
   'steps are frozen normalised: kind and function of the action recorded with the step');
 INSERT INTO ids SELECT 'noargs', pgfence.plan_propose('[{"action": "tap-hook", "args": {"recipient": "http://127.0.0.1:9/x"}}, {"action": "tap-put"}]', 'tap-agent');
-SELECT is((SELECT steps -> 1 -> 'args' FROM pgfence.plan WHERE id = pg_temp.pid('noargs')), '{}'::jsonb, 'a step without args gets {}');
+SELECT is((SELECT steps -> 1 -> 'args' FROM pgfence.plan_get(pg_temp.pid('noargs'))), '{}'::jsonb, 'a step without args gets {}');
+SELECT results_eq($$SELECT step_index, action, kind, function, args, outcome FROM pgfence.plan_step WHERE plan_id = pg_temp.pid('p1') ORDER BY step_index$$,
+  $$VALUES (1, 'tap-put'::text, 'sql'::text, 'public.tap_plan_put(jsonb)'::text, '{"k": "a", "v": 1}'::jsonb, NULL::text),
+           (2, 'tap-put', 'sql', 'public.tap_plan_put(jsonb)', '{"k": "b", "v": 2}', NULL),
+           (3, 'tap-put', 'sql', 'public.tap_plan_put(jsonb)', '{"k": "c", "v": 3}', NULL)$$,
+  'one row per step, numbered from 1, without a receipt yet');
 
 INSERT INTO ids SELECT 'key', pgfence.plan_propose('[{"action": "tap-put", "args": {"k": "key", "v": 1}}]', 'tap-agent', interval '1 hour', 'tap-plan-key-1');
 SELECT is(pgfence.plan_propose('[{"action": "tap-put", "args": {"k": "key", "v": 1}}]', 'tap-agent', interval '1 hour', 'tap-plan-key-1'), pg_temp.pid('key'),
@@ -448,7 +453,12 @@ SELECT is((SELECT array_agg(k ORDER BY k) FROM public.tap_plan_t WHERE k LIKE 'f
 -- =============================================================================================
 -- Status machine guard: hand-written UPDATEs
 -- =============================================================================================
-SELECT throws_ok(format($$UPDATE pgfence.plan SET steps = '[{"action": "tap-put"}]' WHERE id = %s$$, pg_temp.pid('key')), 'PF002', NULL, 'changing a plan''s steps: PF002');
+SELECT throws_ok(format($$UPDATE pgfence.plan_step SET args = '{"k": "evil", "v": 1}' WHERE plan_id = %s$$, pg_temp.pid('key')), 'PF002', NULL, 'changing a step''s args: PF002');
+SELECT throws_ok(format($$UPDATE pgfence.plan_step SET action = 'tap-boom' WHERE plan_id = %s$$, pg_temp.pid('key')), 'PF002', NULL, 'changing a step''s action: PF002');
+SELECT throws_ok(format($$DELETE FROM pgfence.plan_step WHERE plan_id = %s$$, pg_temp.pid('key')), 'PF002', NULL, 'deleting a step: PF002');
+SELECT throws_ok(format($$INSERT INTO pgfence.plan_step (plan_id, step_index, action, kind, function, args) VALUES (%s, 2, 'tap-put', 'sql', 'x', '{}')$$, pg_temp.pid('key')),
+  'PF001', NULL, 'adding a step to a proposed plan: PF001');
+SELECT throws_ok(format($$UPDATE pgfence.plan SET step_count = 2 WHERE id = %s$$, pg_temp.pid('key')), 'PF002', NULL, 'changing the step count: PF002');
 SELECT throws_ok(format($$UPDATE pgfence.plan SET expires_at = expires_at + interval '1 day' WHERE id = %s$$, pg_temp.pid('key')), 'PF002', NULL, 'extending its expiry: PF002');
 SELECT throws_ok(format($$UPDATE pgfence.plan SET approved_by = 'mallory' WHERE id = %s$$, pg_temp.pid('p1')), 'PF002', NULL, 'changing who approved: PF002');
 SELECT throws_ok(format($$UPDATE pgfence.plan SET status = 'executing', worker = 'x', started_at = now(), heartbeat_interval = '1 minute', heartbeat_at = now(), heartbeat_expires_at = now() WHERE id = %s$$, pg_temp.pid('key')),
@@ -463,13 +473,15 @@ SELECT is(pgfence.plan_start(pg_temp.pid('g'), 'tap-w1'), true, 'start g');
 SELECT throws_ok(format($$UPDATE pgfence.plan SET next_step = 2 WHERE id = %s$$, pg_temp.pid('g')), 'PF001', NULL, 'skipping a step without its receipt: PF001');
 SELECT throws_ok(format($$UPDATE pgfence.plan SET worker = 'tap-thief' WHERE id = %s$$, pg_temp.pid('g')), 'PF001', NULL, 'handing a run to another worker without a release: PF001');
 SELECT throws_ok(format($$UPDATE pgfence.plan SET status = 'failed', failure = 'step_error', finished_at = now() WHERE id = %s$$, pg_temp.pid('g')), 'PF001', NULL, 'step_error without an error receipt: PF001');
-SELECT throws_ok(format($$INSERT INTO pgfence.plan_step (plan_id, step_index, action, kind, outcome, worker, started_at, finished_at) VALUES (%s, 2, 'tap-put', 'sql', 'ok', 'tap-w1', now(), now())$$, pg_temp.pid('g')),
+SELECT throws_ok(format($$UPDATE pgfence.plan_step SET outcome = 'ok', worker = 'tap-w1', started_at = now(), finished_at = now() WHERE plan_id = %s AND step_index = 2$$, pg_temp.pid('g')),
   'PF001', NULL, 'a hand-written receipt for a step that is not next: PF001');
-SELECT throws_ok(format($$INSERT INTO pgfence.plan_step (plan_id, step_index, action, kind, outcome, worker, started_at, finished_at) VALUES (%s, 1, 'tap-put', 'sql', 'ok', 'tap-w9', now(), now())$$, pg_temp.pid('g')),
+SELECT throws_ok(format($$UPDATE pgfence.plan_step SET outcome = 'ok', worker = 'tap-w9', started_at = now(), finished_at = now() WHERE plan_id = %s AND step_index = 1$$, pg_temp.pid('g')),
   'PF001', NULL, 'a receipt by a worker that does not own the run: PF001');
+SELECT throws_ok(format($$UPDATE pgfence.plan_step SET outcome = 'ok', worker = 'tap-w1', started_at = now(), finished_at = now() WHERE plan_id = %s AND step_index = 1$$, pg_temp.pid('key')),
+  'PF001', NULL, 'a receipt for a plan that is not executing: PF001');
 SELECT throws_ok(format($$UPDATE pgfence.plan_step SET outcome = 'ok', error = NULL WHERE plan_id = %s AND step_index = 3$$, pg_temp.pid('f')), 'PF002', NULL, 'editing a receipt: PF002');
 SELECT throws_ok(format($$UPDATE pgfence.plan SET next_step = 1 WHERE id = %s$$, pg_temp.pid('f')), 'PF002', NULL, 'next_step going back: PF002');
-SELECT throws_ok($$INSERT INTO pgfence.plan (steps, proposed_by, expires_at, status) VALUES ('[{}]', 'x', now() + interval '1 day', 'bogus')$$, '23514', NULL, 'the status CHECK refuses unknown values');
+SELECT throws_ok($$INSERT INTO pgfence.plan (step_count, proposed_by, expires_at, status) VALUES (1, 'x', now() + interval '1 day', 'bogus')$$, '23514', NULL, 'the status CHECK refuses unknown values');
 
 -- =============================================================================================
 -- Event log: every transition and receipt, in the same transaction
