@@ -240,7 +240,7 @@ SELECT is((SELECT count(*)::int FROM public.tap_plan_t), 3, '... nothing ran aga
 SELECT is((SELECT array_agg(state ORDER BY step_index) FROM pgfence.plan_steps(pg_temp.pid('p1'))), ARRAY['ok','ok','ok'], 'plan_steps: all receipts ok');
 SELECT is((SELECT idempotency_key FROM pgfence.plan_steps(pg_temp.pid('p1')) WHERE step_index = 2), 'pgfence-plan-' || pg_temp.pid('p1') || '-step-2',
   'each step''s idempotency key is plan id + step index');
-SELECT throws_ok($$CALL pgfence.plan_execute(1, 'tap-w1')$$, '2D000', NULL, 'CALL plan_execute inside a transaction block: 2D000 (it commits per step)');
+SELECT throws_ok(format('CALL pgfence.plan_execute(%s, %L)', pg_temp.pid('p1'), 'tap-w1'), '2D000', NULL, 'CALL plan_execute inside a transaction block: 2D000 (it commits per step)');
 
 -- =============================================================================================
 -- A failing step: its effects roll back, its error receipt commits, earlier steps stay
