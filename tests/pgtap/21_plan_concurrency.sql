@@ -5,7 +5,7 @@
 -- main session only reads committed fixtures, never locks them.
 BEGIN;
 \ir helpers/setup.sql
-SELECT plan(29);
+SELECT plan(33);
 
 SELECT tap_helpers.peer('c0');
 SELECT tap_helpers.peer('c1');
@@ -99,6 +99,29 @@ SELECT is((SELECT d.status FROM duel d WHERE 'tap-pc-d' || right(d.who, 1) = (SE
   'executed', 'the call that won the run returns executed (the other one ran nothing and returned the status it saw)');
 SELECT is((SELECT count(DISTINCT worker)::int FROM pgfence.plan_receipts WHERE plan_id = pg_temp.pid('duel')), 1, 'all receipts are by one worker: one runner ran it');
 SELECT is((SELECT count(*)::int FROM public.tap_pc_t WHERE k LIKE 'd_'), 3, 'each step ran exactly once');
+
+-- =============================================================================================
+-- An operator cancels a running step (pg_cancel_backend): error receipt 57014, not a hang
+-- =============================================================================================
+SELECT pg_temp.approved('cancel', '[{"action": "tap-pc-put", "args": {"k": "q1"}}, {"action": "tap-pc-put", "args": {"k": "q2", "sleep": 60}},
+                                    {"action": "tap-pc-put", "args": {"k": "q3"}}]');
+CREATE TEMP TABLE canceled_pid AS SELECT tap_helpers.peer_value('c1', 'SELECT pg_backend_pid()')::int AS pid;
+SELECT dblink_send_query('c1', format('CALL pgfence.plan_execute(%s, %L)', pg_temp.pid('cancel'), 'tap-pc-canceled'));
+DO $$
+BEGIN
+  FOR i IN 1..200 LOOP
+    EXIT WHEN EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = (SELECT pid FROM canceled_pid) AND wait_event = 'PgSleep');
+    PERFORM pg_sleep(0.05);
+  END LOOP;
+END $$;
+SELECT ok(pg_cancel_backend((SELECT pid FROM canceled_pid)), 'cancel the session running step 2');
+CREATE TEMP TABLE canceled AS SELECT * FROM dblink_get_result('c1') AS t(status text, receipts jsonb);
+SELECT * FROM dblink_get_result('c1') AS t(status text, receipts jsonb);
+SELECT is((SELECT status FROM canceled), 'failed', 'the CALL returns: the plan failed at the canceled step');
+SELECT is((SELECT array_agg(r ->> 'outcome' || coalesce('/' || (r ->> 'sqlstate'), '') ORDER BY (r ->> 'step_index')::int)
+           FROM canceled, jsonb_array_elements(receipts) r), ARRAY['ok', 'error/57014'],
+  'step 2 has an error receipt with SQLSTATE 57014 (query_canceled); step 3 never ran');
+SELECT is((SELECT array_agg(k ORDER BY k) FROM public.tap_pc_t WHERE k LIKE 'q_'), ARRAY['q1'], '... and the canceled step left no effect');
 
 -- =============================================================================================
 -- A runner killed in the middle of a step: committed steps keep their receipts, the step in
