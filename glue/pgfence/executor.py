@@ -148,7 +148,6 @@ class Executor:
         self.pool = AsyncConnectionPool(
             self.dsn, min_size=1, max_size=self.config.pool_size, open=False,
             kwargs={"autocommit": True, "application_name": f"pgfence-executor:{self.worker_id}"[:63]},
-            check=AsyncConnectionPool.check_connection,
             name="pgfence-executor",
         )
         await self.pool.open(wait=True, timeout=30)
