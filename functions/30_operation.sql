@@ -6,7 +6,8 @@
 -- that only polls. Status machine (enforced by tg_operation_guard, not only by these functions):
 --
 --   queued --claim--> running --finish--> succeeded | failed | canceled      (terminal)
---   queued --cancel--> canceled
+--   queued | running with no external call issued yet --cancel--> canceled
+--   running with the call issued --cancel--> cancel requested, honoured by the owner's next poll
 --   running --claim after the lease lapsed--> running (new owner, fence + 1)
 --   running --reap, lease lapsed, no external call started--> queued
 --
@@ -150,10 +151,6 @@ BEGIN
     PERFORM pgfence._event('operation', NEW.id, 'cancel_request', OLD.status, NEW.status, NEW.fence,
       NULL, coalesce(nullif(current_setting('pgfence.actor', true), ''), NEW.cancel_requested_by));
   END IF;
-  IF NEW.status = 'running' AND OLD.status = 'running' AND NEW.fence = OLD.fence
-     AND NEW.lease_expires_at < now() AND OLD.lease_expires_at >= now() THEN
-    PERFORM pgfence._event('operation', NEW.id, 'release', OLD.status, NEW.status, NEW.fence, NULL, v_actor);
-  END IF;
   IF NEW.status <> OLD.status AND NEW.fence = OLD.fence THEN
     PERFORM pgfence._event('operation', NEW.id,
       CASE NEW.status WHEN 'queued' THEN 'requeue' WHEN 'canceled' THEN 'cancel' ELSE 'finish' END,
@@ -169,7 +166,7 @@ END
 $$;
 REVOKE ALL ON FUNCTION pgfence.tg_operation_event() FROM PUBLIC;
 COMMENT ON FUNCTION pgfence.tg_operation_event() IS
-  'AFTER INSERT/UPDATE row trigger on pgfence.operation: writes the event log in the same transaction: request, claim, takeover, issue, reissue, external_ref, poll (only when the polled state changed), cancel_request, release, requeue, cancel, finish; with actor, fence and details (UTC timestamps).';
+  'AFTER INSERT/UPDATE row trigger on pgfence.operation: writes the event log in the same transaction: request, claim, takeover, issue, reissue, external_ref, poll (only when the polled state changed), cancel_request, requeue, cancel, finish (operation_release logs its own ''release''); with actor, fence and details (UTC timestamps).';
 
 CREATE OR REPLACE TRIGGER operation_event
   AFTER INSERT OR UPDATE ON pgfence.operation
@@ -467,13 +464,7 @@ BEGIN
   END IF;
 
   IF v_row.issue_started_at IS NULL THEN
-    IF v_row.cancel_requested_at IS NOT NULL THEN
-      UPDATE pgfence.operation o
-      SET status = 'canceled', finished_at = now(), lease_expires_at = NULL,
-          error = format('canceled by %s before the external call was issued', o.cancel_requested_by)
-      WHERE o.id = p_id;
-      RETURN 'canceled';
-    END IF;
+    -- (A cancel before any call ends the operation at once, see operation_cancel.)
     UPDATE pgfence.operation o
     SET issue_started_at = now(), last_issue_at = now(), issued_by = o.locked_by, issue_count = 1,
         issue_idempotent = p_idempotent,
@@ -507,7 +498,7 @@ $$;
 REVOKE ALL ON FUNCTION pgfence.operation_begin_issue(bigint, integer, boolean, interval) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION pgfence.operation_begin_issue(bigint, integer, boolean, interval) TO pgfence_executor, pgfence_admin;
 COMMENT ON FUNCTION pgfence.operation_begin_issue(bigint, integer, boolean, interval) IS
-  'Owner, before calling the external API: record the intent and decide whether to call. Returns ''issue'' (first call: go ahead), ''reissue'' (an earlier call left no reference; both it and yours pass the idempotency key, so calling again is safe), ''poll'' (a reference exists: do not call, poll it), ''canceled'' (a cancel came before any call: the operation is now canceled), ''failed'' (an earlier call left no reference and a repeat could start a second operation: the operation is now failed as "outcome unknown" for a person to check), or NULL (you are not the owner any more, or your lease lapsed: do not call). p_idempotent: your call passes the idempotency key and the API starts at most one operation per key. Extends the lease (p_lease, NULL = the current lease length). Errors: 22004 (id/fence/idempotent NULL), 22023 (bad lease), P0002 (unknown id).';
+  'Owner, before calling the external API: record the intent and decide whether to call. Returns ''issue'' (first call: go ahead), ''reissue'' (an earlier call left no reference; both it and yours pass the idempotency key, so calling again is safe), ''poll'' (a reference exists: do not call, poll it), ''failed'' (an earlier call left no reference and a repeat could start a second operation: the operation is now failed as "outcome unknown" for a person to check), or NULL (you are not the owner any more, or your lease lapsed: do not call). p_idempotent: your call passes the idempotency key and the API starts at most one operation per key. Extends the lease (p_lease, NULL = the current lease length). Errors: 22004 (id/fence/idempotent NULL), 22023 (bad lease), P0002 (unknown id).';
 
 CREATE OR REPLACE FUNCTION pgfence.operation_record_external(
   p_id           bigint,
@@ -679,6 +670,8 @@ BEGIN
     RETURN false;
   END IF;
   UPDATE pgfence.operation o SET lease_expires_at = now() - interval '1 millisecond' WHERE o.id = p_id;
+  PERFORM pgfence._event('operation', p_id, 'release', 'running', 'running', p_fence,
+    jsonb_build_object('lease_was_until', pgfence._operation_ts(v_row.lease_expires_at)), v_row.locked_by);
   PERFORM pg_notify('pgfence_operation', json_build_object('kind', v_row.kind, 'id', p_id)::text);
   RETURN true;
 END
