@@ -69,10 +69,11 @@ def _register() -> None:
     from .db import db
     from .executor import executor_cmd
     from .migrate import migrate_cmd
+    from .operation import op
     from .outbox import outbox
     from .status import status
 
-    for cmd in (db, migrate_cmd, executor_cmd, outbox, status):
+    for cmd in (db, migrate_cmd, executor_cmd, outbox, op, status):
         main.add_command(cmd)
 
 

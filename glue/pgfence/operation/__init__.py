@@ -37,7 +37,9 @@ SQL_REQUEST = (
     "SELECT * FROM pgfence.operation_request(%s::text, %s::text, %s::jsonb, %s::text, %s::text)"
 )
 SQL_CLAIM = "SELECT * FROM pgfence.operation_claim(%s::text, %s::text[], %s::interval, %s::int)"
-SQL_BEGIN_ISSUE = "SELECT pgfence.operation_begin_issue(%s::bigint, %s::int, %s::boolean, %s::interval)"
+SQL_BEGIN_ISSUE = (
+    "SELECT pgfence.operation_begin_issue(%s::bigint, %s::int, %s::boolean, %s::interval)"
+)
 SQL_RECORD_EXTERNAL = (
     "SELECT pgfence.operation_record_external(%s::bigint, %s::int, %s::text, %s::jsonb)"
 )

@@ -138,8 +138,10 @@ class Simulator:
             return web.json_response({"error": "body must be JSON"}, status=400)
         if not isinstance(body, dict) or not body.get("kind") or not body.get("target"):
             return web.json_response({"error": "need kind and target"}, status=400)
-        params = body.get("params") if isinstance(body.get("params"), dict) else {}
-        sim = params.get("sim") if isinstance(params.get("sim"), dict) else {}
+        raw_params = body.get("params")
+        params: dict[str, Any] = raw_params if isinstance(raw_params, dict) else {}
+        raw_sim = params.get("sim")
+        sim: dict[str, Any] = raw_sim if isinstance(raw_sim, dict) else {}
         kind, target = str(body["kind"]), str(body["target"])
         key = request.headers.get("Idempotency-Key")
         self.start_requests[target] += 1
@@ -152,7 +154,8 @@ class Simulator:
             existing = self.operations[self.by_key[key]]
             logger.info("start %s %s: key %s seen before -> %s (not started again)", kind,
                         target, key, existing.id)
-            return web.json_response({"id": existing.id, "status": existing.status(time.monotonic()),
+            return web.json_response({"id": existing.id,
+                                      "status": existing.status(time.monotonic()),
                                       "deduplicated": True}, status=200)
         op = SimOperation(
             id=f"sim-{uuid.uuid4().hex[:12]}", kind=kind, target=target,
