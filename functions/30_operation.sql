@@ -644,10 +644,10 @@ BEGIN
                    ELSE 'failed' END;
   UPDATE pgfence.operation o
   SET status = v_status, finished_at = now(), lease_expires_at = NULL, result = p_detail,
-      error = CASE WHEN v_status = 'succeeded' THEN NULL
-                   ELSE left(coalesce(p_error, CASE WHEN v_status = 'canceled'
-                                                    THEN format('canceled at the request of %s', o.cancel_requested_by)
-                                                    ELSE 'failed (no error given)' END), 8000) END
+      error = left(CASE v_status
+                     WHEN 'succeeded' THEN NULL
+                     WHEN 'canceled' THEN format('canceled at the request of %s', o.cancel_requested_by) || coalesce(': ' || p_error, '')
+                     ELSE coalesce(p_error, 'failed (no error given)') END, 8000)
   WHERE o.id = p_id;
   RETURN v_status;
 END
@@ -655,7 +655,7 @@ $$;
 REVOKE ALL ON FUNCTION pgfence.operation_finish(bigint, integer, boolean, jsonb, text) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION pgfence.operation_finish(bigint, integer, boolean, jsonb, text) TO pgfence_executor, pgfence_admin;
 COMMENT ON FUNCTION pgfence.operation_finish(bigint, integer, boolean, jsonb, text) IS
-  'Owner, when the external operation ended: running -> succeeded (p_succeeded), or canceled (not succeeded after a cancel request), or failed. p_detail is stored as the result, p_error as the error. Returns the new status, or NULL when the fence is stale or the operation already ended (a lost race: nothing changed). A lapsed lease is accepted while nobody took over. Errors: 22004 (id/fence/succeeded NULL), P0002 (unknown id), PF202 (success reported without an external reference).';
+  'Owner, when the external operation ended: running -> succeeded (p_succeeded), or canceled (not succeeded after a cancel request), or failed. p_detail is stored as the result, p_error as the error (after a cancel: "canceled at the request of <who>: <p_error>"). Returns the new status, or NULL when the fence is stale or the operation already ended (a lost race: nothing changed). A lapsed lease is accepted while nobody took over. Errors: 22004 (id/fence/succeeded NULL), P0002 (unknown id), PF202 (success reported without an external reference).';
 
 CREATE OR REPLACE FUNCTION pgfence.operation_release(p_id bigint, p_fence integer)
 RETURNS boolean

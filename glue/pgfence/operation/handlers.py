@@ -227,7 +227,10 @@ def parse_handler(spec: str) -> OperationHandler:
                                 timeout=float(q.get("timeout", 10.0)))
     if spec.startswith("python:"):
         factory = load_callable(spec.removeprefix("python:"))
-        handler = factory()  # type: ignore[call-arg]
+        try:
+            handler = factory()  # type: ignore[call-arg]
+        except TypeError as exc:
+            raise ValueError(f"{spec}: the factory must take no arguments ({exc})") from exc
         if not isinstance(handler, OperationHandler):
             raise ValueError(f"{spec}: the factory did not return an operation handler "
                              "(needs idempotent, poll_interval, can_cancel, issue, poll, cancel, "
