@@ -17,8 +17,8 @@ from typing import Any
 
 import psycopg
 from psycopg import sql
-from psycopg.rows import tuple_row
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from psycopg.rows import tuple_row
 
 from . import SCHEMA_VERSION
 from .embedded import load_dev_cluster
@@ -53,7 +53,7 @@ def with_dbname(dsn: str, dbname: str) -> str:
     """Return ``dsn`` pointing at database ``dbname`` instead (same host, port, user)."""
     params = conninfo_to_dict(dsn)
     params["dbname"] = dbname
-    return make_conninfo(**params)
+    return make_conninfo("", **params)
 
 
 def connect(dsn: str | None = None, *, autocommit: bool = True, check_schema: bool = True,

@@ -122,8 +122,8 @@ def _retry_after(value: str | None) -> dt.timedelta | None:
     except (TypeError, ValueError):
         return None
     if when.tzinfo is None:
-        when = when.replace(tzinfo=dt.timezone.utc)
-    return max(when - dt.datetime.now(dt.timezone.utc), dt.timedelta(0))
+        when = when.replace(tzinfo=dt.UTC)
+    return max(when - dt.datetime.now(dt.UTC), dt.timedelta(0))
 
 
 class WebhookTransport:
@@ -171,7 +171,7 @@ class WebhookTransport:
                 body = await resp.text()
                 status = resp.status
                 retry_after = _retry_after(resp.headers.get("Retry-After"))
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
             raise RetryableError(f"webhook {target}: {type(exc).__name__}: {exc}") from exc
         if 200 <= status < 300:
             return {"http_status": status, "response": body[:500]}
@@ -237,7 +237,7 @@ class SmtpTransport:
             if 400 <= exc.code < 500:
                 raise RetryableError(detail) from exc
             raise PermanentError(detail) from exc
-        except (aiosmtplib.SMTPException, OSError, asyncio.TimeoutError) as exc:
+        except (TimeoutError, aiosmtplib.SMTPException, OSError) as exc:
             raise RetryableError(f"smtp {self.host}:{self.port}: {type(exc).__name__}: {exc}") from exc
         if errors:
             raise PermanentError(f"smtp refused recipients: {errors}")

@@ -67,13 +67,14 @@ def main(ctx: click.Context, dsn: str | None, verbose: int) -> None:
 
 def _register() -> None:
     from .db import db
+    from .demo import demo
     from .executor import executor_cmd
     from .migrate import migrate_cmd
     from .operation import op
     from .outbox import outbox
     from .status import status
 
-    for cmd in (db, migrate_cmd, executor_cmd, outbox, op, status):
+    for cmd in (db, demo, migrate_cmd, executor_cmd, outbox, op, status):
         main.add_command(cmd)
 
 
