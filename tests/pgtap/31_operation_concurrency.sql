@@ -2,7 +2,7 @@
 -- Fixtures are committed through dblink peers on kinds 'tap-conc.*' and deleted at the end.
 BEGIN;
 \ir helpers/setup.sql
-SELECT plan(18);
+SELECT plan(19);
 
 -- SQLSTATE and DETAIL of a statement's error.
 CREATE FUNCTION pg_temp.err(p_sql text) RETURNS text LANGUAGE plpgsql AS $$
@@ -68,6 +68,14 @@ SELECT is(pg_temp.err($$SELECT * FROM dblink_get_result('c2') AS t(id bigint)$$)
   'once the first commits, the waiting request fails with PF201 naming the operation in flight');
 SELECT * FROM dblink_get_result('c2', false) AS t(id bigint);  -- drain
 SELECT is((SELECT count(*)::int FROM pgfence.operation WHERE kind = 'tap-conc.reset' AND target = 'busy'), 1, 'only the first operation exists');
+
+-- A REPEATABLE READ snapshot that cannot see the committed holder of the key: 40001, retry
+SELECT dblink_exec('c1', 'BEGIN ISOLATION LEVEL REPEATABLE READ');
+SELECT * FROM dblink('c1', 'SELECT 1') AS t(x int);  -- the snapshot is taken here
+SELECT * FROM dblink('c0', $$SELECT id FROM pgfence.operation_request('tap-conc.reset', 'rr', '{}', 'tap-conc-key-RR')$$) AS t(id bigint);
+SELECT throws_ok($$SELECT * FROM dblink('c1', 'SELECT id FROM pgfence.operation_request(''tap-conc.reset'', ''rr'', ''{}'', ''tap-conc-key-RR'')') AS t(id bigint)$$,
+  '40001', NULL, 'under REPEATABLE READ, a key committed after the snapshot is 40001 (retry the transaction)');
+SELECT dblink_exec('c1', 'ROLLBACK');
 
 -- =============================================================================================
 -- Two executors claiming at once never get the same operation
