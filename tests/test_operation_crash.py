@@ -113,19 +113,22 @@ def events(db: str, operation_id: int) -> list[tuple[str, str, int]]:
     return [(str(e), str(a), int(f)) for e, a, f in rows]
 
 
-# (kill point, simulator timings, per-operation overrides, predicate "now is the moment")
+# Per case: simulator timings, per-operation overrides (params.sim), and the kill point as a
+# predicate on (operation row, the simulator's counters for the target).
 CASES: dict[str, dict[str, Any]] = {
     "a_intent_before_reference": {
         "queue_time": 0.3, "run_time": 0.5, "sim": {"start_delay": 1.5},
-        "kill_when": lambda r: r["issue_started_at"] is not None and r["external_ref"] is None,
+        # the call reached the service (it is sleeping before its answer): outcome unknown
+        "kill_when": lambda r, sim: r["issue_started_at"] is not None
+        and r["external_ref"] is None and sim["start_requests"] >= 1,
     },
     "b_reference_while_polling": {
         "queue_time": 0.5, "run_time": 3.0, "sim": {},
-        "kill_when": lambda r: r["external_ref"] is not None and r["poll_count"] >= 2,
+        "kill_when": lambda r, sim: r["external_ref"] is not None and r["poll_count"] >= 2,
     },
     "c_during_finish": {
         "queue_time": 0.2, "run_time": 0.5, "sim": {"result_delay": 1.2},
-        "kill_when": lambda r: r["status"] == "running"
+        "kill_when": lambda r, sim: r["status"] == "running"
         and (r["external_state"] or {}).get("status") == "done",
     },
 }
@@ -146,7 +149,11 @@ def test_executor_killed(db: str, tmp_path: Path, case: str, mode: str) -> None:
         exec1 = start_executor(db, url, idempotent, "exec-1", logs[1])
         exec2: subprocess.Popen[bytes] | None = None
         try:
-            at_kill = wait_for(db, req.id, spec["kill_when"], 20, f"kill point {case}", logs)
+            at_kill = wait_for(
+                db, req.id,
+                lambda r: spec["kill_when"](r, sim_stats(url)["by_target"].get(
+                    target, {"start_requests": 0, "starts": 0})),
+                20, f"kill point {case}", logs)
             sigkill(exec1)
             assert at_kill["locked_by"] == "exec-1" and at_kill["fence"] == 1
             exec2 = start_executor(db, url, idempotent, "exec-2", logs[2])
