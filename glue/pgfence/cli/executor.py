@@ -70,12 +70,13 @@ def executor_cmd(state: CliState, routes: tuple[str, ...], config_path: Path | N
                  reap_interval: float | None, lease: float | None, grace: float | None,
                  worker_id: str | None, op_kinds: tuple[str, ...], op_lease: float | None,
                  log_level: str) -> None:
-    """Deliver outbox messages: LISTEN for NOTIFY, sweep on a timer, claim, deliver, record.
+    """Deliver outbox messages and run long operations: LISTEN, sweep, claim, act, record.
 
     \b
     Examples:
       pgfence executor --route orders=webhook --route mail='smtp://127.0.0.1:25?from=me@x.org'
       pgfence executor --config executor.toml
+      pgfence executor --op-kind branch.reset=simulator:http://127.0.0.1:8765
 
     \b
     executor.toml:
