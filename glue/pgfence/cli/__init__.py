@@ -70,10 +70,11 @@ def _register() -> None:
     from .demo import demo
     from .executor import executor_cmd
     from .migrate import migrate_cmd
+    from .operation import op
     from .outbox import outbox
     from .status import status
 
-    for cmd in (db, demo, migrate_cmd, executor_cmd, outbox, status):
+    for cmd in (db, demo, migrate_cmd, executor_cmd, outbox, op, status):
         main.add_command(cmd)
 
 
