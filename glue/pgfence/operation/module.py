@@ -105,8 +105,7 @@ class OperationModule(Module):
 
     # -- one operation ---------------------------------------------------------------------------
     def _stopping(self) -> bool:
-        # The executor's stop flag (set by SIGTERM / stop()); read-only use.
-        return self.executor._stopping.is_set()
+        return self.executor.stopping
 
     def _job(self, op: ClaimedOperation) -> Job:
         async def run() -> None:
@@ -278,5 +277,4 @@ class OperationModule(Module):
                     cancel_sent = True
                     logger.warning("op#%d: cancel requested but the %s handler cannot cancel; "
                                    "following it to its end", op.id, op.kind)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.executor._stopping.wait(), handler.poll_interval)
+            await self.executor.sleep_unless_stopping(handler.poll_interval)
