@@ -11,6 +11,7 @@ import logging
 import sys
 
 import click
+import psycopg
 
 from .. import __version__
 from ..db import NoDatabase
@@ -27,6 +28,10 @@ class _Group(click.Group):
             return super().invoke(ctx)
         except (NoDatabase, PostgresNotFound) as exc:
             click.echo(f"pgfence: {exc}", err=True)
+            sys.exit(1)
+        except psycopg.OperationalError as exc:
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            click.echo(f"pgfence: cannot reach the database: {first}", err=True)
             sys.exit(1)
         except PgfenceError as exc:
             msg = f"pgfence: {exc}"
