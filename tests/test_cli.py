@@ -69,6 +69,6 @@ def test_configure_channel(db: str) -> None:
 
 def test_no_database_is_a_clear_message(tmp_path: object) -> None:
     result = CliRunner().invoke(main, ["status"], env={"DATABASE_URL": None,
-                                                      "XDG_STATE_HOME": str(tmp_path)})
+                                                      "PGFENCE_STATE_DIR": str(tmp_path)})
     assert result.exit_code == 1
     assert "No database: set DATABASE_URL" in result.output

@@ -4,7 +4,7 @@ The database is chosen in this order:
 
 1. an explicit ``dsn`` argument (the CLI's ``--dsn``);
 2. ``$DATABASE_URL``;
-3. the dev cluster started by ``pgfence db start`` (recorded in its state file);
+3. the dev cluster started by ``pgfence db start`` in this directory (``.pgfence/devdb.json``);
 
 otherwise :func:`resolve_dsn` raises :class:`NoDatabase` with what to do.
 """

@@ -342,9 +342,10 @@ def restart_cluster(info: ClusterInfo, mode: str = "fast") -> int:
 
 # -- a dev cluster that outlives one command ------------------------------------------------
 def state_file() -> Path:
-    """Where ``pgfence db start`` records its cluster: ``$XDG_STATE_HOME/pgfence/devdb.json``."""
-    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
-    return Path(base) / "pgfence" / "devdb.json"
+    """Where ``pgfence db start`` records its cluster: ``.pgfence/devdb.json`` in the current
+    directory (one dev cluster per project checkout), or under ``$PGFENCE_STATE_DIR``."""
+    base = os.environ.get("PGFENCE_STATE_DIR") or str(Path.cwd() / ".pgfence")
+    return Path(base) / "devdb.json"
 
 
 def save_dev_cluster(info: ClusterInfo) -> None:

@@ -129,6 +129,17 @@ class Executor:
         self._wake.set()
 
     @property
+    def stopping(self) -> bool:
+        """True once :meth:`stop` was called (SIGTERM/SIGINT): modules stop starting new work."""
+        return self._stopping.is_set()
+
+    async def sleep_unless_stopping(self, seconds: float) -> bool:
+        """Sleep up to ``seconds``; return early (True) as soon as the executor is stopping."""
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self._stopping.wait(), seconds)
+        return self._stopping.is_set()
+
+    @property
     def worker_id(self) -> str:
         """The name this executor claims under (visible in ``pgfence.outbox_leases``)."""
         return self.config.worker_id
@@ -148,7 +159,6 @@ class Executor:
         self.pool = AsyncConnectionPool(
             self.dsn, min_size=1, max_size=self.config.pool_size, open=False,
             kwargs={"autocommit": True, "application_name": f"pgfence-executor:{self.worker_id}"[:63]},
-            check=AsyncConnectionPool.check_connection,
             name="pgfence-executor",
         )
         await self.pool.open(wait=True, timeout=30)

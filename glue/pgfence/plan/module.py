@@ -95,8 +95,8 @@ class PlanModule(Module):
         return self.executor.worker_id
 
     def _stopping(self) -> bool:
-        # Executor.stop() sets this event (SIGTERM): finish the current step, then hand over.
-        return self.executor._stopping.is_set()
+        # Executor.stop() (SIGTERM): finish the current step, then hand the run over.
+        return self.executor.stopping
 
     # -- Module interface ---------------------------------------------------------------------
     async def claim(self, slots: int) -> list[Job]:
