@@ -75,6 +75,10 @@ def run(dsn: str, repeats: int = 3) -> dict[str, Any]:
             rates = [_one_run(conn, f"bench.{variant}", f"{i}") for i in range(repeats)]
             out[f"{variant}_steps_per_s"] = round(statistics.median(rates), 1)
             out[f"{variant}_runs"] = [round(r, 1) for r in rates]
+    print(f"plan: CALL plan_execute, {STEPS}-step plan, median of {repeats}: "
+          f"{out['noop_steps_per_s']} steps/s (noop action), "
+          f"{out['insert_steps_per_s']} steps/s (one INSERT per step); "
+          f"fsync={out['fsync']}, synchronous_commit={out['synchronous_commit']}")
     return out
 
 
@@ -84,11 +88,7 @@ def main() -> int:
         print("set DATABASE_URL, or: pgfence db run --durable -- python bench/plan.py",
               file=sys.stderr)
         return 2
-    result = run(dsn)
-    print(json.dumps(result, indent=2))
-    print(f"CALL plan_execute, {STEPS}-step plan: {result['noop_steps_per_s']} steps/s (noop), "
-          f"{result['insert_steps_per_s']} steps/s (one INSERT per step); "
-          f"fsync={result['fsync']}, synchronous_commit={result['synchronous_commit']}")
+    print(json.dumps(run(dsn), indent=2))
     return 0
 
 
