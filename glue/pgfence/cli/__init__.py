@@ -77,9 +77,10 @@ def _register() -> None:
     from .migrate import migrate_cmd
     from .operation import op
     from .outbox import outbox
+    from .plan import plan
     from .status import status
 
-    for cmd in (db, demo, migrate_cmd, executor_cmd, outbox, op, status):
+    for cmd in (db, demo, migrate_cmd, executor_cmd, outbox, plan, op, status):
         main.add_command(cmd)
 
 

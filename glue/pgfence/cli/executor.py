@@ -12,6 +12,7 @@ import click
 
 from ..db import resolve_dsn
 from ..executor import Executor, ExecutorConfig, Module, OutboxModule
+from ..plan.module import PlanModule
 from ..transports import Transport, parse_route
 from ._common import CliState, pass_state
 
@@ -57,6 +58,14 @@ def _operation_module(specs: dict[str, str], lease_s: float) -> Module:
 @click.option("--grace", type=click.FloatRange(0), help="Seconds in-flight work may take after "
               "SIGTERM [30].")
 @click.option("--worker-id", help="Name to claim under [host:pid:random].")
+@click.option("--plans", type=click.Choice(["start", "external", "off"]), default=None,
+              help="Approved plans: start = take and run them (SQL steps with this executor's "
+                   "database role, external steps through the routes named after their "
+                   "actions); external = only perform external steps of runs released to "
+                   "executors; off [start].")
+@click.option("--plan-heartbeat", type=click.FloatRange(1, 86400),
+              help="Heartbeat interval in seconds for plan runs this executor takes "
+                   "[the plan's, 120].")
 @click.option("--op-kind", "op_kinds", multiple=True, metavar="KIND=HANDLER",
               help="Run operations of KIND with HANDLER (repeatable): "
                    "simulator:<url>[?idempotent=1|0&poll=<s>] | python:module:factory.")
@@ -68,9 +77,9 @@ def _operation_module(specs: dict[str, str], lease_s: float) -> Module:
 def executor_cmd(state: CliState, routes: tuple[str, ...], config_path: Path | None,
                  concurrency: int | None, batch: int | None, poll_interval: float | None,
                  reap_interval: float | None, lease: float | None, grace: float | None,
-                 worker_id: str | None, op_kinds: tuple[str, ...], op_lease: float | None,
-                 log_level: str) -> None:
-    """Deliver outbox messages and run long operations: LISTEN, sweep, claim, act, record.
+                 worker_id: str | None, plans: str | None, plan_heartbeat: float | None,
+                 op_kinds: tuple[str, ...], op_lease: float | None, log_level: str) -> None:
+    """Deliver outbox messages, run approved plans and long operations: LISTEN, sweep, claim, act, record.
 
     \b
     Examples:
@@ -97,6 +106,7 @@ def executor_cmd(state: CliState, routes: tuple[str, ...], config_path: Path | N
         if not sep or not channel or not spec:
             raise click.BadParameter(f"expected CHANNEL=TRANSPORT, got {item!r}", param_hint="--route")
         route_specs[channel] = spec
+    plans_mode = plans or str(section.get("plans", "start"))
     op_specs: dict[str, str] = dict(conf.get("operations", {}))
     for item in op_kinds:
         kind, sep, spec = item.partition("=")
@@ -104,9 +114,9 @@ def executor_cmd(state: CliState, routes: tuple[str, ...], config_path: Path | N
             raise click.BadParameter(f"expected KIND=HANDLER, got {item!r}",
                                      param_hint="--op-kind")
         op_specs[kind] = spec
-    if not route_specs and not op_specs:
+    if not route_specs and not op_specs and plans_mode == "off":
         raise click.UsageError("give at least one --route CHANNEL=TRANSPORT or --op-kind "
-                               "KIND=HANDLER (or a [routes] / [operations] table)")
+                               "KIND=HANDLER (or a [routes] / [operations] table), or --plans")
     transports: dict[str, Transport] = {}
     for channel, spec in route_specs.items():
         try:
@@ -131,6 +141,10 @@ def executor_cmd(state: CliState, routes: tuple[str, ...], config_path: Path | N
     if transports:
         modules.append(OutboxModule(
             transports, lease=dt.timedelta(seconds=float(lease_s)) if lease_s else None))
+    if plans_mode != "off":
+        hb = pick(plan_heartbeat, "plan_heartbeat", None)
+        modules.append(PlanModule(transports, external_only=plans_mode == "external",
+                                  heartbeat=dt.timedelta(seconds=float(hb)) if hb else None))
     if op_specs:
         modules.append(_operation_module(op_specs, pick(op_lease, "op_lease", 120.0)))
     executor = Executor(resolve_dsn(state.dsn), modules, config)
