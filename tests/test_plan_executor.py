@@ -67,7 +67,8 @@ def receipt_steps(conn: psycopg.Connection, pid: int) -> list[int]:
 
 
 def start_executor(db: str, tmp_path: Path, name: str, *args: str) -> Proc:
-    proc = Proc(db, ["--worker-id", name, *FAST, *args], tmp_path / f"{name}.log")
+    mode = [] if "--plans" in args else ["--plans", "start"]
+    proc = Proc(db, ["--worker-id", name, *FAST, *mode, *args], tmp_path / f"{name}.log")
     wait_for(lambda: "started" in proc.output(), 20, f"{name} to start")
     return proc
 

@@ -137,3 +137,12 @@ def test_parse_route(spec: str, name: str) -> None:
 def test_parse_route_errors(spec: str) -> None:
     with pytest.raises(ValueError):
         parse_route(spec)
+
+
+def test_smtp_message_id_comes_from_the_idempotency_key() -> None:
+    transport = SmtpTransport("127.0.0.1", 1, "me@x", domain="d.example")
+    assert transport.message_id(message(5, "a@b", key="pgfence-plan-5-step-2")) == \
+        "<pgfence-plan-5-step-2@d.example>"
+    odd = transport.message_id(message(5, "a@b", key="order 5/<x>"))
+    assert odd.startswith("<k-") and odd.endswith("@d.example>") and " " not in odd
+    assert odd == transport.message_id(message(6, "a@b", key="order 5/<x>")), "same key, same id"

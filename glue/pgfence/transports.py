@@ -14,8 +14,9 @@ delivery. Each transport says how the receiver can recognise the repeat:
   idempotency key, or ``pgfence-outbox-<id>`` when it has none (stable across attempts);
   2xx = sent; 408, 425, 429, 5xx, timeouts and connection errors = retryable (``Retry-After``
   honoured); other statuses = permanent.
-- ``smtp``: an e-mail whose ``Message-ID`` is derived from the message id only
-  (``<pgfence-outbox-<id>@<domain>>``), so a repeat is the same message to the receiving MTA;
+- ``smtp``: an e-mail whose ``Message-ID`` is derived from the idempotency key only
+  (``<key@domain>``, e.g. ``<pgfence-outbox-42@domain>``), so a repeat is the same message to
+  the receiving MTA;
   4xx SMTP replies and connection errors = retryable, 5xx = permanent.
 - ``log``: writes the message to the log; ``noop``: does nothing (benchmarks).
 - ``python:module:function``: any callable ``f(message) -> receipt | None``, sync (run in a
@@ -29,10 +30,12 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import email.utils
+import hashlib
 import importlib
 import inspect
 import json
 import logging
+import re
 import socket
 from collections.abc import Awaitable, Callable
 from email.message import EmailMessage
@@ -109,6 +112,7 @@ class NoopTransport:
 
 # -----------------------------------------------------------------------------------------------
 _RETRYABLE_HTTP = {408, 425, 429}
+_SAFE_LOCAL = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 
 
 def _retry_after(value: str | None) -> dt.timedelta | None:
@@ -210,8 +214,11 @@ class SmtpTransport:
         self.username, self.password = username, password
 
     def message_id(self, message: Claimed) -> str:
-        """Stable across attempts: the same outbox message always has the same Message-ID."""
-        return f"<pgfence-outbox-{message.id}@{self.domain}>"
+        """Stable across attempts: derived from the idempotency key (see :func:`idempotency_key`),
+        so every attempt of one message — or of one plan step — carries the same Message-ID."""
+        key = idempotency_key(message)
+        local = key if _SAFE_LOCAL.fullmatch(key) else "k-" + hashlib.sha256(key.encode()).hexdigest()[:40]
+        return f"<{local}@{self.domain}>"
 
     async def deliver(self, message: Claimed) -> Receipt:
         subject = message.payload.get("subject")

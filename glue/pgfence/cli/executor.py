@@ -62,7 +62,8 @@ def _operation_module(specs: dict[str, str], lease_s: float) -> Module:
               help="Approved plans: start = take and run them (SQL steps with this executor's "
                    "database role, external steps through the routes named after their "
                    "actions); external = only perform external steps of runs released to "
-                   "executors; off [start].")
+                   "executors; off [off: an executor runs plans only when asked to, since it "
+                   "runs their SQL steps with its own database role].")
 @click.option("--plan-heartbeat", type=click.FloatRange(1, 86400),
               help="Heartbeat interval in seconds for plan runs this executor takes "
                    "[the plan's, 120].")
@@ -106,7 +107,7 @@ def executor_cmd(state: CliState, routes: tuple[str, ...], config_path: Path | N
         if not sep or not channel or not spec:
             raise click.BadParameter(f"expected CHANNEL=TRANSPORT, got {item!r}", param_hint="--route")
         route_specs[channel] = spec
-    plans_mode = plans or str(section.get("plans", "start"))
+    plans_mode = plans or str(section.get("plans", "off"))
     op_specs: dict[str, str] = dict(conf.get("operations", {}))
     for item in op_kinds:
         kind, sep, spec = item.partition("=")

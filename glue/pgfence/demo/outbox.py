@@ -123,7 +123,7 @@ def run(ctx: DemoContext) -> None:
     rows = []
     for p in plan:
         m = final[p.id]
-        hits = (ctx.smtp.count(f"<pgfence-outbox-{p.id}@pgfence.local>") if p.channel == "mail"
+        hits = (ctx.smtp.count(f"<{p.key}@pgfence.local>") if p.channel == "mail"
                 else ctx.webhook.count(p.key or ""))
         ok = (m["status"] == p.expect_status and p.expect_min_hits <= hits <= p.expect_max_hits)
         rows.append([f"#{p.id}", p.label, m["status"], m["attempts"], hits,

@@ -108,7 +108,7 @@ def run(ctx: DemoContext) -> None:
             self_ok = exc.sqlstate or ""
         ctx.check(self_ok == "PF103", f"the proposer approving its own plan is refused ({self_ok})")
 
-    exec_args = ["--route", "demo.notify=webhook", "--plan-heartbeat", "2",
+    exec_args = ["--plans", "start", "--route", "demo.notify=webhook", "--plan-heartbeat", "2",
                  "--poll-interval", "0.5", "--reap-interval", "0.5", "--grace", "5"]
     first = ctx.start_executor("executor-1", *exec_args)
     with ctx.connect() as conn:
