@@ -375,30 +375,30 @@ BEGIN
              jsonb_strip_nulls(jsonb_build_object('channel', m.channel, 'recipient', m.recipient,
                                                   'idempotency_key', m.idempotency_key,
                                                   'max_attempts', m.max_attempts)),
-             1, 0
+             1, 0::bigint
       FROM m WHERE NOT (SELECT yes FROM logged)
       UNION ALL
       SELECT l.reclaimed_at, 'lapse', 'lease_lapsed', 'processing', l.outcome, 'reaper', l.attempt::bigint,
              jsonb_build_object('worker', l.worker, 'claimed_at', pgfence._audit_ts(l.claimed_at),
                                 'lease_expired_at', pgfence._audit_ts(l.lease_expires_at),
                                 'note', 'the worker may have delivered this attempt'),
-             1, l.attempt
+             1, l.attempt * 10 + 2
       FROM pgfence.outbox_lapse l WHERE l.message_id = p_id AND NOT (SELECT yes FROM logged)
       UNION ALL
       SELECT m.claimed_at, 'row', 'claim', 'pending', 'processing', m.locked_by, m.attempts::bigint,
              jsonb_build_object('attempt', m.attempts, 'max_attempts', m.max_attempts,
                                 'note', 'the latest claim; earlier claims are not kept on the row'),
-             1, 0
+             1, m.attempts * 10 + 1
       FROM m WHERE NOT (SELECT yes FROM logged) AND m.claimed_at IS NOT NULL
       UNION ALL
       SELECT m.finished_at, 'row', 'finish', 'processing', m.status, NULL, m.attempts::bigint,
              jsonb_strip_nulls(jsonb_build_object('receipt', m.receipt, 'error', m.last_error)),
-             1, 1
+             1, m.attempts * 10 + 3
       FROM m WHERE NOT (SELECT yes FROM logged) AND m.finished_at IS NOT NULL
       UNION ALL
       SELECT m.updated_at, 'row', 'retry', NULL, 'pending', NULL, m.attempts::bigint,
              jsonb_build_object('error', m.last_error, 'next_attempt_at', pgfence._audit_ts(m.next_attempt_at)),
-             1, 1
+             1, m.attempts * 10 + 3
       FROM m WHERE NOT (SELECT yes FROM logged) AND m.status = 'pending' AND m.attempts > 0
       UNION ALL
       SELECT now(), 'row', 'current', NULL, m.status, m.locked_by, m.attempts::bigint,
