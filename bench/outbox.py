@@ -97,7 +97,7 @@ def _executors(dsn: str, count: int, batch: int,
         [sys.executable, "-m", "pgfence", "--dsn", dsn, "executor", "--route", f"{CHANNEL}=noop",
          "--batch", str(batch), "--concurrency", str(concurrency), "--poll-interval", "1",
          "--log-level", "warning", "--worker-id", f"bench-{i}", *(extra or [])],
-        env=env, stdout=subprocess.DEVNULL, stderr=open(f"/tmp/bench-exec-{i}.log", "w")) for i in range(count)]
+        env=env, stdout=subprocess.DEVNULL, stderr=None) for i in range(count)]
     # wait until every executor is listening (idle), so start-up is not measured
     deadline = time.monotonic() + 60
     with psycopg.connect(dsn, autocommit=True) as conn:
