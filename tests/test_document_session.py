@@ -182,7 +182,8 @@ def test_lost_response_is_retried_with_the_same_save_id_and_reported_saved(
     assert versions(db, doc) == [1, 2], "saved once, not twice, and no false conflict"
     with psycopg.connect(db, autocommit=True) as c:
         events = [r[0] for r in c.execute(
-            "SELECT event FROM pgfence.event WHERE module = 'document' AND item_id = %s ORDER BY id",
+            "SELECT event FROM pgfence.event WHERE module = 'document' AND item_id = %s"
+            " ORDER BY id",
             (doc,))]
     assert events == ["create", "save", "replay"]
 

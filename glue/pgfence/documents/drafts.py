@@ -45,11 +45,13 @@ CREATE TABLE IF NOT EXISTS draft (
   content      TEXT NOT NULL,
   snapshot_id  TEXT NOT NULL,
   updated_at   REAL NOT NULL,
+  save_id      TEXT,
   PRIMARY KEY (scope, user_id, document_id, writer_id)
 )
 """
 _COLUMNS = ("scope, user_id, document_id, writer_id, kind, base_version, content, snapshot_id,"
-            " updated_at")
+            " updated_at, save_id")
+_UPSERT = f"INSERT OR REPLACE INTO draft ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 
 
 def default_draft_path() -> Path:
@@ -77,6 +79,8 @@ class Draft:
     ``content_json`` is the snapshot exactly as the writer serialised it; ``base_version`` is
     the server version it was edited from; ``snapshot_id`` names this snapshot (a save of it
     deletes the draft only if the slot still holds it); ``updated_at`` is Unix time.
+    ``save_id`` is set once a save of this snapshot was sent: whoever resumes the draft retries
+    with it, so a save that did commit is answered ``saved`` (not a conflict with itself).
     """
 
     scope: str
@@ -88,6 +92,7 @@ class Draft:
     content_json: str
     snapshot_id: str
     updated_at: float
+    save_id: str | None = None
 
     @property
     def content(self) -> Any:
@@ -143,15 +148,16 @@ class DraftStore:
     def _row(row: tuple[Any, ...]) -> Draft:
         return Draft(scope=row[0], user=row[1], document_id=int(row[2]), writer_id=row[3],
                      kind=row[4], base_version=int(row[5]), content_json=row[6],
-                     snapshot_id=row[7], updated_at=float(row[8]))
+                     snapshot_id=row[7], updated_at=float(row[8]), save_id=row[9])
 
     def put(self, draft: Draft) -> None:
         """Write ``draft`` into its writer's slot (replacing what that slot held)."""
         with self._lock:
             self._db.execute(
-                f"INSERT OR REPLACE INTO draft ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                _UPSERT,
                 (draft.scope, draft.user, draft.document_id, draft.writer_id, draft.kind,
-                 draft.base_version, draft.content_json, draft.snapshot_id, draft.updated_at))
+                 draft.base_version, draft.content_json, draft.snapshot_id, draft.updated_at,
+                 draft.save_id))
 
     def get(self, scope: str, user: str, document_id: int, writer_id: str) -> Draft | None:
         """The draft in one slot, or None."""
@@ -191,6 +197,16 @@ class DraftStore:
         with self._lock:
             return self._db.execute(sql, args).rowcount > 0
 
+    def mark_sending(self, scope: str, user: str, document_id: int, writer_id: str,
+                     snapshot_id: str, save_id: str) -> bool:
+        """Record that a save of the slot's snapshot ``snapshot_id`` is being sent as ``save_id``
+        (before it is sent). Returns False if the slot holds another snapshot."""
+        with self._lock:
+            return self._db.execute(
+                "UPDATE draft SET save_id = ? WHERE scope = ? AND user_id = ? AND document_id = ?"
+                " AND writer_id = ? AND snapshot_id = ?",
+                (save_id, scope, user, document_id, writer_id, snapshot_id)).rowcount > 0
+
     def rebase(self, scope: str, user: str, document_id: int, writer_id: str,
                base_version: int, except_snapshot: str) -> bool:
         """Move a slot's base version forward (an earlier snapshot of the same writer was saved
@@ -213,7 +229,7 @@ class DraftStore:
         mine = Draft(scope=draft.scope, user=draft.user, document_id=draft.document_id,
                      writer_id=writer_id, kind=draft.kind, base_version=draft.base_version,
                      content_json=draft.content_json, snapshot_id=snapshot_id,
-                     updated_at=time.time())
+                     updated_at=time.time(), save_id=draft.save_id)
         with self._lock:
             self._db.execute("BEGIN IMMEDIATE")
             try:
@@ -227,9 +243,10 @@ class DraftStore:
                         f"writer {draft.writer_id}'s draft of document {draft.document_id} "
                         "changed or was removed; list the drafts again")
                 self._db.execute(
-                    f"INSERT OR REPLACE INTO draft ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    _UPSERT,
                     (mine.scope, mine.user, mine.document_id, mine.writer_id, mine.kind,
-                     mine.base_version, mine.content_json, mine.snapshot_id, mine.updated_at))
+                     mine.base_version, mine.content_json, mine.snapshot_id, mine.updated_at,
+                     mine.save_id))
             except BaseException:
                 self._db.execute("ROLLBACK")
                 raise

@@ -47,6 +47,7 @@ class _Fault:
     match: bytes | None
     held: Held | None = None
     fired: asyncio.Event = field(default_factory=asyncio.Event)
+    then_down: bool = False
 
 
 @dataclass(eq=False)
@@ -112,10 +113,13 @@ class FaultyLink:
     # ----------------------------------------------------------------------------------------
     # faults
     # ----------------------------------------------------------------------------------------
-    def drop_next_response(self, match: bytes | None = None) -> asyncio.Event:
+    def drop_next_response(self, match: bytes | None = None, *,
+                           then_down: bool = False) -> asyncio.Event:
         """Cut the connection instead of delivering the next response (of the next connection
-        that sends ``match``, or of any connection). Returns an event set when it happened."""
-        fault = _Fault("drop", match)
+        that sends ``match``, or of any connection); with ``then_down`` the link also goes
+        :meth:`down` at that moment (the client "crashed" right after the server committed).
+        Returns an event set when it happened."""
+        fault = _Fault("drop", match, then_down=then_down)
         self._faults.append(fault)
         return fault.fired
 
@@ -208,6 +212,8 @@ class FaultyLink:
                 pipe.fault = None
                 if fault.kind == "drop":
                     self.dropped += 1
+                    if fault.then_down:
+                        self.down()
                     fault.fired.set()
                     logger.info("faulty link: dropped a %d-byte response", len(data))
                     return

@@ -381,7 +381,15 @@ class DocumentSession:
         self._local_json = own.content_json
         self._local = json.loads(own.content_json)
         self._snapshot_id = own.snapshot_id
+        self._resume_attempt(own)
         self._mark_dirty(urgent=True)
+
+    def _resume_attempt(self, draft: Draft) -> None:
+        """A draft whose save was sent (outcome unknown) is retried with that save_id first."""
+        if draft.save_id is not None:
+            self._attempt = _Attempt(save_id=draft.save_id, expected=draft.base_version,
+                                     content_json=draft.content_json, content=self._local,
+                                     generation=self._generation, snapshot_id=self._snapshot_id)
 
     async def _fetch_base(self, version: int) -> Any:
         if version == self._base_version:
@@ -574,6 +582,10 @@ class DocumentSession:
                                          content_json=self._local_json, content=self._local,
                                          generation=self._generation,
                                          snapshot_id=self._snapshot_id)
+                # Before sending: whoever resumes this draft retries with the same save_id.
+                self._drafts.mark_sending(self.scope, self.user, self.document_id,
+                                          self.writer_id, self._snapshot_id,
+                                          self._attempt.save_id)
             att = self._attempt
             self._in_flight = True
             self._set_state()
@@ -794,6 +806,7 @@ class DocumentSession:
             self._local = json.loads(mine.content_json)
             self._base_version = draft.base_version
             self._base = base
+            self._resume_attempt(mine)
             self._mark_dirty(urgent=True)
 
     def discard_draft(self, draft: Draft) -> bool:
