@@ -67,12 +67,13 @@ def main(ctx: click.Context, dsn: str | None, verbose: int) -> None:
 
 def _register() -> None:
     from .db import db
+    from .document import doc
     from .executor import executor_cmd
     from .migrate import migrate_cmd
     from .outbox import outbox
     from .status import status
 
-    for cmd in (db, migrate_cmd, executor_cmd, outbox, status):
+    for cmd in (db, migrate_cmd, executor_cmd, outbox, status, doc):
         main.add_command(cmd)
 
 

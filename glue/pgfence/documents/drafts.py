@@ -132,6 +132,9 @@ class DraftStore:
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute(f"PRAGMA synchronous={synchronous.upper()}")
         self._db.execute(_SCHEMA)
+        columns = {row[1] for row in self._db.execute("PRAGMA table_info(draft)")}
+        if "save_id" not in columns:  # a file written before drafts recorded the save in flight
+            self._db.execute("ALTER TABLE draft ADD COLUMN save_id TEXT")
 
     def close(self) -> None:
         """Close the file."""
