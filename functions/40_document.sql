@@ -10,10 +10,10 @@
 --                    --> 'deleted' + tombstone version expected+1 (terminal; the id and its
 --                        versions are never reused)   or 'conflict'
 --
--- Status machine (enforced by tg_document_guard for any UPDATE, psql included):
+-- Status machine (enforced by tg_document_write for any write, psql included):
 --   live --save (version+1)--> live;  live --delete (version+1)--> deleted;  deleted is final.
 -- A document row is never DELETEd. Every version is kept in document_revision, written by
--- tg_document_revision in the same transaction; a revision that carries a save_id is the
+-- tg_document_write in the same statement; a revision that carries a save_id is the
 -- receipt of that save: a retry with the same save_id (its first answer was lost) is answered
 -- 'saved' with that version, never a false conflict.
 --
@@ -28,11 +28,13 @@
 -- ---------------------------------------------------------------------------------------------
 -- Guards and the revision writer
 -- ---------------------------------------------------------------------------------------------
-CREATE OR REPLACE FUNCTION pgfence.tg_document_guard()
+CREATE OR REPLACE FUNCTION pgfence.tg_document_write()
 RETURNS trigger
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pgfence, pg_temp
 AS $$
+DECLARE
+  v_op text;
 BEGIN
   IF TG_OP = 'DELETE' THEN
     RAISE EXCEPTION 'document % cannot be removed: a deleted document keeps its tombstone so its id and versions are never reused', OLD.id
@@ -45,7 +47,7 @@ BEGIN
     END IF;
     NEW.created_at := now();
     NEW.saved_at := now();
-    RETURN NEW;
+    RETURN NEW;   -- revision 1 and its event: tg_document_created, once the row exists
   END IF;
   IF NEW.id IS DISTINCT FROM OLD.id
      OR NEW.kind IS DISTINCT FROM OLD.kind
@@ -55,7 +57,7 @@ BEGIN
     RAISE EXCEPTION 'document %: id, kind, idempotency_key, created_by and created_at never change', OLD.id
       USING ERRCODE = 'PF002', HINT = 'Create a new document instead.';
   END IF;
-  IF NOT ((OLD.status = 'live' AND NEW.status IN ('live', 'deleted'))) THEN
+  IF NOT (OLD.status = 'live' AND NEW.status IN ('live', 'deleted')) THEN
     RAISE EXCEPTION 'illegal document transition for document %: % -> %', OLD.id, OLD.status, NEW.status
       USING ERRCODE = 'PF001',
             DETAIL = 'Allowed: live -> live (save), live -> deleted (delete). A deleted document never changes again.',
@@ -66,47 +68,52 @@ BEGIN
       USING ERRCODE = 'PF002',
             HINT = 'Versions only grow by one per write and are never reused; save with pgfence.document_save().';
   END IF;
+  v_op := CASE WHEN NEW.status = 'deleted' THEN 'delete' ELSE 'save' END;
   NEW.saved_at := now();
+  -- The revision (and the receipt of its save_id) and the event are written by the same
+  -- statement as the version: if anything after this trigger refuses the row, the statement
+  -- fails and takes them back with it.
+  INSERT INTO pgfence.document_revision (document_id, version, op, content, save_id, saved_by, saved_at)
+  VALUES (NEW.id, NEW.version, v_op, NEW.content, NEW.save_id, NEW.saved_by, NEW.saved_at);
+  INSERT INTO pgfence.event (module, item_id, event, from_status, to_status, actor, fence, detail)
+  VALUES ('document', NEW.id, v_op, OLD.status, NEW.status, NEW.saved_by, NEW.version,
+          jsonb_strip_nulls(jsonb_build_object('kind', NEW.kind, 'based_on', OLD.version,
+                                               'save_id', NEW.save_id)));
   RETURN NEW;
 END
 $$;
-REVOKE ALL ON FUNCTION pgfence.tg_document_guard() FROM PUBLIC;
-COMMENT ON FUNCTION pgfence.tg_document_guard() IS
-  'BEFORE INSERT/UPDATE/DELETE trigger on pgfence.document: a document starts live at version 1; every update makes exactly the next version (PF002 otherwise); only live -> live and live -> deleted are allowed (PF001); identity columns never change (PF002); rows are never deleted (PF002: the tombstone stays). Stamps created_at/saved_at from now().';
+REVOKE ALL ON FUNCTION pgfence.tg_document_write() FROM PUBLIC;
+COMMENT ON FUNCTION pgfence.tg_document_write() IS
+  'BEFORE INSERT/UPDATE/DELETE trigger on pgfence.document, for any writer (psql included): a document starts live at version 1; every update makes exactly the next version (PF002 otherwise); only live -> live and live -> deleted are allowed (PF001); identity columns never change (PF002); rows are never deleted (PF002: the tombstone stays). Stamps created_at/saved_at from now(). For an update it also keeps the new version as an immutable pgfence.document_revision row (the receipt of its save_id) and logs save/delete to pgfence.event (actor = saved_by, fence = version), in the same statement: one trigger on the hot path, not a guard plus an AFTER trigger.';
 
-CREATE OR REPLACE TRIGGER document_guard
+CREATE OR REPLACE TRIGGER document_write
   BEFORE INSERT OR UPDATE OR DELETE ON pgfence.document
-  FOR EACH ROW EXECUTE FUNCTION pgfence.tg_document_guard();
+  FOR EACH ROW EXECUTE FUNCTION pgfence.tg_document_write();
 
-CREATE OR REPLACE FUNCTION pgfence.tg_document_revision()
+-- Revision 1 is written AFTER the insert: a BEFORE INSERT trigger also fires for a row that
+-- ON CONFLICT (idempotency_key) DO NOTHING then skips, and the revision's foreign key needs
+-- the document row.
+CREATE OR REPLACE FUNCTION pgfence.tg_document_created()
 RETURNS trigger
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pgfence, pg_temp
 AS $$
-DECLARE
-  v_op text := CASE WHEN TG_OP = 'INSERT' THEN 'create'
-                    WHEN NEW.status = 'deleted' THEN 'delete'
-                    ELSE 'save' END;
 BEGIN
   INSERT INTO pgfence.document_revision (document_id, version, op, content, save_id, saved_by, saved_at)
-  VALUES (NEW.id, NEW.version, v_op, NEW.content, NEW.save_id, NEW.saved_by, NEW.saved_at);
-  PERFORM pgfence._event('document', NEW.id, v_op,
-                         CASE WHEN TG_OP = 'UPDATE' THEN OLD.status END, NEW.status, NEW.version,
-                         jsonb_strip_nulls(jsonb_build_object(
-                           'kind', NEW.kind,
-                           'based_on', CASE WHEN TG_OP = 'UPDATE' THEN OLD.version END,
-                           'save_id', NEW.save_id)),
-                         NEW.saved_by);
+  VALUES (NEW.id, NEW.version, 'create', NEW.content, NEW.save_id, NEW.saved_by, NEW.saved_at);
+  INSERT INTO pgfence.event (module, item_id, event, from_status, to_status, actor, fence, detail)
+  VALUES ('document', NEW.id, 'create', NULL, NEW.status, NEW.saved_by, NEW.version,
+          jsonb_build_object('kind', NEW.kind));
   RETURN NULL;
 END
 $$;
-REVOKE ALL ON FUNCTION pgfence.tg_document_revision() FROM PUBLIC;
-COMMENT ON FUNCTION pgfence.tg_document_revision() IS
-  'AFTER INSERT/UPDATE trigger on pgfence.document: keeps every version as an immutable row of pgfence.document_revision (the receipt of its save_id) and logs create/save/delete to pgfence.event, in the same transaction as the version.';
+REVOKE ALL ON FUNCTION pgfence.tg_document_created() FROM PUBLIC;
+COMMENT ON FUNCTION pgfence.tg_document_created() IS
+  'AFTER INSERT trigger on pgfence.document: keeps version 1 as revision 1 and logs the create event, in the creating transaction.';
 
-CREATE OR REPLACE TRIGGER document_revision
-  AFTER INSERT OR UPDATE ON pgfence.document
-  FOR EACH ROW EXECUTE FUNCTION pgfence.tg_document_revision();
+CREATE OR REPLACE TRIGGER document_created
+  AFTER INSERT ON pgfence.document
+  FOR EACH ROW EXECUTE FUNCTION pgfence.tg_document_created();
 
 CREATE OR REPLACE FUNCTION pgfence.tg_document_revision_guard()
 RETURNS trigger
@@ -557,30 +564,38 @@ SET search_path = pg_catalog, pgfence, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE
-  v_doc      record;
   v_version  bigint;
   v_status   text;
-  v_kind     pgfence.document_kind;
+  v_kind     text;
+  v_type     text;
+  v_max      integer;
   v_rev      pgfence.document_revision;
   v_saved_at timestamptz;
 BEGIN
-  PERFORM pgfence._document_check_write(p_id, p_expected_version);
-  PERFORM pgfence._document_check_actor(p_saved_by, 'saved_by');
+  -- The hot path calls no helper: the helpers run only to raise the precise error.
+  IF p_id IS NULL OR p_expected_version IS NULL OR p_expected_version < 1
+     OR p_saved_by IS NULL OR p_saved_by = '' OR length(p_saved_by) > 200 THEN
+    PERFORM pgfence._document_check_write(p_id, p_expected_version);
+    PERFORM pgfence._document_check_actor(p_saved_by, 'saved_by');
+  END IF;
   IF p_save_id IS NOT NULL AND (p_save_id = '' OR length(p_save_id) > 255) THEN
     RAISE EXCEPTION 'document_save: save_id must be 1-255 characters or NULL' USING ERRCODE = '22023',
       HINT = 'Use a fresh random id (e.g. a UUID) per snapshot, and the same one when retrying it.';
   END IF;
-  SELECT d.version, d.status, k AS kind_row INTO v_doc
+  SELECT d.version, d.status, d.kind, k.content_type, k.max_bytes
+  INTO v_version, v_status, v_kind, v_type, v_max
   FROM pgfence.document d JOIN pgfence.document_kind k ON k.kind = d.kind
   WHERE d.id = p_id;
   IF NOT FOUND THEN
     RAISE EXCEPTION 'document_save: no document with id %', p_id USING ERRCODE = 'P0002',
       HINT = 'Check the id; create documents with document_create().';
   END IF;
-  v_version := v_doc.version;
-  v_status := v_doc.status;
-  v_kind := v_doc.kind_row;
-  PERFORM pgfence._document_check_content(v_kind, p_content);
+  IF p_content IS NULL OR jsonb_typeof(p_content) = 'null'
+     OR (v_type = 'object' AND jsonb_typeof(p_content) <> 'object')
+     OR (v_type = 'array' AND jsonb_typeof(p_content) <> 'array')
+     OR octet_length(p_content::text) > v_max THEN
+    PERFORM pgfence._document_check_content(pgfence._document_kind(v_kind), p_content);
+  END IF;
 
   -- A retry whose first answer was lost: the receipt answers it.
   IF p_save_id IS NOT NULL THEN

@@ -3,7 +3,7 @@
 -- SQLSTATE. Cells that need two sessions at once are in 41_document_concurrency.sql.
 BEGIN;
 \ir helpers/setup.sql
-SELECT plan(187);
+SELECT plan(188);
 
 -- =============================================================================================
 -- Catalog: signatures, definer, volatility, privileges
@@ -37,8 +37,10 @@ SELECT has_view('pgfence', 'document_kinds', 'document_kinds view');
 SELECT table_privs_are('pgfence', 'document_kinds', 'pgfence_client', ARRAY['SELECT'], 'client reads document_kinds');
 SELECT table_privs_are('pgfence', 'document', 'pgfence_client', ARRAY[]::text[], 'client has no privilege on the document table');
 SELECT table_privs_are('pgfence', 'document_revision', 'pgfence_admin', ARRAY[]::text[], 'admin has no privilege on the revision table');
-SELECT has_trigger('pgfence', 'document', 'document_guard', 'guard trigger on document');
-SELECT has_trigger('pgfence', 'document', 'document_revision', 'revision trigger on document');
+SELECT has_trigger('pgfence', 'document', 'document_write', 'guard + revision trigger on document');
+SELECT has_trigger('pgfence', 'document', 'document_created', 'revision-1 trigger on document');
+SELECT is((SELECT count(*)::int FROM pg_trigger WHERE tgrelid = 'pgfence.document'::regclass AND NOT tgisinternal AND tgtype & 16 <> 0), 1,
+  'one trigger fires on a save (the hot path)');
 SELECT has_trigger('pgfence', 'document_revision', 'document_revision_guard', 'guard trigger on document_revision');
 SELECT results_eq($$SELECT kind, merge, content_type, max_bytes, builtin FROM pgfence.document_kinds WHERE builtin ORDER BY kind$$,
   $$VALUES ('record'::text, 'attributes'::text, 'object'::text, 1048576, true), ('sheet', 'none', 'any', 1048576, true)$$,
