@@ -138,20 +138,34 @@ def _bare_writer(dsn: str, doc: int, i: int, start: Any, out: Any) -> None:
     out.put((saves, conflicts))
 
 
+def _guarded(target: Any, dsn: str, doc: int, i: int, start: Any, out: Any) -> None:
+    try:
+        target(dsn, doc, i, start, out)
+    except BaseException as exc:  # report instead of leaving the parent waiting
+        out.put(exc)
+
+
 def _contend(dsn: str, target: Any, doc: int) -> dict[str, float]:
     ctx = mp.get_context("spawn")
     start, out = ctx.Event(), ctx.Queue()
-    procs = [ctx.Process(target=target, args=(dsn, doc, i, start, out), daemon=True)
+    procs = [ctx.Process(target=_guarded, args=(target, dsn, doc, i, start, out), daemon=True)
              for i in range(WRITERS)]
     for p in procs:
         p.start()
     time.sleep(1.0)                    # let every process connect and wait on the start event
     t0 = time.perf_counter()
     start.set()
-    results = [out.get(timeout=600) for _ in procs]
+    try:
+        results = [out.get(timeout=600) for _ in procs]
+    finally:
+        for p in procs:
+            p.join(30)
+            if p.is_alive():
+                p.kill()
     elapsed = time.perf_counter() - t0
-    for p in procs:
-        p.join(30)
+    failed = [r for r in results if isinstance(r, BaseException)]
+    if failed:
+        raise RuntimeError(f"{len(failed)} writer(s) failed: {failed[0]!r}") from failed[0]
     saves = sum(r[0] for r in results)
     conflicts = sum(r[1] for r in results)
     return {"writers": WRITERS, "saves": saves, "conflicts": conflicts, "seconds": elapsed,
