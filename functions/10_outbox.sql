@@ -16,7 +16,12 @@
 -- Errors: functions/ERRORS.md.
 
 -- ---------------------------------------------------------------------------------------------
--- Status machine guard
+-- Status machine guard and event log
+--
+-- One PL/pgSQL row trigger checks the move and the row's invariants and, for messages whose
+-- log_events flag is set, writes the event in the same statement. (Measured: a trigger WHEN
+-- condition or CHECK constraints cost more here, because PostgreSQL re-parses them for every
+-- statement, and the claim and the mark are one statement each on the hot path.)
 -- ---------------------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION pgfence.tg_outbox_guard()
 RETURNS trigger
@@ -24,123 +29,102 @@ LANGUAGE plpgsql
 SET search_path = pg_catalog, pgfence, pg_temp
 AS $$
 BEGIN
-  IF NEW.id IS DISTINCT FROM OLD.id
-     OR NEW.channel IS DISTINCT FROM OLD.channel
-     OR NEW.recipient IS DISTINCT FROM OLD.recipient
-     OR NEW.payload IS DISTINCT FROM OLD.payload
-     OR NEW.idempotency_key IS DISTINCT FROM OLD.idempotency_key
-     OR NEW.created_at IS DISTINCT FROM OLD.created_at THEN
-    RAISE EXCEPTION 'outbox message % is immutable: channel, recipient, payload, idempotency_key and created_at never change', OLD.id
-      USING ERRCODE = 'PF002', HINT = 'Enqueue a new message instead.';
+  IF TG_OP = 'INSERT' THEN
+    IF NEW.status <> 'pending' OR NEW.attempts <> 0 OR NEW.max_attempts < 1
+       OR NEW.locked_by IS NOT NULL OR NEW.lease_expires_at IS NOT NULL OR NEW.finished_at IS NOT NULL THEN
+      RAISE EXCEPTION 'outbox: a new message starts pending, with 0 attempts, no owner and no lease'
+        USING ERRCODE = 'PF001', HINT = 'Use pgfence.outbox_enqueue().';
+    END IF;
+    IF NEW.log_events THEN
+      PERFORM pgfence._event('outbox', NEW.id, 'enqueue', NULL, NEW.status, NEW.attempts,
+        jsonb_build_object('channel', NEW.channel, 'recipient', NEW.recipient, 'due_at', NEW.next_attempt_at));
+    END IF;
+    RETURN NEW;
   END IF;
+
   IF NEW.attempts < OLD.attempts THEN
     RAISE EXCEPTION 'outbox message %: attempts is a fence token and never decreases (% -> %)', OLD.id, OLD.attempts, NEW.attempts
       USING ERRCODE = 'PF002', HINT = 'To retry a failed or dead message use pgfence.outbox_requeue(id), which grants more attempts.';
   END IF;
   IF NOT (
-       (OLD.status = 'pending'    AND NEW.status = 'processing' AND NEW.attempts = OLD.attempts + 1)
-    OR (OLD.status = 'pending'    AND NEW.status = 'pending'    AND NEW.attempts = OLD.attempts)
-    OR (OLD.status = 'processing' AND NEW.status IN ('processing', 'pending', 'sent', 'failed', 'dead')
-                                  AND NEW.attempts = OLD.attempts)
-    OR (OLD.status IN ('failed', 'dead') AND NEW.status = 'pending' AND NEW.attempts = OLD.attempts)
-  ) THEN
+       (   (OLD.status = 'pending'    AND NEW.status = 'processing' AND NEW.attempts = OLD.attempts + 1)
+        OR (OLD.status = 'pending'    AND NEW.status = 'pending'    AND NEW.attempts = OLD.attempts)
+        OR (OLD.status = 'processing' AND NEW.status IN ('processing', 'pending', 'sent', 'failed', 'dead')
+                                      AND NEW.attempts = OLD.attempts)
+        OR (OLD.status IN ('failed', 'dead') AND NEW.status = 'pending' AND NEW.attempts = OLD.attempts))
+       AND NEW.attempts <= NEW.max_attempts
+       AND (NEW.status = 'processing') = (NEW.locked_by IS NOT NULL AND NEW.lease_expires_at IS NOT NULL)
+       AND (NEW.status IN ('sent', 'failed', 'dead')) = (NEW.finished_at IS NOT NULL)) THEN
     RAISE EXCEPTION 'illegal outbox transition for message %: % -> % (attempts % -> %)',
       OLD.id, OLD.status, NEW.status, OLD.attempts, NEW.attempts
       USING ERRCODE = 'PF001',
-            DETAIL = 'Allowed: pending->processing (attempts+1), processing->pending|sent|failed|dead, failed|dead->pending (requeue). A sent message never changes again.',
+            DETAIL = 'Allowed: pending->processing (attempts+1), pending->pending, processing->processing|pending|sent|failed|dead, failed|dead->pending (requeue); a sent message never changes again. Always: attempts <= max_attempts, owner and lease iff processing, finished_at iff sent|failed|dead.',
             HINT = 'Use the pgfence.outbox_* functions; they make only legal moves.';
   END IF;
-  NEW.updated_at := now();
+  IF NEW.log_events THEN
+    PERFORM pgfence._event('outbox', NEW.id,
+      CASE WHEN OLD.status = 'pending' AND NEW.status = 'processing' THEN 'claim'
+           WHEN OLD.status = NEW.status THEN 'update'
+           ELSE 'transition' END,
+      OLD.status, NEW.status, NEW.attempts,
+      jsonb_strip_nulls(jsonb_build_object(
+        'channel', NEW.channel,
+        'error', CASE WHEN NEW.last_error IS DISTINCT FROM OLD.last_error THEN NEW.last_error END,
+        'receipt', CASE WHEN NEW.status = 'sent' THEN NEW.receipt END,
+        'lease_expires_at', NEW.lease_expires_at,
+        'next_attempt_at', CASE WHEN NEW.status = 'pending' THEN NEW.next_attempt_at END)),
+      coalesce(nullif(current_setting('pgfence.actor', true), ''),
+               CASE WHEN NEW.status = 'processing' THEN NEW.locked_by
+                    WHEN OLD.status = 'processing' THEN OLD.locked_by END));
+  END IF;
   RETURN NEW;
 END
 $$;
 REVOKE ALL ON FUNCTION pgfence.tg_outbox_guard() FROM PUBLIC;
 COMMENT ON FUNCTION pgfence.tg_outbox_guard() IS
-  'BEFORE UPDATE trigger on pgfence.outbox: refuses any status transition outside the outbox machine (PF001) and any change to the message itself or a decrease of the fence token (PF002), even from a hand-written UPDATE.';
+  'BEFORE INSERT/UPDATE row trigger on pgfence.outbox: refuses any move outside the status machine or breaking a row invariant (PF001) and any decrease of the fence token (PF002), even from a hand-written statement; for messages with log_events it writes the enqueue, claim or transition event (actor, attempt, error, receipt) in the same statement.';
 
 CREATE OR REPLACE TRIGGER outbox_guard
-  BEFORE UPDATE ON pgfence.outbox
+  BEFORE INSERT OR UPDATE ON pgfence.outbox
   FOR EACH ROW EXECUTE FUNCTION pgfence.tg_outbox_guard();
 
--- Event log (pgfence.event), per channel: outbox_channel.log_events. Statement-level triggers
--- with transition tables, so a batch claim or mark costs one INSERT ... SELECT, and nothing
--- but one indexed probe when no channel logs.
-CREATE OR REPLACE FUNCTION pgfence.tg_outbox_event_insert()
+CREATE OR REPLACE FUNCTION pgfence.tg_outbox_frozen()
 RETURNS trigger
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pgfence, pg_temp
 AS $$
 BEGIN
-  IF NOT EXISTS (SELECT 1 FROM pgfence.outbox_channel WHERE log_events) THEN
-    RETURN NULL;
-  END IF;
-  INSERT INTO pgfence.event (module, item_id, event, from_status, to_status, actor, fence, detail)
-  SELECT 'outbox', n.id, 'enqueue', NULL, n.status,
-         coalesce(nullif(current_setting('pgfence.actor', true), ''), session_user::text), n.attempts,
-         jsonb_build_object('channel', n.channel, 'recipient', n.recipient, 'due_at', n.next_attempt_at)
-  FROM new_rows n
-  WHERE (pgfence._outbox_settings(n.channel)).log_events;
-  RETURN NULL;
+  RAISE EXCEPTION 'outbox message % is immutable: channel, recipient, payload, idempotency_key and created_at are never updated', OLD.id
+    USING ERRCODE = 'PF002', HINT = 'Enqueue a new message instead.';
 END
 $$;
-REVOKE ALL ON FUNCTION pgfence.tg_outbox_event_insert() FROM PUBLIC;
-COMMENT ON FUNCTION pgfence.tg_outbox_event_insert() IS
-  'AFTER INSERT statement trigger on pgfence.outbox: logs enqueue events for channels with log_events, in the enqueuing transaction.';
+REVOKE ALL ON FUNCTION pgfence.tg_outbox_frozen() FROM PUBLIC;
+COMMENT ON FUNCTION pgfence.tg_outbox_frozen() IS
+  'BEFORE UPDATE OF channel, recipient, payload, idempotency_key, created_at trigger on pgfence.outbox: any statement that writes those columns is refused (PF002). A column trigger costs nothing for statements that do not name them.';
 
-CREATE OR REPLACE FUNCTION pgfence.tg_outbox_event_update()
-RETURNS trigger
-LANGUAGE plpgsql
-SET search_path = pg_catalog, pgfence, pg_temp
-AS $$
-BEGIN
-  IF NOT EXISTS (SELECT 1 FROM pgfence.outbox_channel WHERE log_events) THEN
-    RETURN NULL;
-  END IF;
-  INSERT INTO pgfence.event (module, item_id, event, from_status, to_status, actor, fence, detail)
-  SELECT 'outbox', n.id,
-         CASE WHEN n.status = 'processing' AND o.status = 'pending' THEN 'claim'
-              WHEN n.status = o.status THEN 'update'
-              ELSE 'transition' END,
-         o.status, n.status,
-         coalesce(nullif(current_setting('pgfence.actor', true), ''),
-                  CASE WHEN n.status = 'processing' THEN n.locked_by
-                       WHEN o.status = 'processing' THEN o.locked_by END,
-                  session_user::text),
-         n.attempts,
-         jsonb_strip_nulls(jsonb_build_object(
-           'channel', n.channel,
-           'error', CASE WHEN n.last_error IS DISTINCT FROM o.last_error THEN n.last_error END,
-           'receipt', CASE WHEN n.status = 'sent' THEN n.receipt END,
-           'lease_expires_at', n.lease_expires_at,
-           'next_attempt_at', CASE WHEN n.status = 'pending' THEN n.next_attempt_at END))
-  FROM new_rows n JOIN old_rows o ON o.id = n.id
-  WHERE (pgfence._outbox_settings(n.channel)).log_events;
-  RETURN NULL;
-END
-$$;
-REVOKE ALL ON FUNCTION pgfence.tg_outbox_event_update() FROM PUBLIC;
-COMMENT ON FUNCTION pgfence.tg_outbox_event_update() IS
-  'AFTER UPDATE statement trigger on pgfence.outbox: logs claims and transitions (with actor, attempt, error, receipt) for channels with log_events, in the same transaction.';
-
-CREATE OR REPLACE TRIGGER outbox_event_insert
-  AFTER INSERT ON pgfence.outbox REFERENCING NEW TABLE AS new_rows
-  FOR EACH STATEMENT EXECUTE FUNCTION pgfence.tg_outbox_event_insert();
-CREATE OR REPLACE TRIGGER outbox_event_update
-  AFTER UPDATE ON pgfence.outbox REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows
-  FOR EACH STATEMENT EXECUTE FUNCTION pgfence.tg_outbox_event_update();
+CREATE OR REPLACE TRIGGER outbox_frozen
+  BEFORE UPDATE OF channel, recipient, payload, idempotency_key, created_at ON pgfence.outbox
+  FOR EACH ROW EXECUTE FUNCTION pgfence.tg_outbox_frozen();
 
 -- ---------------------------------------------------------------------------------------------
 -- Private helpers
 -- ---------------------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION pgfence._outbox_settings(p_channel text)
 RETURNS pgfence.outbox_channel
-LANGUAGE sql STABLE
+LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, pgfence, pg_temp
 AS $$
-  SELECT c.* FROM pgfence.outbox_channel c
-  WHERE c.channel IN (p_channel, '*')
-  ORDER BY c.channel = '*'
-  LIMIT 1;
+-- PL/pgSQL rather than SQL: its plan is cached for the session; a non-inlined SQL function
+-- would be parsed and planned again on every call (this runs on every enqueue and failure).
+DECLARE
+  v_row pgfence.outbox_channel;
+BEGIN
+  SELECT c.* INTO v_row FROM pgfence.outbox_channel c WHERE c.channel = p_channel;
+  IF NOT FOUND THEN
+    SELECT c.* INTO v_row FROM pgfence.outbox_channel c WHERE c.channel = '*';
+  END IF;
+  RETURN v_row;
+END
 $$;
 REVOKE ALL ON FUNCTION pgfence._outbox_settings(text) FROM PUBLIC;
 COMMENT ON FUNCTION pgfence._outbox_settings(text) IS
@@ -203,26 +187,6 @@ REVOKE ALL ON FUNCTION pgfence._outbox_require(bigint) FROM PUBLIC;
 COMMENT ON FUNCTION pgfence._outbox_require(bigint) IS
   'Private: raises P0002 when no message has this id (used on the lost-race path to tell a stale call from an unknown id).';
 
-CREATE OR REPLACE FUNCTION pgfence._outbox_check_worker(p_worker text, p_lease interval)
-RETURNS void
-LANGUAGE plpgsql IMMUTABLE
-SET search_path = pg_catalog, pgfence, pg_temp
-AS $$
-BEGIN
-  IF p_worker IS NULL OR p_worker = '' OR length(p_worker) > 200 THEN
-    RAISE EXCEPTION 'outbox: worker must be a non-empty name of at most 200 characters'
-      USING ERRCODE = '22023', HINT = 'Use something an operator can trace, e.g. host:pid.';
-  END IF;
-  IF p_lease IS NOT NULL AND p_lease <= interval '0' THEN
-    RAISE EXCEPTION 'outbox: lease must be positive, got %', p_lease
-      USING ERRCODE = '22023', HINT = 'Pass NULL for the channel''s lease, or e.g. interval ''5 minutes''.';
-  END IF;
-END
-$$;
-REVOKE ALL ON FUNCTION pgfence._outbox_check_worker(text, interval) FROM PUBLIC;
-COMMENT ON FUNCTION pgfence._outbox_check_worker(text, interval) IS
-  'Private: validates a worker name and a lease; raises 22023.';
-
 -- ---------------------------------------------------------------------------------------------
 -- Enqueue
 -- ---------------------------------------------------------------------------------------------
@@ -237,18 +201,22 @@ CREATE OR REPLACE FUNCTION pgfence.outbox_enqueue(
 RETURNS bigint
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pgfence, pg_temp
+SET plan_cache_mode = force_generic_plan  -- plan once per session, not per call
 AS $$
 DECLARE
   v_id        bigint;
   v_channel   text;
   v_recipient text;
+  v_set       pgfence.outbox_channel;
 BEGIN
   PERFORM pgfence._outbox_check_message(p_channel, p_recipient, p_payload, p_idempotency_key, p_max_attempts);
 
-  INSERT INTO pgfence.outbox AS o (channel, recipient, payload, idempotency_key, max_attempts, next_attempt_at)
+  v_set := pgfence._outbox_settings(p_channel);
+  INSERT INTO pgfence.outbox AS o (channel, recipient, payload, idempotency_key, max_attempts,
+                                   next_attempt_at, log_events)
   VALUES (p_channel, p_recipient, p_payload, p_idempotency_key,
-          coalesce(p_max_attempts, (pgfence._outbox_settings(p_channel)).max_attempts),
-          coalesce(p_deliver_at, now()))
+          coalesce(p_max_attempts, v_set.max_attempts), coalesce(p_deliver_at, now()),
+          v_set.log_events)
   ON CONFLICT (idempotency_key) DO NOTHING
   RETURNING o.id INTO v_id;
 
@@ -292,11 +260,15 @@ CREATE OR REPLACE FUNCTION pgfence.outbox_enqueue_many(
 RETURNS SETOF bigint
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pgfence, pg_temp
+SET plan_cache_mode = force_generic_plan  -- plan once per session, not per call
+SET jit = off  -- row estimates of array joins are inflated; JIT compilation would cost ~0.2 s
 AS $$
 DECLARE
   v_n        integer := coalesce(cardinality(p_recipients), 0);
   v_max      integer;
   v_bad      record;
+  v_seq      regclass;
+  v_set      pgfence.outbox_channel;
 BEGIN
   IF p_channel IS NULL OR p_recipients IS NULL OR p_payloads IS NULL THEN
     RAISE EXCEPTION 'outbox_enqueue_many: channel, recipients and payloads are required'
@@ -322,7 +294,9 @@ BEGIN
     RAISE EXCEPTION 'outbox_enqueue_many: message % is invalid (recipient 1-2048 chars, payload a JSON object, key 1-255 chars or NULL)', v_bad.i
       USING ERRCODE = '22023', HINT = 'Fix that element; nothing was enqueued.';
   END IF;
-  v_max := coalesce(p_max_attempts, (pgfence._outbox_settings(p_channel)).max_attempts);
+  v_set := pgfence._outbox_settings(p_channel);
+  v_max := coalesce(p_max_attempts, v_set.max_attempts);
+  v_seq := pg_get_serial_sequence('pgfence.outbox', 'id')::regclass;
   SELECT u.i, o.id, o.channel, o.recipient INTO v_bad
   FROM unnest(p_recipients, p_idempotency_keys) WITH ORDINALITY AS u(r, k, i)
   JOIN pgfence.outbox o ON o.idempotency_key = u.k
@@ -335,22 +309,28 @@ BEGIN
 
   RETURN QUERY
   WITH input AS (
-    SELECT u.i, u.r, u.p, u.k, nextval(pg_get_serial_sequence('pgfence.outbox', 'id')) AS new_id
+    SELECT u.i, u.r, u.p, u.k, nextval(v_seq) AS new_id
     FROM unnest(p_recipients, p_payloads, coalesce(p_idempotency_keys, array_fill(NULL::text, ARRAY[v_n])))
            WITH ORDINALITY AS u(r, p, k, i)
   ), ins AS (
-    INSERT INTO pgfence.outbox AS o (id, channel, recipient, payload, idempotency_key, max_attempts, next_attempt_at)
+    INSERT INTO pgfence.outbox AS o (id, channel, recipient, payload, idempotency_key, max_attempts,
+                                     next_attempt_at, log_events)
     OVERRIDING SYSTEM VALUE
-    SELECT input.new_id, p_channel, input.r, input.p, input.k, v_max, coalesce(p_deliver_at, now())
+    SELECT input.new_id, p_channel, input.r, input.p, input.k, v_max, coalesce(p_deliver_at, now()),
+           v_set.log_events
     FROM input ORDER BY input.i
     ON CONFLICT (idempotency_key) DO NOTHING
     RETURNING o.id, o.idempotency_key
   )
-  SELECT coalesce(
-           (SELECT ins.id FROM ins WHERE ins.id = input.new_id),
-           (SELECT ins.id FROM ins WHERE ins.idempotency_key = input.k),   -- repeated within this call
-           (SELECT o.id FROM pgfence.outbox o WHERE o.idempotency_key = input.k))
-  FROM input ORDER BY input.i;
+  SELECT coalesce(mine.id, dup.id, existing.id)
+  FROM input
+  LEFT JOIN ins AS mine ON mine.id = input.new_id
+  LEFT JOIN LATERAL (  -- a key repeated within this call: the row inserted for its first use
+    SELECT ins.id FROM ins WHERE mine.id IS NULL AND ins.idempotency_key = input.k) AS dup ON true
+  LEFT JOIN LATERAL (  -- a key that existed before this call
+    SELECT o.id FROM pgfence.outbox o
+    WHERE mine.id IS NULL AND dup.id IS NULL AND o.idempotency_key = input.k) AS existing ON true
+  ORDER BY input.i;
 
   IF p_deliver_at IS NULL OR p_deliver_at <= now() THEN
     PERFORM pg_notify('pgfence_outbox', json_build_object('channel', p_channel, 'id', NULL, 'count', v_n)::text);
@@ -386,41 +366,79 @@ RETURNS TABLE (
 )
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pgfence, pg_temp
+SET plan_cache_mode = force_generic_plan  -- plan once per session, not per call
 AS $$
 #variable_conflict use_column
 BEGIN
-  PERFORM pgfence._outbox_check_worker(p_worker, p_lease);
+  IF p_worker IS NULL OR p_worker = '' OR length(p_worker) > 200 THEN
+    RAISE EXCEPTION 'outbox: worker must be a non-empty name of at most 200 characters'
+      USING ERRCODE = '22023', HINT = 'Use something an operator can trace, e.g. host:pid.';
+  END IF;
+  IF p_lease IS NOT NULL AND p_lease <= interval '0' THEN
+    RAISE EXCEPTION 'outbox: lease must be positive, got %', p_lease
+      USING ERRCODE = '22023', HINT = 'Pass NULL for the channel''s lease, or e.g. interval ''5 minutes''.';
+  END IF;
   IF p_batch IS NULL OR p_batch NOT BETWEEN 1 AND 10000 THEN
     RAISE EXCEPTION 'outbox_claim: batch must be between 1 and 10000, got %', p_batch
       USING ERRCODE = '22023', HINT = 'Claim at most as many messages as you can deliver within one lease.';
   END IF;
-  RETURN QUERY
-  WITH due AS (
-    SELECT o.id
-    FROM pgfence.outbox o
-    WHERE o.status = 'pending'
-      AND o.next_attempt_at <= now()
-      AND (p_channels IS NULL OR o.channel = ANY (p_channels))
-    ORDER BY o.next_attempt_at, o.id
-    LIMIT p_batch
-    FOR UPDATE SKIP LOCKED
-  ), claimed AS (
-    UPDATE pgfence.outbox o
-    SET status = 'processing',
-        attempts = o.attempts + 1,
-        locked_by = p_worker,
-        claimed_at = now(),
-        lease_expires_at = now() + coalesce(p_lease, (pgfence._outbox_settings(o.channel)).lease)
-    FROM due
-    WHERE o.id = due.id
-    RETURNING o.id, o.channel, o.recipient, o.payload, o.idempotency_key, o.attempts,
-              o.max_attempts, o.lease_expires_at - now() AS lease, o.lease_expires_at,
-              o.created_at, o.next_attempt_at AS due_at
-  )
-  SELECT c.id, c.channel, c.recipient, c.payload, c.idempotency_key, c.attempts, c.max_attempts,
-         c.lease, c.lease_expires_at, c.created_at
-  FROM claimed c
-  ORDER BY c.due_at, c.id;
+  -- One statement: the ARRAY(...) sub-select locks the due rows, the UPDATE claims them by
+  -- primary key (an id array keeps even a generic plan on the index). Each shape walks an index
+  -- in due order and stops after p_batch rows: all channels -> outbox_due_idx; some channels ->
+  -- outbox_channel_due_idx once per channel (at most p_batch locked per channel; the earliest
+  -- p_batch are claimed, the others are released when this transaction ends a moment later).
+  IF p_channels IS NULL THEN
+    RETURN QUERY
+    WITH claimed AS (
+      UPDATE pgfence.outbox o
+      SET status = 'processing', attempts = o.attempts + 1, locked_by = p_worker,
+          claimed_at = now(), updated_at = now(),
+          lease_expires_at = now() + coalesce(
+            p_lease,
+            (SELECT c.lease FROM pgfence.outbox_channel c WHERE c.channel = o.channel),
+            (SELECT c.lease FROM pgfence.outbox_channel c WHERE c.channel = '*'))
+      WHERE o.id = ANY (ARRAY(
+              SELECT d.id FROM pgfence.outbox d
+              WHERE d.status = 'pending' AND d.next_attempt_at <= now()
+              ORDER BY d.next_attempt_at, d.id
+              LIMIT p_batch
+              FOR UPDATE SKIP LOCKED))
+        AND o.status = 'pending'
+      RETURNING o.id, o.channel, o.recipient, o.payload, o.idempotency_key, o.attempts,
+                o.max_attempts, o.lease_expires_at - now() AS lease, o.lease_expires_at,
+                o.created_at, o.next_attempt_at AS due_at)
+    SELECT c.id, c.channel, c.recipient, c.payload, c.idempotency_key, c.attempts, c.max_attempts,
+           c.lease, c.lease_expires_at, c.created_at
+    FROM claimed c ORDER BY c.due_at, c.id;
+  ELSE
+    RETURN QUERY
+    WITH claimed AS (
+      UPDATE pgfence.outbox o
+      SET status = 'processing', attempts = o.attempts + 1, locked_by = p_worker,
+          claimed_at = now(), updated_at = now(),
+          lease_expires_at = now() + coalesce(
+            p_lease,
+            (SELECT c.lease FROM pgfence.outbox_channel c WHERE c.channel = o.channel),
+            (SELECT c.lease FROM pgfence.outbox_channel c WHERE c.channel = '*'))
+      WHERE o.id = ANY (ARRAY(
+              SELECT b.id
+              FROM (SELECT DISTINCT u.ch FROM unnest(p_channels) AS u(ch)) chans
+              CROSS JOIN LATERAL (
+                SELECT d.id, d.next_attempt_at FROM pgfence.outbox d
+                WHERE d.channel = chans.ch AND d.status = 'pending' AND d.next_attempt_at <= now()
+                ORDER BY d.next_attempt_at, d.id
+                LIMIT p_batch
+                FOR UPDATE SKIP LOCKED) b
+              ORDER BY b.next_attempt_at, b.id
+              LIMIT p_batch))
+        AND o.status = 'pending'
+      RETURNING o.id, o.channel, o.recipient, o.payload, o.idempotency_key, o.attempts,
+                o.max_attempts, o.lease_expires_at - now() AS lease, o.lease_expires_at,
+                o.created_at, o.next_attempt_at AS due_at)
+    SELECT c.id, c.channel, c.recipient, c.payload, c.idempotency_key, c.attempts, c.max_attempts,
+           c.lease, c.lease_expires_at, c.created_at
+    FROM claimed c ORDER BY c.due_at, c.id;
+  END IF;
 END
 $$;
 REVOKE ALL ON FUNCTION pgfence.outbox_claim(text, integer, text[], interval) FROM PUBLIC;
@@ -430,12 +448,24 @@ COMMENT ON FUNCTION pgfence.outbox_claim(text, integer, text[], interval) IS
 
 CREATE OR REPLACE FUNCTION pgfence.outbox_next_due(p_channels text[] DEFAULT NULL)
 RETURNS interval
-LANGUAGE sql STABLE SECURITY DEFINER
+LANGUAGE plpgsql STABLE SECURITY DEFINER
 SET search_path = pg_catalog, pgfence, pg_temp
 AS $$
-  SELECT CASE WHEN min(o.next_attempt_at) IS NOT NULL THEN greatest(min(o.next_attempt_at) - now(), interval '0') END
-  FROM pgfence.outbox o
-  WHERE o.status = 'pending' AND (p_channels IS NULL OR o.channel = ANY (p_channels));
+DECLARE
+  v_due timestamptz;
+BEGIN
+  IF p_channels IS NULL THEN
+    SELECT o.next_attempt_at INTO v_due FROM pgfence.outbox o
+    WHERE o.status = 'pending' ORDER BY o.next_attempt_at LIMIT 1;
+  ELSE
+    SELECT min(n.at) INTO v_due
+    FROM unnest(p_channels) AS c(ch)
+    CROSS JOIN LATERAL (
+      SELECT o.next_attempt_at AS at FROM pgfence.outbox o
+      WHERE o.channel = c.ch AND o.status = 'pending' ORDER BY o.next_attempt_at LIMIT 1) n;
+  END IF;
+  RETURN CASE WHEN v_due IS NOT NULL THEN greatest(v_due - now(), interval '0') END;
+END
 $$;
 REVOKE ALL ON FUNCTION pgfence.outbox_next_due(text[]) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION pgfence.outbox_next_due(text[]) TO pgfence_executor, pgfence_admin;
@@ -453,6 +483,7 @@ CREATE OR REPLACE FUNCTION pgfence.outbox_mark_sent(
 RETURNS boolean
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pgfence, pg_temp
+SET plan_cache_mode = force_generic_plan  -- plan once per session, not per call
 AS $$
 BEGIN
   IF p_attempt IS NULL THEN
@@ -461,7 +492,7 @@ BEGIN
   END IF;
   UPDATE pgfence.outbox o
   SET status = 'sent', receipt = p_receipt, finished_at = now(), last_error = NULL,
-      locked_by = NULL, lease_expires_at = NULL
+      locked_by = NULL, lease_expires_at = NULL, updated_at = now()
   WHERE o.id = p_id AND o.attempts = p_attempt AND o.status = 'processing';
   IF FOUND THEN
     RETURN true;
@@ -483,6 +514,8 @@ CREATE OR REPLACE FUNCTION pgfence.outbox_mark_sent_many(
 RETURNS SETOF bigint
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pgfence, pg_temp
+SET plan_cache_mode = force_generic_plan  -- plan once per session, not per call
+SET jit = off  -- row estimates of array joins are inflated; JIT compilation would cost ~0.2 s
 AS $$
 DECLARE
   v_missing bigint;
@@ -499,7 +532,7 @@ BEGIN
   RETURN QUERY
   UPDATE pgfence.outbox o
   SET status = 'sent', receipt = u.receipt, finished_at = now(), last_error = NULL,
-      locked_by = NULL, lease_expires_at = NULL
+      locked_by = NULL, lease_expires_at = NULL, updated_at = now()
   FROM unnest(p_ids, p_attempts, coalesce(p_receipts, array_fill(NULL::jsonb, ARRAY[cardinality(p_ids)])))
          AS u(id, attempt, receipt)
   WHERE o.id = u.id AND o.attempts = u.attempt AND o.status = 'processing'
@@ -530,6 +563,7 @@ CREATE OR REPLACE FUNCTION pgfence.outbox_mark_failed(
 RETURNS text
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pgfence, pg_temp
+SET plan_cache_mode = force_generic_plan  -- plan once per session, not per call
 AS $$
 DECLARE
   v_status text;
@@ -554,7 +588,7 @@ BEGIN
         ELSE o.next_attempt_at END,
       finished_at = CASE WHEN NOT p_retryable OR o.attempts >= o.max_attempts THEN now() END,
       last_error = left(p_error, 8000),
-      locked_by = NULL, lease_expires_at = NULL
+      locked_by = NULL, lease_expires_at = NULL, updated_at = now()
   WHERE o.id = p_id AND o.attempts = p_attempt AND o.status = 'processing'
   RETURNING o.status INTO v_status;
   IF v_status IS NULL THEN
@@ -575,9 +609,11 @@ CREATE OR REPLACE FUNCTION pgfence.outbox_reclaim_stale(p_max_rows integer DEFAU
 RETURNS integer
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pgfence, pg_temp
+SET plan_cache_mode = force_generic_plan  -- plan once per session, not per call
 SET pgfence.actor = ''
 AS $$
 DECLARE
+  v_ids   bigint[];
   v_count integer;
 BEGIN
   IF p_max_rows IS NULL OR p_max_rows < 1 THEN
@@ -585,29 +621,31 @@ BEGIN
       USING ERRCODE = '22023';
   END IF;
   PERFORM pgfence._set_actor('reaper');
-  -- SKIP LOCKED: a row being marked right now is left alone; FOR UPDATE re-reads a row
-  -- committed after our snapshot and drops it unless it is still processing and lapsed.
-  WITH stale AS (
+  -- SKIP LOCKED: a row being marked right now is left alone. FOR UPDATE re-reads a row that was
+  -- committed after our snapshot and drops it unless it is still processing and lapsed; the
+  -- UPDATE below checks both again under the lock.
+  SELECT array_agg(s.id) INTO v_ids
+  FROM (
     SELECT o.id FROM pgfence.outbox o
     WHERE o.status = 'processing' AND o.lease_expires_at < now()
     ORDER BY o.lease_expires_at
     LIMIT p_max_rows
     FOR UPDATE SKIP LOCKED
-  ), reclaimed AS (
-    UPDATE pgfence.outbox o
-    SET status = CASE WHEN o.attempts >= o.max_attempts THEN 'dead' ELSE 'pending' END,
-        next_attempt_at = CASE WHEN o.attempts >= o.max_attempts THEN o.next_attempt_at
-          ELSE now() + (SELECT pgfence.backoff(o.attempts, s.backoff_base, s.backoff_cap)
-                        FROM pgfence._outbox_settings(o.channel) s) END,
-        finished_at = CASE WHEN o.attempts >= o.max_attempts THEN now() END,
-        last_error = format('lease expired: worker %s did not finish attempt %s by %s',
-                            o.locked_by, o.attempts, o.lease_expires_at),
-        locked_by = NULL, lease_expires_at = NULL
-    FROM stale
-    WHERE o.id = stale.id AND o.status = 'processing' AND o.lease_expires_at < now()
-    RETURNING o.id
-  )
-  SELECT count(*) INTO v_count FROM reclaimed;
+  ) s;
+  IF v_ids IS NULL THEN
+    RETURN 0;
+  END IF;
+  UPDATE pgfence.outbox o
+  SET status = CASE WHEN o.attempts >= o.max_attempts THEN 'dead' ELSE 'pending' END,
+      next_attempt_at = CASE WHEN o.attempts >= o.max_attempts THEN o.next_attempt_at
+        ELSE now() + (SELECT pgfence.backoff(o.attempts, st.backoff_base, st.backoff_cap)
+                      FROM pgfence._outbox_settings(o.channel) st) END,
+      finished_at = CASE WHEN o.attempts >= o.max_attempts THEN now() END,
+      last_error = format('lease expired: worker %s did not finish attempt %s by %s',
+                          o.locked_by, o.attempts, o.lease_expires_at),
+      locked_by = NULL, lease_expires_at = NULL, updated_at = now()
+  WHERE o.id = ANY (v_ids) AND o.status = 'processing' AND o.lease_expires_at < now();
+  GET DIAGNOSTICS v_count = ROW_COUNT;
   RETURN v_count;
 END
 $$;
@@ -633,6 +671,8 @@ BEGIN
   SET status = 'pending',
       next_attempt_at = now(),
       finished_at = NULL,
+      updated_at = now(),
+      log_events = (pgfence._outbox_settings(o.channel)).log_events,
       max_attempts = CASE WHEN o.status = 'pending' THEN o.max_attempts
                           ELSE o.attempts + coalesce(p_extra_attempts, (pgfence._outbox_settings(o.channel)).max_attempts) END
   WHERE o.id = p_id AND o.status IN ('failed', 'dead', 'pending');
@@ -682,6 +722,13 @@ BEGIN
           backoff_cap = EXCLUDED.backoff_cap, lease = EXCLUDED.lease,
           log_events = EXCLUDED.log_events, updated_at = now()
     RETURNING c.* INTO v_row;
+    IF p_log_events IS NOT NULL THEN
+      -- messages still in flight follow the new setting; finished ones keep their history
+      UPDATE pgfence.outbox o SET log_events = p_log_events, updated_at = now()
+      WHERE (p_channel = '*' OR o.channel = p_channel)
+        AND o.status IN ('pending', 'processing') AND o.log_events <> p_log_events
+        AND (p_channel <> '*' OR NOT EXISTS (SELECT 1 FROM pgfence.outbox_channel c WHERE c.channel = o.channel));
+    END IF;
   EXCEPTION WHEN check_violation THEN
     RAISE EXCEPTION 'outbox_configure_channel: invalid settings for "%"', p_channel
       USING ERRCODE = '22023',

@@ -21,28 +21,29 @@ VALUES ('*', 10, interval '1 second', interval '1 hour', interval '5 minutes', f
 
 CREATE TABLE pgfence.outbox (
   id               bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-  channel          text NOT NULL CHECK (channel ~ '^[a-z0-9][a-z0-9_.-]{0,62}$'),
-  recipient        text NOT NULL CHECK (recipient <> '' AND length(recipient) <= 2048),
-  payload          jsonb NOT NULL CHECK (jsonb_typeof(payload) = 'object'),
-  idempotency_key  text UNIQUE CHECK (idempotency_key <> '' AND length(idempotency_key) <= 255),
+  -- channel, recipient, payload and key are validated by the enqueue functions (22023) and
+  -- frozen by trigger outbox_frozen. The invariants between columns (lease iff processing,
+  -- finished iff terminal, attempts <= max_attempts, the fence never decreasing) are checked by
+  -- trigger outbox_guard together with the transition table: PostgreSQL re-evaluates every
+  -- CHECK constraint on every UPDATE, and a claim or a mark is one UPDATE on the hot path.
+  channel          text NOT NULL,
+  recipient        text NOT NULL,
+  payload          jsonb NOT NULL,
+  idempotency_key  text UNIQUE,
   status           text NOT NULL DEFAULT 'pending'
                    CHECK (status IN ('pending', 'processing', 'sent', 'failed', 'dead')),
-  attempts         integer NOT NULL DEFAULT 0 CHECK (attempts >= 0),
-  max_attempts     integer NOT NULL CHECK (max_attempts >= 1),
+  attempts         integer NOT NULL DEFAULT 0,
+  max_attempts     integer NOT NULL,
   next_attempt_at  timestamptz NOT NULL DEFAULT now(),
   locked_by        text,
   claimed_at       timestamptz,
   lease_expires_at timestamptz,
   last_error       text,
   receipt          jsonb,
+  log_events       boolean NOT NULL DEFAULT false,
   created_at       timestamptz NOT NULL DEFAULT now(),
   updated_at       timestamptz NOT NULL DEFAULT now(),
-  finished_at      timestamptz,
-  CONSTRAINT outbox_attempts_le_max CHECK (attempts <= max_attempts),
-  CONSTRAINT outbox_lease_iff_processing
-    CHECK ((status = 'processing') = (locked_by IS NOT NULL AND lease_expires_at IS NOT NULL)),
-  CONSTRAINT outbox_finished_iff_terminal
-    CHECK ((status IN ('sent', 'failed', 'dead')) = (finished_at IS NOT NULL))
+  finished_at      timestamptz
 );
 COMMENT ON TABLE pgfence.outbox IS
   'Transactional outbox: one row per message. Status machine pending -> processing -> sent | failed | dead; a retry is pending again with attempts > 0. attempts is the fence token. Not an API: use the pgfence.outbox_* functions.';
@@ -52,10 +53,14 @@ COMMENT ON COLUMN pgfence.outbox.next_attempt_at IS
   'When the message is due (database clock). Set by enqueue (deliver_at), by backoff after a retryable failure or a lapsed lease, and by requeue.';
 COMMENT ON COLUMN pgfence.outbox.lease_expires_at IS
   'While processing: the claim is owned by locked_by until this time (database clock); after it, outbox_reclaim_stale may take it back.';
+COMMENT ON COLUMN pgfence.outbox.log_events IS
+  'Copied from the channel''s setting at enqueue (and refreshed by outbox_configure_channel and outbox_requeue): this message''s transitions go to pgfence.event.';
 COMMENT ON COLUMN pgfence.outbox.receipt IS
   'What the transport reported on success (for a webhook: HTTP status and response id), written by outbox_mark_sent.';
 
 CREATE INDEX outbox_due_idx ON pgfence.outbox (next_attempt_at, id) WHERE status = 'pending';
+-- Claims restricted to some channels walk this one per channel, in due order.
+CREATE INDEX outbox_channel_due_idx ON pgfence.outbox (channel, next_attempt_at, id) WHERE status = 'pending';
 CREATE INDEX outbox_lease_idx ON pgfence.outbox (lease_expires_at) WHERE status = 'processing';
 
 UPDATE pgfence.meta SET schema_version = 2;

@@ -4,7 +4,7 @@ The database is chosen in this order:
 
 1. an explicit ``dsn`` argument (the CLI's ``--dsn``);
 2. ``$DATABASE_URL``;
-3. the dev cluster started by ``pgfence db start`` (recorded in its state file);
+3. the dev cluster started by ``pgfence db start`` in this directory (``.pgfence/devdb.json``);
 
 otherwise :func:`resolve_dsn` raises :class:`NoDatabase` with what to do.
 """
@@ -17,8 +17,8 @@ from typing import Any
 
 import psycopg
 from psycopg import sql
-from psycopg.rows import tuple_row
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from psycopg.rows import tuple_row
 
 from . import SCHEMA_VERSION
 from .embedded import load_dev_cluster
@@ -53,7 +53,7 @@ def with_dbname(dsn: str, dbname: str) -> str:
     """Return ``dsn`` pointing at database ``dbname`` instead (same host, port, user)."""
     params = conninfo_to_dict(dsn)
     params["dbname"] = dbname
-    return make_conninfo(**params)
+    return make_conninfo("", **params)
 
 
 def connect(dsn: str | None = None, *, autocommit: bool = True, check_schema: bool = True,

@@ -158,8 +158,9 @@ class EmbeddedPostgres:
     """Create, start and stop one throwaway cluster.
 
     Args:
-        durable: keep ``fsync`` on (benchmarks); tests and the demo turn it off, which is safe
-            against process crashes and a killed server, only not against a machine crash.
+        durable: keep ``fsync`` on (benchmarks). Tests and the demo turn it off: a commit still
+            reaches the operating system before it is acknowledged (``synchronous_commit`` stays
+            on), so a killed or crash-restarted server loses nothing; only a machine crash could.
         settings: extra ``postgresql.conf`` settings, name → value.
 
     Use as a context manager, or call :meth:`start` and :meth:`stop`.
@@ -233,7 +234,6 @@ class EmbeddedPostgres:
                 "max_connections": "200",
                 "shared_buffers": "'128MB'",
                 "fsync": "on" if self.durable else "off",
-                "synchronous_commit": "on" if self.durable else "off",
                 "full_page_writes": "on" if self.durable else "off",
                 "log_min_messages": "warning",
                 "logging_collector": "off",
@@ -342,9 +342,10 @@ def restart_cluster(info: ClusterInfo, mode: str = "fast") -> int:
 
 # -- a dev cluster that outlives one command ------------------------------------------------
 def state_file() -> Path:
-    """Where ``pgfence db start`` records its cluster: ``$XDG_STATE_HOME/pgfence/devdb.json``."""
-    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
-    return Path(base) / "pgfence" / "devdb.json"
+    """Where ``pgfence db start`` records its cluster: ``.pgfence/devdb.json`` in the current
+    directory (one dev cluster per project checkout), or under ``$PGFENCE_STATE_DIR``."""
+    base = os.environ.get("PGFENCE_STATE_DIR") or str(Path.cwd() / ".pgfence")
+    return Path(base) / "devdb.json"
 
 
 def save_dev_cluster(info: ClusterInfo) -> None:

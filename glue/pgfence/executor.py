@@ -36,7 +36,7 @@ import socket
 import time
 import uuid
 from abc import ABC, abstractmethod
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -52,7 +52,7 @@ from .transports import PermanentError, RetryableError, Transport
 
 logger = logging.getLogger(__name__)
 
-Job = Callable[[], Awaitable[None]]
+Job = Callable[[], Coroutine[Any, Any, None]]
 
 
 def default_worker_id() -> str:
@@ -129,6 +129,17 @@ class Executor:
         self._wake.set()
 
     @property
+    def stopping(self) -> bool:
+        """True once :meth:`stop` was called (SIGTERM/SIGINT): modules stop starting new work."""
+        return self._stopping.is_set()
+
+    async def sleep_unless_stopping(self, seconds: float) -> bool:
+        """Sleep up to ``seconds``; return early (True) as soon as the executor is stopping."""
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self._stopping.wait(), seconds)
+        return self._stopping.is_set()
+
+    @property
     def worker_id(self) -> str:
         """The name this executor claims under (visible in ``pgfence.outbox_leases``)."""
         return self.config.worker_id
@@ -147,7 +158,7 @@ class Executor:
         check_version(version)
         self.pool = AsyncConnectionPool(
             self.dsn, min_size=1, max_size=self.config.pool_size, open=False,
-            kwargs={"autocommit": True}, check=AsyncConnectionPool.check_connection,
+            kwargs={"autocommit": True, "application_name": f"pgfence-executor:{self.worker_id}"[:63]},
             name="pgfence-executor",
         )
         await self.pool.open(wait=True, timeout=30)
@@ -197,7 +208,8 @@ class Executor:
         while not self._stopping.is_set():
             try:
                 async with await psycopg.AsyncConnection.connect(
-                        self.dsn, autocommit=True) as conn:
+                        self.dsn, autocommit=True,
+                        application_name=f"pgfence-listener:{self.worker_id}"[:63]) as conn:
                     for ch in channels:
                         await conn.execute(f"LISTEN {ch}")
                     self.listener_connects += 1
@@ -210,7 +222,7 @@ class Executor:
                         self._wake.set()
             except asyncio.CancelledError:
                 raise
-            except Exception as exc:  # noqa: BLE001 - any loss of the listener means reconnect
+            except Exception as exc:
                 failures += 1
                 delay = min(self.config.reconnect_max, 0.1 * 2 ** min(failures - 1, 10))
                 delay *= 0.5 + random.random() / 2
@@ -243,7 +255,7 @@ class Executor:
                         if due is not None:
                             timeout = min(timeout, max(due, 0.001))
                 failures = 0
-            except Exception as exc:  # noqa: BLE001 - the database may be restarting
+            except Exception as exc:
                 failures += 1
                 timeout = min(cfg.reconnect_max, 0.1 * 2 ** min(failures - 1, 10))
                 logger.warning("claim failed (%s: %s); retrying in %.2fs", type(exc).__name__,
@@ -270,7 +282,7 @@ class Executor:
     async def _drain(self) -> None:
         if not self._inflight:
             return
-        done, pending = await asyncio.wait(set(self._inflight), timeout=self.config.grace)
+        _, pending = await asyncio.wait(set(self._inflight), timeout=self.config.grace)
         if pending:
             logger.warning("grace period over: abandoning %d in-flight job(s) to their leases",
                            len(pending))
@@ -287,7 +299,7 @@ class Executor:
             for module in self.modules:
                 try:
                     n = await module.reap()
-                except Exception as exc:  # noqa: BLE001 - next round will try again
+                except Exception as exc:
                     logger.warning("%s reaper failed: %s", module.name, exc)
                     continue
                 if n:
@@ -426,13 +438,13 @@ class OutboxModule(Module):
             error, retry_after = str(exc), exc.retry_after
         except PermanentError as exc:
             error, retryable = str(exc), False
-        except asyncio.TimeoutError:
+        except TimeoutError:
             error = f"delivery timed out after {budget:.1f}s (lease {message.lease})"
         except asyncio.CancelledError:
             logger.warning("outbox#%d attempt %d abandoned at shutdown; its lease will lapse",
                            message.id, message.attempt)
             raise
-        except Exception as exc:  # noqa: BLE001 - unknown errors are retryable
+        except Exception as exc:
             error = f"{type(exc).__name__}: {exc}"
         elapsed_ms = (time.monotonic() - started) * 1000
         try:
@@ -464,7 +476,7 @@ class OutboxModule(Module):
                         message.max_attempts, error)
         except asyncio.CancelledError:
             raise
-        except Exception as exc:  # noqa: BLE001 - never take the executor down
+        except Exception as exc:
             logger.error("could not record the outcome of outbox#%d attempt %d (%s); the reaper "
                          "will take it back when the lease lapses", message.id, message.attempt,
                          exc)
@@ -477,7 +489,7 @@ class OutboxModule(Module):
                 items.append(self._sent.get_nowait())
             try:
                 marked = await self._mark_sent(items)
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:
                 for item in items:
                     if not item.done.done():
                         item.done.set_exception(exc)

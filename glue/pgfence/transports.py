@@ -14,8 +14,9 @@ delivery. Each transport says how the receiver can recognise the repeat:
   idempotency key, or ``pgfence-outbox-<id>`` when it has none (stable across attempts);
   2xx = sent; 408, 425, 429, 5xx, timeouts and connection errors = retryable (``Retry-After``
   honoured); other statuses = permanent.
-- ``smtp``: an e-mail whose ``Message-ID`` is derived from the message id only
-  (``<pgfence-outbox-<id>@<domain>>``), so a repeat is the same message to the receiving MTA;
+- ``smtp``: an e-mail whose ``Message-ID`` is derived from the idempotency key only
+  (``<key@domain>``, e.g. ``<pgfence-outbox-42@domain>``), so a repeat is the same message to
+  the receiving MTA;
   4xx SMTP replies and connection errors = retryable, 5xx = permanent.
 - ``log``: writes the message to the log; ``noop``: does nothing (benchmarks).
 - ``python:module:function``: any callable ``f(message) -> receipt | None``, sync (run in a
@@ -29,10 +30,12 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import email.utils
+import hashlib
 import importlib
 import inspect
 import json
 import logging
+import re
 import socket
 from collections.abc import Awaitable, Callable
 from email.message import EmailMessage
@@ -109,6 +112,7 @@ class NoopTransport:
 
 # -----------------------------------------------------------------------------------------------
 _RETRYABLE_HTTP = {408, 425, 429}
+_SAFE_LOCAL = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 
 
 def _retry_after(value: str | None) -> dt.timedelta | None:
@@ -122,8 +126,8 @@ def _retry_after(value: str | None) -> dt.timedelta | None:
     except (TypeError, ValueError):
         return None
     if when.tzinfo is None:
-        when = when.replace(tzinfo=dt.timezone.utc)
-    return max(when - dt.datetime.now(dt.timezone.utc), dt.timedelta(0))
+        when = when.replace(tzinfo=dt.UTC)
+    return max(when - dt.datetime.now(dt.UTC), dt.timedelta(0))
 
 
 class WebhookTransport:
@@ -171,7 +175,7 @@ class WebhookTransport:
                 body = await resp.text()
                 status = resp.status
                 retry_after = _retry_after(resp.headers.get("Retry-After"))
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
             raise RetryableError(f"webhook {target}: {type(exc).__name__}: {exc}") from exc
         if 200 <= status < 300:
             return {"http_status": status, "response": body[:500]}
@@ -210,8 +214,11 @@ class SmtpTransport:
         self.username, self.password = username, password
 
     def message_id(self, message: Claimed) -> str:
-        """Stable across attempts: the same outbox message always has the same Message-ID."""
-        return f"<pgfence-outbox-{message.id}@{self.domain}>"
+        """Stable across attempts: derived from the idempotency key (see :func:`idempotency_key`),
+        so every attempt of one message — or of one plan step — carries the same Message-ID."""
+        key = idempotency_key(message)
+        local = key if _SAFE_LOCAL.fullmatch(key) else "k-" + hashlib.sha256(key.encode()).hexdigest()[:40]
+        return f"<{local}@{self.domain}>"
 
     async def deliver(self, message: Claimed) -> Receipt:
         subject = message.payload.get("subject")
@@ -237,7 +244,7 @@ class SmtpTransport:
             if 400 <= exc.code < 500:
                 raise RetryableError(detail) from exc
             raise PermanentError(detail) from exc
-        except (aiosmtplib.SMTPException, OSError, asyncio.TimeoutError) as exc:
+        except (TimeoutError, aiosmtplib.SMTPException, OSError) as exc:
             raise RetryableError(f"smtp {self.host}:{self.port}: {type(exc).__name__}: {exc}") from exc
         if errors:
             raise PermanentError(f"smtp refused recipients: {errors}")

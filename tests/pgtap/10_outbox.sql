@@ -2,7 +2,7 @@
 -- documented SQLSTATE. Concurrency cells use real second sessions (dblink, see helpers/).
 BEGIN;
 \ir helpers/setup.sql
-SELECT plan(133);
+SELECT plan(139);
 
 -- =============================================================================================
 -- Catalog: signatures, definer, volatility, privileges
@@ -217,7 +217,13 @@ SELECT throws_ok($$UPDATE pgfence.outbox SET status = 'processing', locked_by = 
 SELECT throws_ok($$UPDATE pgfence.outbox SET payload = '{"evil": 1}' WHERE id = (SELECT id FROM ids WHERE name = 'o2a')$$, 'PF002', NULL, 'changing a payload: PF002');
 SELECT throws_ok($$UPDATE pgfence.outbox SET attempts = 0 WHERE id = (SELECT id FROM ids WHERE name = 'o2a')$$, 'PF002', NULL, 'lowering attempts (the fence): PF002');
 SELECT throws_ok($$UPDATE pgfence.outbox SET status = 'bogus' WHERE id = (SELECT id FROM ids WHERE name = 'o2a')$$, 'PF001', NULL, 'an unknown status: refused');
-SELECT throws_ok($$INSERT INTO pgfence.outbox (channel, recipient, payload, max_attempts, status) VALUES ('tap-a', 'r', '{}', 1, 'bogus')$$, '23514', NULL, 'status CHECK constraint refuses unknown values');
+SELECT col_has_check('pgfence', 'outbox', 'status', 'the status set is a CHECK constraint');
+SELECT throws_ok($$INSERT INTO pgfence.outbox (channel, recipient, payload, max_attempts, status, finished_at) VALUES ('tap-a', 'r', '{}', 1, 'sent', now())$$, 'PF001', NULL, 'a hand INSERT of a sent message: PF001');
+SELECT throws_ok($$INSERT INTO pgfence.outbox (channel, recipient, payload, max_attempts, attempts) VALUES ('tap-a', 'r', '{}', 5, 3)$$, 'PF001', NULL, 'a hand INSERT with attempts already used: PF001');
+SELECT throws_ok($$UPDATE pgfence.outbox SET status = 'sent', finished_at = NULL, locked_by = NULL, lease_expires_at = NULL WHERE id = (SELECT id FROM ids WHERE name = 'live')$$, 'PF001', NULL, 'processing -> sent without finished_at (invariant): PF001');
+SELECT throws_ok($$UPDATE pgfence.outbox SET lease_expires_at = NULL WHERE id = (SELECT id FROM ids WHERE name = 'live')$$, 'PF001', NULL, 'processing without a lease (invariant): PF001');
+SELECT throws_ok($$UPDATE pgfence.outbox SET max_attempts = 0 WHERE id = (SELECT id FROM ids WHERE name = 'o2a')$$, 'PF001', NULL, 'attempts above max_attempts (invariant): PF001');
+SELECT throws_ok($$UPDATE pgfence.outbox SET recipient = recipient WHERE id = (SELECT id FROM ids WHERE name = 'o2a')$$, 'PF002', NULL, 'even writing the same recipient back: PF002');
 
 -- =============================================================================================
 -- mark_sent_many: every row fenced

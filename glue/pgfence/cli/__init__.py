@@ -11,6 +11,7 @@ import logging
 import sys
 
 import click
+import psycopg
 
 from .. import __version__
 from ..db import NoDatabase
@@ -27,6 +28,10 @@ class _Group(click.Group):
             return super().invoke(ctx)
         except (NoDatabase, PostgresNotFound) as exc:
             click.echo(f"pgfence: {exc}", err=True)
+            sys.exit(1)
+        except psycopg.OperationalError as exc:
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            click.echo(f"pgfence: cannot reach the database: {first}", err=True)
             sys.exit(1)
         except PgfenceError as exc:
             msg = f"pgfence: {exc}"
@@ -67,13 +72,16 @@ def main(ctx: click.Context, dsn: str | None, verbose: int) -> None:
 
 def _register() -> None:
     from .db import db
+    from .demo import demo
     from .document import doc
     from .executor import executor_cmd
     from .migrate import migrate_cmd
+    from .operation import op
     from .outbox import outbox
+    from .plan import plan
     from .status import status
 
-    for cmd in (db, migrate_cmd, executor_cmd, outbox, status, doc):
+    for cmd in (db, demo, migrate_cmd, executor_cmd, outbox, plan, op, doc, status):
         main.add_command(cmd)
 
 

@@ -60,7 +60,7 @@ def fmt_value(value: Any) -> str:
     if isinstance(value, dt.timedelta):
         return f"{value.total_seconds():.1f}s"
     if isinstance(value, dt.datetime):
-        return value.astimezone(dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] + "Z"
+        return value.astimezone(dt.UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] + "Z"
     if isinstance(value, dict | list):
         text = json.dumps(value, separators=(",", ":"))
         return text if len(text) <= 60 else text[:57] + "..."

@@ -11,7 +11,8 @@ from typing import Any
 import click
 
 from ..db import resolve_dsn
-from ..executor import Executor, ExecutorConfig, OutboxModule
+from ..executor import Executor, ExecutorConfig, Module, OutboxModule
+from ..plan.module import PlanModule
 from ..transports import Transport, parse_route
 from ._common import CliState, pass_state
 
@@ -21,6 +22,22 @@ def _load_config(path: Path | None) -> dict[str, Any]:
         return {}
     with open(path, "rb") as fh:
         return tomllib.load(fh)
+
+
+def _operation_module(specs: dict[str, str], lease_s: float) -> Module:
+    from ..operation.handlers import OperationHandler, parse_handler
+    from ..operation.module import OperationModule
+
+    handlers: dict[str, OperationHandler] = {}
+    for kind, spec in specs.items():
+        try:
+            handlers[kind] = parse_handler(spec)
+        except ValueError as exc:
+            raise click.BadParameter(f"{kind}: {exc}", param_hint="--op-kind") from exc
+    try:
+        return OperationModule(handlers, lease=dt.timedelta(seconds=float(lease_s)))
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--op-lease") from exc
 
 
 @click.command("executor")
@@ -41,6 +58,19 @@ def _load_config(path: Path | None) -> dict[str, Any]:
 @click.option("--grace", type=click.FloatRange(0), help="Seconds in-flight work may take after "
               "SIGTERM [30].")
 @click.option("--worker-id", help="Name to claim under [host:pid:random].")
+@click.option("--plans", type=click.Choice(["start", "external", "off"]), default=None,
+              help="Approved plans: start = take and run them (SQL steps with this executor's "
+                   "database role, external steps through the routes named after their "
+                   "actions); external = only perform external steps of runs released to "
+                   "executors; off [off: an executor runs plans only when asked to, since it "
+                   "runs their SQL steps with its own database role].")
+@click.option("--plan-heartbeat", type=click.FloatRange(1, 86400),
+              help="Heartbeat interval in seconds for plan runs this executor takes "
+                   "[the plan's, 120].")
+@click.option("--op-kind", "op_kinds", multiple=True, metavar="KIND=HANDLER",
+              help="Run operations of KIND with HANDLER (repeatable): "
+                   "simulator:<url>[?idempotent=1|0&poll=<s>] | python:module:factory.")
+@click.option("--op-lease", type=click.FloatRange(0.5), help="Operation lease in seconds [120].")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]),
               default="info", show_default=True,
               help="info logs one line per delivery; warning only retries, failures and lapses.")
@@ -48,13 +78,15 @@ def _load_config(path: Path | None) -> dict[str, Any]:
 def executor_cmd(state: CliState, routes: tuple[str, ...], config_path: Path | None,
                  concurrency: int | None, batch: int | None, poll_interval: float | None,
                  reap_interval: float | None, lease: float | None, grace: float | None,
-                 worker_id: str | None, log_level: str) -> None:
-    """Deliver outbox messages: LISTEN for NOTIFY, sweep on a timer, claim, deliver, record.
+                 worker_id: str | None, plans: str | None, plan_heartbeat: float | None,
+                 op_kinds: tuple[str, ...], op_lease: float | None, log_level: str) -> None:
+    """Deliver outbox messages, run approved plans and long operations: LISTEN, sweep, claim, act, record.
 
     \b
     Examples:
       pgfence executor --route orders=webhook --route mail='smtp://127.0.0.1:25?from=me@x.org'
       pgfence executor --config executor.toml
+      pgfence executor --op-kind branch.reset=simulator:http://127.0.0.1:8765
 
     \b
     executor.toml:
@@ -75,8 +107,17 @@ def executor_cmd(state: CliState, routes: tuple[str, ...], config_path: Path | N
         if not sep or not channel or not spec:
             raise click.BadParameter(f"expected CHANNEL=TRANSPORT, got {item!r}", param_hint="--route")
         route_specs[channel] = spec
-    if not route_specs:
-        raise click.UsageError("give at least one --route CHANNEL=TRANSPORT (or a [routes] table)")
+    plans_mode = plans or str(section.get("plans", "off"))
+    op_specs: dict[str, str] = dict(conf.get("operations", {}))
+    for item in op_kinds:
+        kind, sep, spec = item.partition("=")
+        if not sep or not kind or not spec:
+            raise click.BadParameter(f"expected KIND=HANDLER, got {item!r}",
+                                     param_hint="--op-kind")
+        op_specs[kind] = spec
+    if not route_specs and not op_specs and plans_mode == "off":
+        raise click.UsageError("give at least one --route CHANNEL=TRANSPORT or --op-kind "
+                               "KIND=HANDLER (or a [routes] / [operations] table), or --plans")
     transports: dict[str, Transport] = {}
     for channel, spec in route_specs.items():
         try:
@@ -97,8 +138,16 @@ def executor_cmd(state: CliState, routes: tuple[str, ...], config_path: Path | N
     if wid := pick(worker_id, "worker_id", None):
         config.worker_id = str(wid)
     lease_s = pick(lease, "lease", None)
-    module = OutboxModule(transports,
-                          lease=dt.timedelta(seconds=float(lease_s)) if lease_s else None)
-    executor = Executor(resolve_dsn(state.dsn), [module], config)
+    modules: list[Module] = []
+    if transports:
+        modules.append(OutboxModule(
+            transports, lease=dt.timedelta(seconds=float(lease_s)) if lease_s else None))
+    if plans_mode != "off":
+        hb = pick(plan_heartbeat, "plan_heartbeat", None)
+        modules.append(PlanModule(transports, external_only=plans_mode == "external",
+                                  heartbeat=dt.timedelta(seconds=float(hb)) if hb else None))
+    if op_specs:
+        modules.append(_operation_module(op_specs, pick(op_lease, "op_lease", 120.0)))
+    executor = Executor(resolve_dsn(state.dsn), modules, config)
     logging.getLogger("pgfence").setLevel(log_level.upper())
     executor.run_forever()

@@ -1,0 +1,396 @@
+"""Outbox benchmark: pgfence's executor against a textbook SKIP LOCKED loop, in the same run.
+
+Workloads (each on a freshly emptied table, 10,000 messages, a no-op handler):
+
+- **drain**: N worker processes empty the queue. Throughput = messages / (last finish − first
+  claim), both read from the database clock, so process start-up is not counted.
+  * pgfence: ``pgfence executor --route bench=noop`` with 1 or 4 processes, batch 1 or 50.
+  * fenced loop: a synchronous loop of ``outbox_claim(batch 1)`` → ``outbox_mark_sent`` (the
+    SQL contract without the executor's machinery): what the fence itself costs.
+  * textbook: ``BEGIN; SELECT … FOR UPDATE SKIP LOCKED LIMIT 1; <handler>; UPDATE … SET status =
+    'sent'; COMMIT`` on a table of the same shape without triggers (the transaction stays open
+    across the handler: the design pgfence avoids).
+- **wake latency**: one idle worker; the benchmark commits one message at a time and the handler
+  stamps its start time; latency = handler start − commit returned (same machine clock).
+- **bulk enqueue**: 10,000 messages in one transaction with ``outbox_enqueue_many`` (and, for
+  reference, 10,000 ``outbox_enqueue`` calls pipelined, and a bare INSERT … SELECT unnest).
+- **event log**: the 4 × batch-50 drain again with the channel's ``log_events`` on.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from psycopg.types.json import Jsonb
+
+HERE = Path(__file__).resolve().parent
+N = 10_000
+CHANNEL = "bench"
+
+TEXTBOOK_DDL = """
+DROP TABLE IF EXISTS bench_textbook;
+CREATE TABLE bench_textbook (
+  id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+  channel text NOT NULL, recipient text NOT NULL, payload jsonb NOT NULL,
+  status text NOT NULL DEFAULT 'pending', attempts int NOT NULL DEFAULT 0,
+  next_attempt_at timestamptz NOT NULL DEFAULT now(), claimed_at timestamptz,
+  finished_at timestamptz, receipt jsonb, created_at timestamptz NOT NULL DEFAULT now());
+CREATE INDEX ON bench_textbook (next_attempt_at, id) WHERE status = 'pending';
+"""
+
+
+def _reset(dsn: str) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("TRUNCATE pgfence.outbox, pgfence.event")
+        conn.execute(TEXTBOOK_DDL)
+        conn.execute("VACUUM ANALYZE pgfence.outbox")
+
+
+def _fill_outbox(dsn: str, n: int | None = None) -> None:
+    n = n or N
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("SELECT count(*) FROM pgfence.outbox_enqueue_many(%s, %s, %s)",
+                     (CHANNEL, ["r"] * n, [Jsonb({"i": i}) for i in range(n)]))
+
+
+def _fill_textbook(dsn: str, n: int | None = None) -> None:
+    n = n or N
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("INSERT INTO bench_textbook (channel, recipient, payload)"
+                     " SELECT %s, 'r', jsonb_build_object('i', i) FROM generate_series(1, %s) i",
+                     (CHANNEL, n))
+
+
+def _wait_outbox_drained(dsn: str, n: int, timeout: float = 600) -> dict[str, float]:
+    deadline = time.monotonic() + timeout
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        while True:
+            row = conn.execute(
+                "SELECT count(*) FILTER (WHERE status = 'sent'), count(*) FROM pgfence.outbox").fetchone()
+            assert row is not None
+            if row[0] >= n:
+                break
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"only {row[0]} of {n} sent after {timeout}s")
+            time.sleep(0.05)
+        span = conn.execute("SELECT extract(epoch FROM max(finished_at) - min(claimed_at)),"
+                            " max(attempts) FROM pgfence.outbox").fetchone()
+    assert span is not None
+    return {"seconds": float(span[0]), "max_attempts": int(span[1])}
+
+
+def _executors(dsn: str, count: int, batch: int,
+               extra: list[str] | None = None) -> list[subprocess.Popen[bytes]]:
+    concurrency = max(16, 2 * batch)
+    env = dict(os.environ, PYTHONPATH=str(HERE))
+    procs = [subprocess.Popen(
+        [sys.executable, "-m", "pgfence", "--dsn", dsn, "executor", "--route", f"{CHANNEL}=noop",
+         "--batch", str(batch), "--concurrency", str(concurrency), "--poll-interval", "1",
+         "--log-level", "warning", "--worker-id", f"bench-{i}", *(extra or [])],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE) for i in range(count)]
+    # wait until every executor is listening (idle), so start-up is not measured
+    deadline = time.monotonic() + 60
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        while True:
+            row = conn.execute("SELECT count(*) FROM pg_stat_activity WHERE application_name"
+                               " LIKE 'pgfence-listener:bench-%%'").fetchone()
+            if row and row[0] >= count:
+                break
+            if time.monotonic() > deadline:
+                raise TimeoutError("executors did not start")
+            time.sleep(0.05)
+    return procs
+
+
+def _stop(procs: list[subprocess.Popen[bytes]]) -> None:
+    for p in procs:
+        p.terminate()
+    for p in procs:
+        p.wait(timeout=60)
+
+
+def drain_executor(dsn: str, count: int, batch: int, log_events: bool = False) -> dict[str, Any]:
+    """Start ``count`` idle executors, then enqueue N messages and time the drain."""
+    _reset(dsn)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("SELECT pgfence.outbox_configure_channel(%s, p_log_events => %s)",
+                     (CHANNEL, log_events))
+    procs = _executors(dsn, count, batch)
+    try:
+        _fill_outbox(dsn)
+        span = _wait_outbox_drained(dsn, N)
+    finally:
+        _stop(procs)
+    return {"executors": count, "batch": batch, "log_events": log_events,
+            "per_second": N / span["seconds"], "seconds": span["seconds"]}
+
+
+def _fenced_worker(dsn: str, worker: str, out: Any) -> None:
+    done = 0
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        while True:
+            row = conn.execute("SELECT id, attempt, payload FROM pgfence.outbox_claim(%s, 1, %s)",
+                               (worker, [CHANNEL])).fetchone()
+            if row is None:
+                break
+            conn.execute("SELECT pgfence.outbox_mark_sent(%s, %s)", (row[0], row[1]))
+            done += 1
+    out.put(done)
+
+
+def _textbook_worker(dsn: str, worker: str, out: Any) -> None:
+    done = 0
+    with psycopg.connect(dsn) as conn:
+        while True:
+            with conn.transaction():
+                row = conn.execute(
+                    "SELECT id, payload FROM bench_textbook WHERE status = 'pending'"
+                    " AND next_attempt_at <= now() ORDER BY next_attempt_at, id LIMIT 1"
+                    " FOR UPDATE SKIP LOCKED").fetchone()
+                if row is None:
+                    break
+                # the handler would run here, inside the open transaction
+                conn.execute("UPDATE bench_textbook SET status = 'sent', attempts = attempts + 1,"
+                             " claimed_at = statement_timestamp(), finished_at = now()"
+                             " WHERE id = %s", (row[0],))
+            done += 1
+    out.put(done)
+
+
+def _run_workers(target: Any, dsn: str, count: int) -> float:
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    procs = [ctx.Process(target=target, args=(dsn, f"loop-{i}", q)) for i in range(count)]
+    t0 = time.perf_counter()
+    for p in procs:
+        p.start()
+    total = sum(q.get(timeout=600) for _ in procs)
+    for p in procs:
+        p.join(timeout=60)
+    elapsed = time.perf_counter() - t0
+    assert total == N, f"{total} != {N}"
+    return elapsed
+
+
+def drain_fenced_loop(dsn: str, count: int) -> dict[str, Any]:
+    """N messages through claim(1) → mark_sent loops in ``count`` processes."""
+    _reset(dsn)
+    _fill_outbox(dsn)
+    _run_workers(_fenced_worker, dsn, count)
+    with psycopg.connect(dsn) as conn:
+        row = conn.execute("SELECT extract(epoch FROM max(finished_at) - min(claimed_at))"
+                           " FROM pgfence.outbox").fetchone()
+    assert row is not None
+    return {"workers": count, "per_second": N / float(row[0]), "seconds": float(row[0])}
+
+
+def drain_textbook(dsn: str, count: int) -> dict[str, Any]:
+    """N messages through the textbook SKIP LOCKED transaction loop in ``count`` processes."""
+    _reset(dsn)
+    _fill_textbook(dsn)
+    _run_workers(_textbook_worker, dsn, count)
+    with psycopg.connect(dsn) as conn:
+        row = conn.execute("SELECT extract(epoch FROM max(finished_at) - min(claimed_at))"
+                           " FROM bench_textbook").fetchone()
+    assert row is not None
+    return {"workers": count, "per_second": N / float(row[0]), "seconds": float(row[0])}
+
+
+# -- wake latency ---------------------------------------------------------------------------
+def _pcts(samples_ms: list[float]) -> dict[str, float]:
+    qs = statistics.quantiles(samples_ms, n=100, method="inclusive")
+    return {"p50_ms": qs[49], "p95_ms": qs[94], "p99_ms": qs[98], "max_ms": max(samples_ms),
+            "samples": len(samples_ms)}
+
+
+def latency_executor(dsn: str, samples: int = 300) -> dict[str, Any]:
+    """Commit one message at a time to an idle executor whose handler stamps its start time."""
+    _reset(dsn)
+    env = dict(os.environ, PYTHONPATH=str(HERE))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pgfence", "--dsn", dsn, "executor", "--route",
+         f"{CHANNEL}=python:bench_handlers:stamp", "--poll-interval", "5", "--log-level",
+         "warning", "--worker-id", "bench-lat"], env=env)
+    lat: list[float] = []
+    try:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            deadline = time.monotonic() + 60
+            while not conn.execute("SELECT 1 FROM pg_stat_activity WHERE application_name ="
+                                   " 'pgfence-listener:bench-lat'").fetchone():
+                if time.monotonic() > deadline:
+                    raise TimeoutError("executor did not start")
+                time.sleep(0.05)
+            for i in range(samples + 20):
+                with conn.transaction():
+                    mid = conn.execute("SELECT pgfence.outbox_enqueue(%s, 'r', %s)",
+                                       (CHANNEL, Jsonb({"i": i}))).fetchone()
+                committed = time.time()
+                assert mid is not None
+                while True:
+                    row = conn.execute("SELECT receipt->>'t' FROM pgfence.outbox WHERE id = %s"
+                                       " AND status = 'sent'", (mid[0],)).fetchone()
+                    if row:
+                        break
+                    time.sleep(0.002)
+                if i >= 20:  # warm-up
+                    lat.append((float(row[0]) - committed) * 1000)
+                time.sleep(0.01)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    return _pcts(lat)
+
+
+def _textbook_latency_worker(dsn: str, stop_at: float) -> None:
+    with psycopg.connect(dsn, autocommit=True) as listen, psycopg.connect(dsn) as conn:
+        listen.execute("LISTEN bench_textbook")
+        while time.time() < stop_at:
+            while True:
+                with conn.transaction():
+                    row = conn.execute(
+                        "SELECT id FROM bench_textbook WHERE status = 'pending' AND next_attempt_at"
+                        " <= now() ORDER BY next_attempt_at, id LIMIT 1 FOR UPDATE SKIP LOCKED"
+                    ).fetchone()
+                    if row is None:
+                        break
+                    started = time.time()
+                    conn.execute("UPDATE bench_textbook SET status = 'sent', finished_at = now(),"
+                                 " receipt = jsonb_build_object('t', %s::float8) WHERE id = %s",
+                                 (started, row[0]))
+            for _ in listen.notifies(timeout=0.5, stop_after=1):
+                pass
+
+
+def latency_textbook(dsn: str, samples: int = 300) -> dict[str, Any]:
+    """The same measurement for a textbook loop woken by its own LISTEN."""
+    _reset(dsn)
+    ctx = mp.get_context("spawn")
+    worker = ctx.Process(target=_textbook_latency_worker, args=(dsn, time.time() + 120))
+    worker.start()
+    lat: list[float] = []
+    try:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            deadline = time.monotonic() + 60
+            while not conn.execute("SELECT 1 FROM pg_stat_activity WHERE query = 'LISTEN bench_textbook'"
+                                   ).fetchone():
+                if time.monotonic() > deadline:
+                    raise TimeoutError("textbook worker did not start")
+                time.sleep(0.05)
+            for i in range(samples + 20):
+                with conn.transaction():
+                    mid = conn.execute("INSERT INTO bench_textbook (channel, recipient, payload)"
+                                       " VALUES (%s, 'r', %s) RETURNING id",
+                                       (CHANNEL, Jsonb({"i": i}))).fetchone()
+                    conn.execute("NOTIFY bench_textbook")
+                committed = time.time()
+                assert mid is not None
+                while True:
+                    row = conn.execute("SELECT receipt->>'t' FROM bench_textbook WHERE id = %s"
+                                       " AND status = 'sent'", (mid[0],)).fetchone()
+                    if row:
+                        break
+                    time.sleep(0.002)
+                if i >= 20:
+                    lat.append((float(row[0]) - committed) * 1000)
+                time.sleep(0.01)
+    finally:
+        worker.terminate()
+        worker.join(timeout=30)
+    return _pcts(lat)
+
+
+# -- bulk enqueue -----------------------------------------------------------------------------
+def bulk_enqueue(dsn: str) -> dict[str, Any]:
+    """10,000 messages in one transaction, three ways."""
+    out: dict[str, Any] = {}
+    payloads = [Jsonb({"order": i, "note": "x" * 50}) for i in range(N)]
+    _reset(dsn)
+    with psycopg.connect(dsn) as conn:
+        t0 = time.perf_counter()
+        with conn.transaction():
+            conn.execute("SELECT count(*) FROM pgfence.outbox_enqueue_many(%s, %s, %s)",
+                         (CHANNEL, ["r"] * N, payloads))
+        out["enqueue_many_per_second"] = N / (time.perf_counter() - t0)
+    _reset(dsn)
+    with psycopg.connect(dsn) as conn:
+        t0 = time.perf_counter()
+        with conn.transaction(), conn.cursor() as cur:
+            cur.executemany("SELECT pgfence.outbox_enqueue(%s, 'r', %s)",
+                            [(CHANNEL, p) for p in payloads])
+        out["enqueue_pipelined_per_second"] = N / (time.perf_counter() - t0)
+    _reset(dsn)
+    with psycopg.connect(dsn) as conn:
+        t0 = time.perf_counter()
+        with conn.transaction():
+            conn.execute("INSERT INTO bench_textbook (channel, recipient, payload)"
+                         " SELECT %s, 'r', p FROM unnest(%s::jsonb[]) p", (CHANNEL, payloads))
+        out["bare_insert_per_second"] = N / (time.perf_counter() - t0)
+    return out
+
+
+def run(dsn: str) -> dict[str, Any]:
+    """Run every outbox workload; print a table; return the numbers and ratios."""
+    res: dict[str, Any] = {"messages": N}
+    print(f"outbox: {N} messages per drain, no-op handler", flush=True)
+    res["textbook"] = {str(c): drain_textbook(dsn, c) for c in (1, 4)}
+    res["fenced_loop"] = {str(c): drain_fenced_loop(dsn, c) for c in (1, 4)}
+    res["executor"] = {f"{c}x{b}": drain_executor(dsn, c, b) for c in (1, 4) for b in (1, 50)}
+    res["executor_event_log"] = drain_executor(dsn, 4, 50, log_events=True)
+    res["latency_executor"] = latency_executor(dsn)
+    res["latency_textbook"] = latency_textbook(dsn)
+    res["bulk"] = bulk_enqueue(dsn)
+    tb1 = res["textbook"]["1"]["per_second"]
+    tb4 = res["textbook"]["4"]["per_second"]
+    res["ratios"] = {
+        "fenced_loop_1_vs_textbook_1": res["fenced_loop"]["1"]["per_second"] / tb1,
+        "fenced_loop_4_vs_textbook_4": res["fenced_loop"]["4"]["per_second"] / tb4,
+        "executor_1x1_vs_textbook_1": res["executor"]["1x1"]["per_second"] / tb1,
+        "executor_4x50_vs_textbook_4": res["executor"]["4x50"]["per_second"] / tb4,
+        "event_log_on_vs_off_4x50": res["executor_event_log"]["per_second"]
+                                    / res["executor"]["4x50"]["per_second"],
+        "enqueue_many_vs_bare_insert": res["bulk"]["enqueue_many_per_second"]
+                                       / res["bulk"]["bare_insert_per_second"],
+    }
+    res["targets"] = {
+        "fence costs nothing: fenced loop 1 >= 0.95x textbook 1":
+            res["ratios"]["fenced_loop_1_vs_textbook_1"] >= 0.95,
+        "4 executors x batch 50 >= 3x textbook 4": res["ratios"]["executor_4x50_vs_textbook_4"] >= 3,
+        "bulk enqueue >= 50,000/s": res["bulk"]["enqueue_many_per_second"] >= 50_000,
+        "wake latency p99 <= 2 ms": res["latency_executor"]["p99_ms"] <= 2.0,
+    }
+    rows = [
+        ("textbook SKIP LOCKED, 1 worker", tb1, 1.0),
+        ("textbook SKIP LOCKED, 4 workers", tb4, 1.0),
+        ("fenced claim(1)->mark loop, 1 worker", res["fenced_loop"]["1"]["per_second"],
+         res["ratios"]["fenced_loop_1_vs_textbook_1"]),
+        ("fenced claim(1)->mark loop, 4 workers", res["fenced_loop"]["4"]["per_second"],
+         res["ratios"]["fenced_loop_4_vs_textbook_4"]),
+    ]
+    for d in res["executor"].values():
+        base = tb1 if d["executors"] == 1 else tb4
+        rows.append((f"pgfence executor {d['executors']} proc x batch {d['batch']}",
+                     d["per_second"], d["per_second"] / base))
+    d = res["executor_event_log"]
+    rows.append(("  same 4 x 50 with event log on", d["per_second"], d["per_second"] / tb4))
+    print(f"{'drain (messages/s)':44} {'rate':>10} {'x textbook':>11}")
+    for name, rate, ratio in rows:
+        print(f"{name:44} {rate:10,.0f} {ratio:10.2f}x")
+    le, lt = res["latency_executor"], res["latency_textbook"]
+    print(f"wake latency commit->handler  executor p50 {le['p50_ms']:.2f} p95 {le['p95_ms']:.2f}"
+          f" p99 {le['p99_ms']:.2f} ms | textbook+LISTEN p50 {lt['p50_ms']:.2f}"
+          f" p95 {lt['p95_ms']:.2f} p99 {lt['p99_ms']:.2f} ms")
+    b = res["bulk"]
+    print(f"bulk enqueue 10,000 in one tx: enqueue_many {b['enqueue_many_per_second']:,.0f}/s,"
+          f" pipelined enqueue {b['enqueue_pipelined_per_second']:,.0f}/s,"
+          f" bare INSERT {b['bare_insert_per_second']:,.0f}/s")
+    for target, ok in res["targets"].items():
+        print(f"  target {'MET ' if ok else 'MISSED'}  {target}")
+    return res

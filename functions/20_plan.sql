@@ -1,0 +1,1381 @@
+-- pgfence functions/20_plan.sql — Module 2: approved plans.
+--
+-- A plan is a frozen JSON array of steps that someone (a script, an AI agent) proposes, a person
+-- approves, and a worker executes in order, writing a receipt per step in the same transaction
+-- as the step's effect. After any crash the receipts say exactly which steps committed.
+--
+--   pending --plan_approve--> approved --plan_start / plan_claim--> executing --> executed
+--      |                                                              |
+--      +--plan_reject--> rejected                                     +--> failed (step_error:
+--      +--plan_approve after expires_at / reaper--> expired           |     an error receipt;
+--                                                                     |     interrupted: the
+--                                                                     |     heartbeat lapsed)
+-- Enforced by tg_plan_guard (PF001/PF002), not only by these functions.
+--
+-- Steps name actions from the allow-list (plan_action): kind sql = a function f(jsonb) RETURNS
+-- jsonb that plan_run_step runs inside a subtransaction, with the privileges of the role that
+-- executes the plan (plan_run_step is NOT security definer; only its bookkeeping helpers
+-- _plan_step_begin / _plan_step_finish are); kind external = an effect the executor performs
+-- (through the outbox transports, idempotency key pgfence-plan-<id>-step-<n>) and reports with
+-- plan_record_step. No retries: a failed step is a receipt, a new attempt is a new proposal,
+-- and an undo is a compensating plan (plan_compensate) with its own approval and receipts.
+--
+-- Ownership of a run: plan_start / plan_claim make a worker the owner; every owner write
+-- (run a step, record a step, heartbeat, release) locks the plan row and is refused unless the
+-- plan is still executing by that worker with a live heartbeat. A lapsed heartbeat turns the
+-- plan failed (interrupted) at the next lock-and-check, read (plan_get, plan_steps, plan_list)
+-- or reaper run (plan_reap_stale), whichever comes first, so the answer depends only on the
+-- database clock. An owner may release the run between steps (worker = NULL, e.g. to hand an
+-- external step to an executor); another worker must take it over before the heartbeat lapses.
+--
+-- Actions run with search_path = pg_catalog, pgfence, pg_temp: write them with qualified names
+-- or give them their own SET search_path.
+-- Errors: functions/ERRORS.md (PF1xx are this module's).
+
+-- ---------------------------------------------------------------------------------------------
+-- Status machine guard
+-- ---------------------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION pgfence.tg_plan_guard()
+RETURNS trigger
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pgfence, pg_temp
+AS $$
+BEGIN
+  IF NEW.id IS DISTINCT FROM OLD.id
+     OR NEW.step_count IS DISTINCT FROM OLD.step_count
+     OR NEW.proposed_by IS DISTINCT FROM OLD.proposed_by
+     OR NEW.proposed_at IS DISTINCT FROM OLD.proposed_at
+     OR NEW.expires_at IS DISTINCT FROM OLD.expires_at
+     OR NEW.idempotency_key IS DISTINCT FROM OLD.idempotency_key
+     OR NEW.compensates IS DISTINCT FROM OLD.compensates THEN
+    RAISE EXCEPTION 'plan % is immutable: its step count, proposer, expiry, idempotency key and the plan it compensates never change', OLD.id
+      USING ERRCODE = 'PF002', HINT = 'Propose a new plan instead.';
+  END IF;
+  IF (OLD.approved_by IS NOT NULL AND (NEW.approved_by, NEW.approved_at) IS DISTINCT FROM (OLD.approved_by, OLD.approved_at))
+     OR (OLD.started_at IS NOT NULL AND NEW.started_at IS DISTINCT FROM OLD.started_at) THEN
+    RAISE EXCEPTION 'plan %: who approved it and when it started never change', OLD.id
+      USING ERRCODE = 'PF002', HINT = 'Propose a new plan instead.';
+  END IF;
+  IF NEW.next_step < OLD.next_step THEN
+    RAISE EXCEPTION 'plan %: next_step never goes back (% -> %): committed steps stay committed', OLD.id, OLD.next_step, NEW.next_step
+      USING ERRCODE = 'PF002', HINT = 'To undo steps, propose a compensating plan (pgfence.plan_compensate).';
+  END IF;
+  IF NOT (
+       (OLD.status = 'pending'   AND NEW.status IN ('approved', 'rejected', 'expired')
+                                 AND NEW.next_step = OLD.next_step AND NEW.worker IS NULL)
+    OR (OLD.status = 'approved'  AND NEW.status = 'executing' AND NEW.next_step = OLD.next_step
+                                 AND NEW.worker IS NOT NULL)
+    OR (OLD.status = 'executing' AND NEW.status IN ('executing', 'executed', 'failed')
+                                 AND NEW.next_step IN (OLD.next_step, OLD.next_step + 1)
+                                 -- an owner hands over only through a release (worker NULL)
+                                 AND (NEW.worker IS NOT DISTINCT FROM OLD.worker
+                                      OR NEW.worker IS NULL OR OLD.worker IS NULL))
+  ) THEN
+    RAISE EXCEPTION 'illegal plan transition for plan %: % -> % (step % -> %, worker % -> %)',
+      OLD.id, OLD.status, NEW.status, OLD.next_step, NEW.next_step, OLD.worker, NEW.worker
+      USING ERRCODE = 'PF001',
+            DETAIL = 'Allowed: pending->approved|rejected|expired, approved->executing, executing->executing|executed|failed (one step at a time; the owner changes only through a release). A rejected, expired, executed or failed plan never changes again.',
+            HINT = 'Use the pgfence.plan_* functions; they make only legal moves.';
+  END IF;
+  -- Progress and failure must match the receipts: a step advances only over its ok receipt,
+  -- and step_error names the step whose error receipt stopped the plan.
+  IF NEW.next_step > OLD.next_step AND NOT EXISTS (
+       SELECT 1 FROM pgfence.plan_step s
+       WHERE s.plan_id = OLD.id AND s.step_index = OLD.next_step AND s.outcome = 'ok') THEN
+    RAISE EXCEPTION 'plan %: step % has no ok receipt, the plan cannot move past it', OLD.id, OLD.next_step
+      USING ERRCODE = 'PF001', HINT = 'Steps advance only through plan_run_step / plan_record_step.';
+  END IF;
+  IF NEW.status = 'failed' AND OLD.status <> 'failed' AND NEW.failure = 'step_error' AND NOT EXISTS (
+       SELECT 1 FROM pgfence.plan_step s
+       WHERE s.plan_id = OLD.id AND s.step_index = NEW.next_step AND s.outcome = 'error') THEN
+    RAISE EXCEPTION 'plan %: failure step_error needs the error receipt of step %', OLD.id, NEW.next_step
+      USING ERRCODE = 'PF001', HINT = 'Steps fail only through plan_run_step / plan_record_step.';
+  END IF;
+  NEW.updated_at := now();
+  RETURN NEW;
+END
+$$;
+REVOKE ALL ON FUNCTION pgfence.tg_plan_guard() FROM PUBLIC;
+COMMENT ON FUNCTION pgfence.tg_plan_guard() IS
+  'BEFORE UPDATE trigger on pgfence.plan: refuses any transition outside the plan machine, a step advancing without its ok receipt, and a hand-over between two owners without a release (PF001); refuses changes to the frozen plan (step count, proposer, expiry, key, compensated plan, approver, start) and next_step going back (PF002) — even from a hand-written UPDATE.';
+
+CREATE OR REPLACE TRIGGER plan_guard
+  BEFORE UPDATE ON pgfence.plan
+  FOR EACH ROW EXECUTE FUNCTION pgfence.tg_plan_guard();
+
+CREATE OR REPLACE FUNCTION pgfence.tg_plan_step_guard()
+RETURNS trigger
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pgfence, pg_temp
+AS $$
+DECLARE
+  v_plan pgfence.plan;
+BEGIN
+  IF TG_OP = 'DELETE' THEN
+    -- Only as part of deleting the plan itself (ON DELETE CASCADE: the plan row is gone).
+    IF EXISTS (SELECT 1 FROM pgfence.plan p WHERE p.id = OLD.plan_id) THEN
+      RAISE EXCEPTION 'plan %: step % cannot be deleted: steps and receipts are immutable', OLD.plan_id, OLD.step_index
+        USING ERRCODE = 'PF002', HINT = 'Propose a new plan instead.';
+    END IF;
+    RETURN OLD;
+  END IF;
+  SELECT * INTO v_plan FROM pgfence.plan p WHERE p.id = NEW.plan_id;
+  IF TG_OP = 'INSERT' THEN
+    IF v_plan.status IS DISTINCT FROM 'pending' OR NEW.step_index > v_plan.step_count OR NEW.outcome IS NOT NULL THEN
+      RAISE EXCEPTION 'plan %: step % can only be written with the proposal, without a receipt', NEW.plan_id, NEW.step_index
+        USING ERRCODE = 'PF001', HINT = 'Steps are written by pgfence.plan_propose; receipts by plan_run_step / plan_record_step.';
+    END IF;
+    RETURN NEW;
+  END IF;
+  IF (NEW.plan_id, NEW.step_index, NEW.action, NEW.kind, NEW.function, NEW.args, NEW.note)
+     IS DISTINCT FROM (OLD.plan_id, OLD.step_index, OLD.action, OLD.kind, OLD.function, OLD.args, OLD.note) THEN
+    RAISE EXCEPTION 'plan %: step % is immutable once proposed', OLD.plan_id, OLD.step_index
+      USING ERRCODE = 'PF002', HINT = 'Propose a new plan instead.';
+  END IF;
+  IF OLD.outcome IS NOT NULL THEN
+    RAISE EXCEPTION 'receipt of plan % step % is immutable', OLD.plan_id, OLD.step_index
+      USING ERRCODE = 'PF002', HINT = 'A receipt records what committed; to undo a step propose a compensating plan.';
+  END IF;
+  IF NEW.outcome IS NOT NULL AND (
+       v_plan.status IS DISTINCT FROM 'executing'
+       OR NEW.step_index <> v_plan.next_step
+       OR NEW.worker IS DISTINCT FROM v_plan.worker) THEN
+    RAISE EXCEPTION 'plan %: a receipt for step % by % does not fit the run (status %, next step %, owner %)',
+      NEW.plan_id, NEW.step_index, NEW.worker, v_plan.status, v_plan.next_step, v_plan.worker
+      USING ERRCODE = 'PF001', HINT = 'Receipts are written only by plan_run_step / plan_record_step, for the next step of an executing plan, by its owner.';
+  END IF;
+  RETURN NEW;
+END
+$$;
+REVOKE ALL ON FUNCTION pgfence.tg_plan_step_guard() FROM PUBLIC;
+COMMENT ON FUNCTION pgfence.tg_plan_step_guard() IS
+  'BEFORE INSERT / UPDATE / DELETE trigger on pgfence.plan_step: steps are inserted only with their pending plan and never change or disappear except with the plan (PF002); a receipt is written once, only for the next step of an executing plan, by its owner (PF001), and never changes (PF002).';
+
+CREATE OR REPLACE TRIGGER plan_step_guard
+  BEFORE INSERT OR UPDATE OR DELETE ON pgfence.plan_step
+  FOR EACH ROW EXECUTE FUNCTION pgfence.tg_plan_step_guard();
+
+-- ---------------------------------------------------------------------------------------------
+-- Event log and NOTIFY
+-- ---------------------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION pgfence.tg_plan_event()
+RETURNS trigger
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pgfence, pg_temp
+AS $$
+DECLARE
+  v_event     text;
+  v_detail    jsonb;
+  v_next_kind text;
+BEGIN
+  IF TG_OP = 'INSERT' THEN
+    PERFORM pgfence._event('plan', NEW.id, 'propose', NULL, NEW.status, NULL,
+      jsonb_strip_nulls(jsonb_build_object('steps', NEW.step_count, 'expires_at', NEW.expires_at,
+                                           'compensates', NEW.compensates,
+                                           'idempotency_key', NEW.idempotency_key)),
+      nullif(current_setting('pgfence.actor', true), ''));
+    PERFORM pg_notify('pgfence_plan', json_build_object('id', NEW.id, 'status', NEW.status)::text);
+    RETURN NULL;
+  END IF;
+  v_event := CASE
+    WHEN OLD.status = 'pending'   AND NEW.status = 'approved'  THEN 'approve'
+    WHEN OLD.status = 'pending'   AND NEW.status = 'rejected'  THEN 'reject'
+    WHEN OLD.status = 'pending'   AND NEW.status = 'expired'   THEN 'expire'
+    WHEN OLD.status = 'approved'  AND NEW.status = 'executing' THEN 'start'
+    WHEN NEW.status = 'executed'                               THEN 'finish'
+    WHEN NEW.status = 'failed'                                 THEN 'fail'
+    WHEN NEW.worker IS NULL                                    THEN 'release'
+    ELSE 'take' END;
+  IF v_event = 'release' THEN
+    SELECT s.kind INTO v_next_kind FROM pgfence.plan_step s WHERE s.plan_id = NEW.id AND s.step_index = NEW.next_step;
+  END IF;
+  v_detail := jsonb_strip_nulls(CASE v_event
+    WHEN 'approve' THEN jsonb_build_object('by', NEW.approved_by)
+    WHEN 'reject'  THEN jsonb_build_object('by', NEW.rejected_by, 'reason', NEW.reject_reason)
+    WHEN 'expire'  THEN jsonb_build_object('expires_at', NEW.expires_at)
+    WHEN 'start'   THEN jsonb_build_object('worker', NEW.worker, 'heartbeat', NEW.heartbeat_interval)
+    WHEN 'finish'  THEN jsonb_build_object('steps', NEW.step_count, 'worker', NEW.worker)
+    WHEN 'fail'    THEN jsonb_build_object(
+                          'reason', NEW.failure, 'step', NEW.next_step, 'worker', OLD.worker,
+                          'external_in_doubt', CASE WHEN NEW.external_started_at IS NOT NULL THEN true END,
+                          'heartbeat_expired_at', CASE WHEN NEW.failure = 'interrupted' THEN OLD.heartbeat_expires_at END)
+    WHEN 'release' THEN jsonb_build_object('from', OLD.worker, 'step', NEW.next_step,
+                                           'kind', v_next_kind,
+                                           'take_by', NEW.heartbeat_expires_at)
+    ELSE jsonb_build_object('worker', NEW.worker, 'step', NEW.next_step) END);
+  PERFORM pgfence._event('plan', NEW.id, v_event, OLD.status, NEW.status, NULL, v_detail,
+    coalesce(nullif(current_setting('pgfence.actor', true), ''), NEW.worker, OLD.worker));
+  IF NEW.status = 'approved' OR v_event = 'release' THEN
+    PERFORM pg_notify('pgfence_plan', json_build_object(
+      'id', NEW.id, 'status', NEW.status,
+      'next', v_next_kind)::text);
+  END IF;
+  RETURN NULL;
+END
+$$;
+REVOKE ALL ON FUNCTION pgfence.tg_plan_event() FROM PUBLIC;
+COMMENT ON FUNCTION pgfence.tg_plan_event() IS
+  'AFTER INSERT / UPDATE trigger on pgfence.plan: logs propose, approve, reject, expire, start, release, take, finish and fail to pgfence.event in the same transaction; NOTIFY pgfence_plan {"id","status"[,"next"]} when a plan is proposed, approved, or released for another worker (delivered at commit).';
+
+CREATE OR REPLACE TRIGGER plan_event_insert
+  AFTER INSERT ON pgfence.plan
+  FOR EACH ROW EXECUTE FUNCTION pgfence.tg_plan_event();
+CREATE OR REPLACE TRIGGER plan_event_update
+  AFTER UPDATE ON pgfence.plan
+  FOR EACH ROW
+  WHEN (OLD.status IS DISTINCT FROM NEW.status OR OLD.worker IS DISTINCT FROM NEW.worker)
+  EXECUTE FUNCTION pgfence.tg_plan_event();
+
+CREATE OR REPLACE FUNCTION pgfence.tg_plan_step_event()
+RETURNS trigger
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pgfence, pg_temp
+AS $$
+BEGIN
+  PERFORM pgfence._event('plan', NEW.plan_id, 'receipt', NULL, NULL, NEW.step_index,
+    jsonb_strip_nulls(jsonb_build_object(
+      'step', NEW.step_index, 'action', NEW.action, 'kind', NEW.kind, 'outcome', NEW.outcome,
+      'error', NEW.error,
+      'output', CASE WHEN pg_column_size(NEW.output) <= 2048 THEN NEW.output END)),
+    coalesce(nullif(current_setting('pgfence.actor', true), ''), NEW.worker));
+  RETURN NULL;
+END
+$$;
+REVOKE ALL ON FUNCTION pgfence.tg_plan_step_event() FROM PUBLIC;
+COMMENT ON FUNCTION pgfence.tg_plan_step_event() IS
+  'AFTER UPDATE trigger on pgfence.plan_step: logs each receipt when it is written (step, action, outcome, error with SQLSTATE, small outputs) to pgfence.event in the step''s own transaction; fence = the step index.';
+
+CREATE OR REPLACE TRIGGER plan_step_event
+  AFTER UPDATE OF outcome ON pgfence.plan_step
+  FOR EACH ROW WHEN (OLD.outcome IS NULL AND NEW.outcome IS NOT NULL)
+  EXECUTE FUNCTION pgfence.tg_plan_step_event();
+
+-- ---------------------------------------------------------------------------------------------
+-- Private helpers
+-- ---------------------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION pgfence._plan_check_name(p_value text, p_what text)
+RETURNS void
+LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, pgfence, pg_temp
+AS $$
+BEGIN
+  IF p_value IS NULL THEN
+    RAISE EXCEPTION 'plan: % is required', p_what
+      USING ERRCODE = '22004', HINT = 'Name who does this: a person, a script or a worker (host:pid).';
+  END IF;
+  IF p_value = '' OR length(p_value) > 200 THEN
+    RAISE EXCEPTION 'plan: % must be a non-empty name of at most 200 characters', p_what
+      USING ERRCODE = '22023', HINT = 'Use something an operator can trace.';
+  END IF;
+END
+$$;
+REVOKE ALL ON FUNCTION pgfence._plan_check_name(text, text) FROM PUBLIC;
+COMMENT ON FUNCTION pgfence._plan_check_name(text, text) IS
+  'Private: validates a proposer, approver or worker name; raises 22004 (NULL) or 22023 (empty, > 200 characters).';
+
+CREATE OR REPLACE FUNCTION pgfence._plan_check_heartbeat(p_heartbeat interval)
+RETURNS void
+LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, pgfence, pg_temp
+AS $$
+BEGIN
+  IF p_heartbeat IS NOT NULL AND (p_heartbeat < interval '1 second' OR p_heartbeat > interval '1 day') THEN
+    RAISE EXCEPTION 'plan: heartbeat must be between 1 second and 1 day, got %', p_heartbeat
+      USING ERRCODE = '22023', HINT = 'Pass NULL for the default (120 seconds), or the longest silence you accept before the run counts as interrupted.';
+  END IF;
+END
+$$;
+REVOKE ALL ON FUNCTION pgfence._plan_check_heartbeat(interval) FROM PUBLIC;
+COMMENT ON FUNCTION pgfence._plan_check_heartbeat(interval) IS
+  'Private: validates a heartbeat interval (1 second .. 1 day, NULL = default); raises 22023.';
+
+CREATE OR REPLACE FUNCTION pgfence._plan_require(p_id bigint)
+RETURNS void
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pgfence, pg_temp
+AS $$
+BEGIN
+  IF p_id IS NULL THEN
+    RAISE EXCEPTION 'plan: plan id is required' USING ERRCODE = '22004';
+  END IF;
+  PERFORM 1 FROM pgfence.plan WHERE id = p_id;
+  IF NOT FOUND THEN
+    RAISE EXCEPTION 'plan: no plan with id %', p_id
+      USING ERRCODE = 'P0002', HINT = 'Check the id (pgfence plan list).';
+  END IF;
+END
+$$;
+REVOKE ALL ON FUNCTION pgfence._plan_require(bigint) FROM PUBLIC;
+COMMENT ON FUNCTION pgfence._plan_require(bigint) IS
+  'Private: raises 22004 for a NULL id and P0002 when no plan has this id (used on the lost-race path to tell a stale call from an unknown id).';
+
+CREATE OR REPLACE FUNCTION pgfence._plan_step_key(p_id bigint, p_step integer)
+RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+SET search_path = pg_catalog, pgfence, pg_temp
+AS $$
+  SELECT 'pgfence-plan-' || p_id || '-step-' || p_step;
+$$;
+REVOKE ALL ON FUNCTION pgfence._plan_step_key(bigint, integer) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION pgfence._plan_step_key(bigint, integer) TO pgfence_client, pgfence_executor, pgfence_admin;
+COMMENT ON FUNCTION pgfence._plan_step_key(bigint, integer) IS
+  'Private: the idempotency key of a plan step, pgfence-plan-<plan id>-step-<step index>: the same for every delivery of that step, whichever worker performs it. Executable by the group roles because plan_run_step (not security definer) and the plan_receipts view call it as the reader.';
+
+-- Heal plans that nobody can finish any more: executing with a lapsed heartbeat -> failed
+-- (interrupted); pending past expires_at -> expired. Rows locked right now are skipped: a live
+-- step transaction holds its plan's row, so that plan is not stale.
+CREATE OR REPLACE FUNCTION pgfence._plan_heal(p_id bigint, p_max_rows integer)
+RETURNS integer
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pgfence, pg_temp
+AS $$
+DECLARE
+  v_count integer;
+BEGIN
+  WITH stale AS (
+    SELECT p.id FROM pgfence.plan p
+    WHERE (p_id IS NULL OR p.id = p_id)
+      AND ((p.status = 'executing' AND p.heartbeat_expires_at < now())
+           OR (p.status = 'pending' AND p.expires_at <= now()))
+    ORDER BY p.id
+    LIMIT p_max_rows
+    FOR UPDATE SKIP LOCKED
+  ), healed AS (
+    UPDATE pgfence.plan p
+    SET status = CASE WHEN p.status = 'pending' THEN 'expired' ELSE 'failed' END,
+        failure = CASE WHEN p.status = 'executing' THEN 'interrupted' END,
+        finished_at = now()
+    FROM stale
+    WHERE p.id = stale.id
+      AND ((p.status = 'executing' AND p.heartbeat_expires_at < now())
+           OR (p.status = 'pending' AND p.expires_at <= now()))
+    RETURNING p.id
+  )
+  SELECT count(*) INTO v_count FROM healed;
+  RETURN v_count;
+END
+$$;
+REVOKE ALL ON FUNCTION pgfence._plan_heal(bigint, integer) FROM PUBLIC;
+COMMENT ON FUNCTION pgfence._plan_heal(bigint, integer) IS
+  'Private: executing plans whose heartbeat lapsed become failed (interrupted), pending plans past expires_at become expired; one plan (p_id) or up to p_max_rows. Skips rows locked by a live transaction. Returns how many it changed.';
+
+-- Lock one plan for an owner write, healing it first if its heartbeat lapsed.
+CREATE OR REPLACE FUNCTION pgfence._plan_lock(p_id bigint)
+RETURNS pgfence.plan
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pgfence, pg_temp
+AS $$
+DECLARE
+  v pgfence.plan;
+BEGIN
+  IF p_id IS NULL THEN
+    RAISE EXCEPTION 'plan: plan id is required' USING ERRCODE = '22004';
+  END IF;
+  SELECT * INTO v FROM pgfence.plan p WHERE p.id = p_id FOR UPDATE;
+  IF NOT FOUND THEN
+    RAISE EXCEPTION 'plan: no plan with id %', p_id
+      USING ERRCODE = 'P0002', HINT = 'Check the id (pgfence plan list).';
+  END IF;
+  IF v.status = 'executing' AND v.heartbeat_expires_at < now() THEN
+    UPDATE pgfence.plan p
+    SET status = 'failed', failure = 'interrupted', finished_at = now()
+    WHERE p.id = p_id
+    RETURNING * INTO v;
+  END IF;
+  RETURN v;
+END
+$$;
+REVOKE ALL ON FUNCTION pgfence._plan_lock(bigint) FROM PUBLIC;
+COMMENT ON FUNCTION pgfence._plan_lock(bigint) IS
+  'Private: SELECT ... FOR UPDATE of one plan (P0002 if unknown); if it is executing with a lapsed heartbeat it becomes failed (interrupted) first, so a stale owner finds it failed. Returns the locked row.';
+
+-- Write a step's receipt and move the plan on, on a row the caller has locked and checked.
+CREATE OR REPLACE FUNCTION pgfence._plan_commit_step(
+  p_plan    pgfence.plan,
+  p_ok      boolean,
+  p_output  jsonb,
+  p_error   jsonb
+)
+RETURNS text
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pgfence, pg_temp
+AS $$
+DECLARE
+  v_status text;
+BEGIN
+  UPDATE pgfence.plan_step s
+  SET outcome = CASE WHEN p_ok THEN 'ok' ELSE 'error' END,
+      output = CASE WHEN p_ok THEN p_output END,
+      error = CASE WHEN NOT p_ok THEN p_error END,
+      worker = p_plan.worker,
+      started_at = CASE WHEN s.kind = 'external' THEN coalesce(p_plan.external_started_at, now()) ELSE now() END,
+      finished_at = clock_timestamp()
+  WHERE s.plan_id = p_plan.id AND s.step_index = p_plan.next_step;
+  -- The heartbeat is stamped with clock_timestamp(): a long step's transaction started (now())
+  -- long ago, and the next deadline must count from the moment the step ended.
+  UPDATE pgfence.plan p
+  SET status = CASE WHEN NOT p_ok THEN 'failed'
+                    WHEN p.next_step = p.step_count THEN 'executed'
+                    ELSE 'executing' END,
+      failure = CASE WHEN NOT p_ok THEN 'step_error' END,
+      next_step = CASE WHEN p_ok THEN p.next_step + 1 ELSE p.next_step END,
+      external_started_at = NULL,
+      heartbeat_at = clock_timestamp(),
+      heartbeat_expires_at = clock_timestamp() + p.heartbeat_interval,
+      finished_at = CASE WHEN NOT p_ok OR p.next_step = p.step_count THEN clock_timestamp() END
+  WHERE p.id = p_plan.id
+  RETURNING p.status INTO v_status;
+  RETURN v_status;
+END
+$$;
+REVOKE ALL ON FUNCTION pgfence._plan_commit_step(pgfence.plan, boolean, jsonb, jsonb) FROM PUBLIC;
+COMMENT ON FUNCTION pgfence._plan_commit_step(pgfence.plan, boolean, jsonb, jsonb) IS
+  'Private: writes the receipt of the plan''s next step (ok with output, or error) and moves the plan on in the same transaction: next step with a fresh heartbeat, executed after the last ok step, failed (step_error) after an error. The caller holds the row lock and has checked the owner.';
+
+-- Validate and normalise proposed steps: [{"action", "kind", "function", "args", "note"}].
+CREATE OR REPLACE FUNCTION pgfence._plan_normalize_steps(p_steps jsonb)
+RETURNS jsonb
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pgfence, pg_temp
+AS $$
+DECLARE
+  v_n   integer;
+  v_bad record;
+  v_out jsonb;
+BEGIN
+  IF p_steps IS NULL THEN
+    RAISE EXCEPTION 'plan: steps are required' USING ERRCODE = '22004',
+      HINT = 'Pass a JSON array of {"action": name, "args": {...}} objects.';
+  END IF;
+  IF jsonb_typeof(p_steps) <> 'array' THEN
+    RAISE EXCEPTION 'plan: steps must be a JSON array, got %', jsonb_typeof(p_steps)
+      USING ERRCODE = '22023', HINT = 'Pass a JSON array of {"action": name, "args": {...}} objects.';
+  END IF;
+  v_n := jsonb_array_length(p_steps);
+  IF v_n NOT BETWEEN 1 AND 10000 THEN
+    RAISE EXCEPTION 'plan: a plan has 1 to 10000 steps, got %', v_n
+      USING ERRCODE = '22023', HINT = 'Split a longer plan into several plans.';
+  END IF;
+  SELECT s.i, s.problem INTO v_bad
+  FROM (
+    SELECT e.i, CASE
+      WHEN jsonb_typeof(e.step) <> 'object' THEN 'is not a JSON object'
+      WHEN EXISTS (SELECT 1 FROM jsonb_object_keys(CASE WHEN jsonb_typeof(e.step) = 'object' THEN e.step END) k
+                   WHERE k NOT IN ('action', 'args', 'note'))
+        THEN 'has keys other than action, args, note'
+      WHEN jsonb_typeof(e.step -> 'action') IS DISTINCT FROM 'string' THEN 'has no "action" string'
+      WHEN e.step ? 'args' AND jsonb_typeof(e.step -> 'args') NOT IN ('object', 'null')
+        THEN '"args" is not a JSON object'
+      WHEN e.step ? 'note' AND (jsonb_typeof(e.step -> 'note') <> 'string' OR length(e.step ->> 'note') > 2000)
+        THEN '"note" is not a string of at most 2000 characters'
+      END AS problem
+    FROM jsonb_array_elements(p_steps) WITH ORDINALITY AS e(step, i)
+  ) s
+  WHERE s.problem IS NOT NULL
+  ORDER BY s.i
+  LIMIT 1;
+  IF FOUND THEN
+    RAISE EXCEPTION 'plan: step % %', v_bad.i, v_bad.problem
+      USING ERRCODE = '22023', DETAIL = format('Step %s of %s; steps are numbered from 1.', v_bad.i, v_n),
+            HINT = 'Each step is {"action": "<registered action>", "args": {...}, "note": "optional text"}.';
+  END IF;
+  SELECT e.i, e.step ->> 'action' AS action INTO v_bad
+  FROM jsonb_array_elements(p_steps) WITH ORDINALITY AS e(step, i)
+  LEFT JOIN pgfence.plan_action a ON a.name = e.step ->> 'action' AND a.retired_at IS NULL
+  WHERE a.name IS NULL
+  ORDER BY e.i
+  LIMIT 1;
+  IF FOUND THEN
+    RAISE EXCEPTION 'plan: step % names action "%", which is not on the allow-list', v_bad.i, v_bad.action
+      USING ERRCODE = 'PF101',
+            DETAIL = 'A plan can call only actions registered with pgfence.plan_register_action and not retired.',
+            HINT = 'See the view pgfence.plan_actions for what is allowed; an administrator registers new actions.';
+  END IF;
+  SELECT e.i, CASE
+      WHEN jsonb_typeof(e.step -> 'args' -> 'recipient') IS DISTINCT FROM 'string'
+           OR e.step -> 'args' ->> 'recipient' = '' OR length(e.step -> 'args' ->> 'recipient') > 2048
+        THEN 'needs args.recipient, a string of 1-2048 characters'
+      WHEN (e.step -> 'args') ? 'payload' AND jsonb_typeof(e.step -> 'args' -> 'payload') <> 'object'
+        THEN 'args.payload must be a JSON object'
+      WHEN EXISTS (SELECT 1 FROM jsonb_object_keys(CASE WHEN jsonb_typeof(e.step -> 'args') = 'object' THEN e.step -> 'args' END) k
+                   WHERE k NOT IN ('recipient', 'payload'))
+        THEN 'args may hold only recipient and payload'
+      END AS problem, e.step ->> 'action' AS action INTO v_bad
+  FROM jsonb_array_elements(p_steps) WITH ORDINALITY AS e(step, i)
+  JOIN pgfence.plan_action a ON a.name = e.step ->> 'action' AND a.kind = 'external'
+  WHERE jsonb_typeof(e.step -> 'args') IS DISTINCT FROM 'object'
+     OR jsonb_typeof(e.step -> 'args' -> 'recipient') IS DISTINCT FROM 'string'
+     OR e.step -> 'args' ->> 'recipient' = '' OR length(e.step -> 'args' ->> 'recipient') > 2048
+     OR ((e.step -> 'args') ? 'payload' AND jsonb_typeof(e.step -> 'args' -> 'payload') <> 'object')
+     OR EXISTS (SELECT 1 FROM jsonb_object_keys(CASE WHEN jsonb_typeof(e.step -> 'args') = 'object' THEN e.step -> 'args' END) k
+                   WHERE k NOT IN ('recipient', 'payload'))
+  ORDER BY e.i
+  LIMIT 1;
+  IF FOUND THEN
+    RAISE EXCEPTION 'plan: step % (external action "%") %', v_bad.i, v_bad.action,
+      coalesce(v_bad.problem, 'needs args {"recipient": ..., "payload": {...}}')
+      USING ERRCODE = '22023',
+            HINT = 'An external step''s args are {"recipient": "<url or address>", "payload": {...}}; the executor delivers payload to recipient.';
+  END IF;
+  SELECT jsonb_agg(jsonb_strip_nulls(jsonb_build_object(
+           'action', a.name,
+           'kind', a.kind,
+           'function', a.function::text,
+           'note', e.step ->> 'note'))
+         || jsonb_build_object('args', coalesce(nullif(e.step -> 'args', 'null'::jsonb), '{}'::jsonb))
+         ORDER BY e.i)
+  INTO v_out
+  FROM jsonb_array_elements(p_steps) WITH ORDINALITY AS e(step, i)
+  JOIN pgfence.plan_action a ON a.name = e.step ->> 'action';
+  RETURN v_out;
+END
+$$;
+REVOKE ALL ON FUNCTION pgfence._plan_normalize_steps(jsonb) FROM PUBLIC;
+COMMENT ON FUNCTION pgfence._plan_normalize_steps(jsonb) IS
+  'Private: validates proposed steps up front (22004, 22023, PF101 for an action not on the allow-list) and returns them normalised with each action''s kind and function frozen in.';
+
+CREATE OR REPLACE FUNCTION pgfence._plan_steps_json(p_id bigint)
+RETURNS jsonb
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, pgfence, pg_temp
+AS $$
+  SELECT jsonb_agg(jsonb_strip_nulls(jsonb_build_object(
+           'action', s.action, 'kind', s.kind, 'function', s.function, 'note', s.note))
+         || jsonb_build_object('args', s.args)
+         ORDER BY s.step_index)
+  FROM pgfence.plan_step s WHERE s.plan_id = p_id;
+$$;
+REVOKE ALL ON FUNCTION pgfence._plan_steps_json(bigint) FROM PUBLIC;
+COMMENT ON FUNCTION pgfence._plan_steps_json(bigint) IS
+  'Private: a plan''s frozen steps as the JSON array plan_propose normalised them to (what plan_get returns, and what a repeated idempotency key is compared with).';
+
+-- ---------------------------------------------------------------------------------------------
+-- The allow-list
+-- ---------------------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION pgfence.plan_register_action(
+  p_name        text,
+  p_function    regprocedure,
+  p_description text
+)
+RETURNS boolean
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pgfence, pg_temp
+AS $$
+DECLARE
+  v_kind     text := CASE WHEN p_function IS NULL THEN 'external' ELSE 'sql' END;
+  v_proc     record;
+  v_old      pgfence.plan_action;
+BEGIN
+  IF p_name IS NULL OR p_description IS NULL THEN
+    RAISE EXCEPTION 'plan_register_action: name and description are required' USING ERRCODE = '22004',
+      HINT = 'Describe what the action does: approvers read it.';
+  END IF;
+  IF p_name !~ '^[a-z0-9][a-z0-9_.-]{0,62}$' THEN
+    RAISE EXCEPTION 'plan_register_action: invalid action name "%"', p_name
+      USING ERRCODE = '22023', HINT = 'Action names are 1-63 characters of a-z, 0-9, _ . - starting with a letter or digit (an external action''s name is also the executor''s route).';
+  END IF;
+  IF p_description = '' OR length(p_description) > 2000 THEN
+    RAISE EXCEPTION 'plan_register_action: description must be 1-2000 characters' USING ERRCODE = '22023';
+  END IF;
+  IF p_function IS NOT NULL THEN
+    SELECT p.prokind, p.pronargs, p.proargtypes, p.prorettype, p.proretset, n.nspname INTO v_proc
+    FROM pg_catalog.pg_proc p JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace
+    WHERE p.oid = p_function;
+    IF v_proc.prokind <> 'f' OR v_proc.pronargs <> 1 OR v_proc.proargtypes[0] <> 'jsonb'::regtype
+       OR v_proc.prorettype <> 'jsonb'::regtype OR v_proc.proretset THEN
+      RAISE EXCEPTION 'plan_register_action: % is not a function (args jsonb) RETURNS jsonb', p_function
+        USING ERRCODE = '22023', HINT = 'A SQL action takes the step''s args as one jsonb argument and returns a jsonb result (the receipt''s output).';
+    END IF;
+    IF v_proc.nspname = 'pgfence' THEN
+      RAISE EXCEPTION 'plan_register_action: % is pgfence''s own function', p_function
+        USING ERRCODE = '22023', HINT = 'Actions are your functions, in your schemas.';
+    END IF;
+  END IF;
+  SELECT * INTO v_old FROM pgfence.plan_action a WHERE a.name = p_name FOR UPDATE;
+  IF NOT FOUND THEN
+    INSERT INTO pgfence.plan_action (name, kind, function, description, registered_by)
+    VALUES (p_name, v_kind, p_function, p_description, session_user)
+    ON CONFLICT (name) DO NOTHING;
+    IF FOUND THEN
+      RETURN true;
+    END IF;
+    SELECT * INTO v_old FROM pgfence.plan_action a WHERE a.name = p_name FOR UPDATE;
+  END IF;
+  -- An existing name keeps its kind and function, unless the function was dropped since.
+  IF v_old.kind <> v_kind
+     OR (v_old.function IS DISTINCT FROM p_function
+         AND EXISTS (SELECT 1 FROM pg_catalog.pg_proc p WHERE p.oid = v_old.function)) THEN
+    RAISE EXCEPTION 'plan_register_action: action "%" is already registered as % %', p_name, v_old.kind,
+      coalesce(v_old.function::text, '')
+      USING ERRCODE = 'PF102',
+            DETAIL = 'Approved plans name this action; re-pointing it would run something nobody approved.',
+            HINT = 'Register the new function under a new action name (and retire the old one with pgfence.plan_retire_action).';
+  END IF;
+  UPDATE pgfence.plan_action a
+  SET description = p_description, function = p_function, retired_at = NULL
+  WHERE a.name = p_name;
+  RETURN false;
+END
+$$;
+REVOKE ALL ON FUNCTION pgfence.plan_register_action(text, regprocedure, text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION pgfence.plan_register_action(text, regprocedure, text) TO pgfence_admin;
+COMMENT ON FUNCTION pgfence.plan_register_action(text, regprocedure, text) IS
+  'Administrators: put an action on the allow-list. p_function = a function (args jsonb) RETURNS jsonb makes a sql action, run by plan_run_step with the privileges of the executing role; p_function NULL makes an external action, performed by the executor through the transport routed for the action''s name (step args {"recipient", "payload"}). Returns true when the name is new, false when it existed (the description is updated and a retired action is back in use). Errors: 22004 (missing name/description), 22023 (bad name or description, wrong function signature, a pgfence function), PF102 (the name is already registered to another kind or to another function that still exists).';
+
+CREATE OR REPLACE FUNCTION pgfence.plan_retire_action(p_name text)
+RETURNS boolean
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pgfence, pg_temp
+AS $$
+BEGIN
+  UPDATE pgfence.plan_action a SET retired_at = now() WHERE a.name = p_name AND a.retired_at IS NULL;
+  IF FOUND THEN
+    RETURN true;
+  END IF;
+  PERFORM 1 FROM pgfence.plan_action a WHERE a.name = p_name;
+  IF NOT FOUND THEN
+    RAISE EXCEPTION 'plan_retire_action: no action named "%"', p_name
+      USING ERRCODE = 'P0002', HINT = 'See the view pgfence.plan_actions.';
+  END IF;
+  RETURN false;
+END
+$$;
+REVOKE ALL ON FUNCTION pgfence.plan_retire_action(text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION pgfence.plan_retire_action(text) TO pgfence_admin;
+COMMENT ON FUNCTION pgfence.plan_retire_action(text) IS
+  'Administrators: take an action off the allow-list. New proposals naming it are refused (PF101); an approved plan that reaches a step of it records an error receipt (PF101) instead of running it. Returns false if it was already retired. Errors: P0002 (unknown action).';
+
+CREATE OR REPLACE VIEW pgfence.plan_actions AS
+SELECT a.name, a.kind, a.function::text AS function, a.description, a.registered_by,
+       a.registered_at, a.retired_at
+FROM pgfence.plan_action a;
+REVOKE ALL ON pgfence.plan_actions FROM PUBLIC;
+GRANT SELECT ON pgfence.plan_actions TO pgfence_client, pgfence_executor, pgfence_admin;
+COMMENT ON VIEW pgfence.plan_actions IS
+  'The plan action allow-list: what a proposer may name in a step (retired_at NULL), its kind (sql function or external effect), the function a sql action calls, and the description approvers read.';
+
+-- ---------------------------------------------------------------------------------------------
+-- Propose, approve, reject
+-- ---------------------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION pgfence.plan_propose(
+  p_steps           jsonb,
+  p_proposed_by     text,
+  p_ttl             interval DEFAULT interval '1 day',
+  p_idempotency_key text DEFAULT NULL,
+  p_compensates     bigint DEFAULT NULL
+)
+RETURNS bigint
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pgfence, pg_temp
+SET pgfence.actor = ''
+AS $$
+DECLARE
+  v_steps      jsonb;
+  v_id         bigint;
+  v_old        record;
+  v_comp_state text;
+BEGIN
+  PERFORM pgfence._plan_check_name(p_proposed_by, 'proposed_by');
+  IF p_ttl IS NULL THEN
+    RAISE EXCEPTION 'plan_propose: ttl is required' USING ERRCODE = '22004', HINT = 'Omit it for the default (1 day).';
+  END IF;
+  IF p_ttl <= interval '0' OR p_ttl > interval '366 days' THEN
+    RAISE EXCEPTION 'plan_propose: ttl must be positive and at most 366 days, got %', p_ttl
+      USING ERRCODE = '22023', HINT = 'ttl is how long the plan may wait for approval.';
+  END IF;
+  IF p_idempotency_key IS NOT NULL AND (p_idempotency_key = '' OR length(p_idempotency_key) > 255) THEN
+    RAISE EXCEPTION 'plan_propose: idempotency_key must be 1-255 characters or NULL' USING ERRCODE = '22023';
+  END IF;
+  IF p_compensates IS NOT NULL THEN
+    SELECT p.status INTO v_comp_state FROM pgfence.plan p WHERE p.id = p_compensates;
+    IF NOT FOUND THEN
+      RAISE EXCEPTION 'plan_propose: no plan % to compensate', p_compensates
+        USING ERRCODE = 'P0002', HINT = 'Check the id of the plan to undo.';
+    END IF;
+    IF v_comp_state NOT IN ('executed', 'failed') THEN
+      RAISE EXCEPTION 'plan_propose: plan % is %; only an executed or failed plan can be compensated', p_compensates, v_comp_state
+        USING ERRCODE = 'PF106',
+              DETAIL = 'A pending, approved, rejected or expired plan ran nothing; an executing one is still changing.',
+              HINT = 'Reject a plan that should not run; wait for an executing one to end (or for its heartbeat to lapse).';
+    END IF;
+  END IF;
+  v_steps := pgfence._plan_normalize_steps(p_steps);
+  PERFORM pgfence._set_actor(p_proposed_by);
+
+  INSERT INTO pgfence.plan AS p (step_count, proposed_by, expires_at, idempotency_key, compensates)
+  VALUES (jsonb_array_length(v_steps), p_proposed_by, now() + p_ttl, p_idempotency_key, p_compensates)
+  ON CONFLICT (idempotency_key) DO NOTHING
+  RETURNING p.id INTO v_id;
+  IF v_id IS NOT NULL THEN
+    INSERT INTO pgfence.plan_step (plan_id, step_index, action, kind, function, args, note)
+    SELECT v_id, e.i, e.step ->> 'action', e.step ->> 'kind', e.step ->> 'function', e.step -> 'args',
+           e.step ->> 'note'
+    FROM jsonb_array_elements(v_steps) WITH ORDINALITY AS e(step, i);
+    RETURN v_id;
+  END IF;
+  SELECT p.id, pgfence._plan_steps_json(p.id) AS steps, p.proposed_by, p.compensates INTO v_old
+  FROM pgfence.plan p WHERE p.idempotency_key = p_idempotency_key;
+  IF v_old.id IS NULL THEN
+    RAISE EXCEPTION 'plan_propose: idempotency key "%" is held by a transaction this snapshot cannot see', p_idempotency_key
+      USING ERRCODE = '40001', HINT = 'Retry the transaction (this happens only under REPEATABLE READ or SERIALIZABLE).';
+  END IF;
+  IF v_old.steps IS DISTINCT FROM v_steps OR v_old.proposed_by IS DISTINCT FROM p_proposed_by
+     OR v_old.compensates IS DISTINCT FROM p_compensates THEN
+    RAISE EXCEPTION 'plan_propose: idempotency key "%" already names plan %, with other steps or another proposer', p_idempotency_key, v_old.id
+      USING ERRCODE = 'PF003', HINT = 'An idempotency key identifies one proposal; use a new key for a different plan.';
+  END IF;
+  RETURN v_old.id;
+END
+$$;
+REVOKE ALL ON FUNCTION pgfence.plan_propose(jsonb, text, interval, text, bigint) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION pgfence.plan_propose(jsonb, text, interval, text, bigint) TO pgfence_client, pgfence_admin;
+COMMENT ON FUNCTION pgfence.plan_propose(jsonb, text, interval, text, bigint) IS
+  'Propose a plan: p_steps is a JSON array of {"action", "args", "note"} (1..10000 steps, numbered from 1), every action on the allow-list; all steps are validated up front and frozen (normalised with each action''s kind and function). It waits for approval until now() + ttl. A repeated idempotency key returns the existing plan and inserts nothing. compensates = the executed or failed plan this one undoes (plan_compensate). Returns the plan id; NOTIFY pgfence_plan at commit. Errors: 22004 (missing steps/proposer/ttl), 22023 (malformed steps, ttl outside (0, 366 days], bad key), PF101 (an action not on the allow-list), P0002 (unknown plan to compensate), PF106 (that plan is not executed or failed), PF003 (key already names another plan), 40001 (key held by an invisible transaction: retry).';
+
+CREATE OR REPLACE FUNCTION pgfence.plan_compensate(
+  p_id              bigint,
+  p_steps           jsonb,
+  p_by              text,
+  p_ttl             interval DEFAULT interval '1 day',
+  p_idempotency_key text DEFAULT NULL
+)
+RETURNS bigint
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pgfence, pg_temp
+AS $$
+BEGIN
+  IF p_id IS NULL THEN
+    RAISE EXCEPTION 'plan_compensate: the id of the plan to undo is required' USING ERRCODE = '22004';
+  END IF;
+  RETURN pgfence.plan_propose(p_steps, p_by, p_ttl, p_idempotency_key, p_id);
+END
+$$;
+REVOKE ALL ON FUNCTION pgfence.plan_compensate(bigint, jsonb, text, interval, text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION pgfence.plan_compensate(bigint, jsonb, text, interval, text) TO pgfence_client, pgfence_admin;
+COMMENT ON FUNCTION pgfence.plan_compensate(bigint, jsonb, text, interval, text) IS
+  'Propose a compensating plan for plan p_id (executed, or failed after some steps committed): a new plan with its own steps, approval and receipts that references the one it undoes; no step of the original is rolled back. Same rules as plan_propose. Errors: as plan_propose; 22004 (p_id NULL), P0002 (unknown plan), PF106 (that plan is not executed or failed).';
+
+CREATE OR REPLACE FUNCTION pgfence.plan_approve(p_id bigint, p_by text)
+RETURNS text
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pgfence, pg_temp
+SET pgfence.actor = ''
+AS $$
+DECLARE
+  v_status   text;
+  v_proposer text;
+BEGIN
+  PERFORM pgfence._plan_check_name(p_by, 'approver');
+  PERFORM pgfence._set_actor(p_by);
+  UPDATE pgfence.plan p
+  SET status = CASE WHEN p.expires_at <= now() THEN 'expired' ELSE 'approved' END,
+      approved_by = CASE WHEN p.expires_at > now() THEN p_by END,
+      approved_at = CASE WHEN p.expires_at > now() THEN now() END,
+      finished_at = CASE WHEN p.expires_at <= now() THEN now() END
+  WHERE p.id = p_id AND p.status = 'pending' AND p.proposed_by <> p_by
+  RETURNING p.status INTO v_status;
+  IF v_status IS NOT NULL THEN
+    RETURN v_status;
+  END IF;
+  PERFORM pgfence._plan_require(p_id);
+  SELECT p.status, p.proposed_by INTO v_status, v_proposer FROM pgfence.plan p WHERE p.id = p_id;
+  IF v_status = 'pending' AND v_proposer = p_by THEN
+    RAISE EXCEPTION 'plan_approve: % proposed plan % and cannot approve it too', p_by, p_id
+      USING ERRCODE = 'PF103', HINT = 'Another person must approve it (four eyes).';
+  END IF;
+  RETURN NULL;
+END
+$$;
+REVOKE ALL ON FUNCTION pgfence.plan_approve(bigint, text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION pgfence.plan_approve(bigint, text) TO pgfence_admin;
+COMMENT ON FUNCTION pgfence.plan_approve(bigint, text) IS
+  'Approve a pending plan (one conditional UPDATE): returns ''approved'', or ''expired'' when called after its expires_at (the plan moves to expired and can never run), or NULL when the plan is no longer pending (already decided: a lost race, nothing changed). At commit NOTIFY pgfence_plan wakes executors. Errors: 22004/22023 (approver name), P0002 (unknown plan), PF103 (the approver is the proposer).';
+
+CREATE OR REPLACE FUNCTION pgfence.plan_reject(p_id bigint, p_by text, p_reason text)
+RETURNS boolean
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pgfence, pg_temp
+SET pgfence.actor = ''
+AS $$
+DECLARE
+  v_status text;
+BEGIN
+  PERFORM pgfence._plan_check_name(p_by, 'rejecter');
+  IF p_reason IS NULL THEN
+    RAISE EXCEPTION 'plan_reject: a reason is required' USING ERRCODE = '22004', HINT = 'Say why, for the proposer and the audit log.';
+  END IF;
+  IF p_reason = '' OR length(p_reason) > 2000 THEN
+    RAISE EXCEPTION 'plan_reject: reason must be 1-2000 characters' USING ERRCODE = '22023';
+  END IF;
+  PERFORM pgfence._set_actor(p_by);
+  UPDATE pgfence.plan p
+  SET status = CASE WHEN p.expires_at <= now() THEN 'expired' ELSE 'rejected' END,
+      rejected_by = CASE WHEN p.expires_at > now() THEN p_by END,
+      rejected_at = CASE WHEN p.expires_at > now() THEN now() END,
+      reject_reason = CASE WHEN p.expires_at > now() THEN p_reason END,
+      finished_at = now()
+  WHERE p.id = p_id AND p.status = 'pending'
+  RETURNING p.status INTO v_status;
+  IF v_status IS NULL THEN
+    PERFORM pgfence._plan_require(p_id);
+  END IF;
+  RETURN v_status IS NOT DISTINCT FROM 'rejected';
+END
+$$;
+REVOKE ALL ON FUNCTION pgfence.plan_reject(bigint, text, text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION pgfence.plan_reject(bigint, text, text) TO pgfence_admin;
+COMMENT ON FUNCTION pgfence.plan_reject(bigint, text, text) IS
+  'Reject a pending plan with a reason: returns true if this call rejected it; false if it was no longer pending (lost race) or had passed its expires_at (it becomes expired instead). Errors: 22004 (missing approver or reason), 22023 (bad name, reason longer than 2000), P0002 (unknown plan).';
+
+-- ---------------------------------------------------------------------------------------------
+-- Take a run: start, claim, release, heartbeat
+-- ---------------------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION pgfence.plan_start(
+  p_id        bigint,
+  p_worker    text,
+  p_heartbeat interval DEFAULT NULL
+)
+RETURNS boolean
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pgfence, pg_temp
+SET pgfence.actor = ''
+AS $$
+BEGIN
+  PERFORM pgfence._plan_check_name(p_worker, 'worker');
+  PERFORM pgfence._plan_check_heartbeat(p_heartbeat);
+  PERFORM pgfence._set_actor(p_worker);
+  UPDATE pgfence.plan p
+  SET status = 'executing',
+      worker = p_worker,
+      started_at = coalesce(p.started_at, now()),
+      heartbeat_interval = coalesce(p_heartbeat, p.heartbeat_interval, interval '120 seconds'),
+      heartbeat_at = now(),
+      heartbeat_expires_at = now() + coalesce(p_heartbeat, p.heartbeat_interval, interval '120 seconds')
+  WHERE p.id = p_id
+    AND (p.status = 'approved'
+         OR (p.status = 'executing' AND (p.worker IS NULL OR p.worker = p_worker)
+             AND p.heartbeat_expires_at >= now()));
+  IF FOUND THEN
+    RETURN true;
+  END IF;
+  PERFORM pgfence._plan_require(p_id);
+  PERFORM pgfence._plan_heal(p_id, 1);
+  RETURN false;
+END
+$$;
+REVOKE ALL ON FUNCTION pgfence.plan_start(bigint, text, interval) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION pgfence.plan_start(bigint, text, interval) TO pgfence_executor, pgfence_admin;
+COMMENT ON FUNCTION pgfence.plan_start(bigint, text, interval) IS
+  'Take a run (one conditional UPDATE; of concurrent callers exactly one wins): approved -> executing owned by p_worker, or take over an executing plan that its owner released (worker NULL), or — for the current owner — confirm ownership and stamp the heartbeat. The heartbeat deadline is now() + p_heartbeat (NULL = the plan''s interval, 120 seconds at first). Returns true if p_worker owns the run now; false otherwise (another owner, not approved, terminal, or heartbeat lapsed — which marks it failed/interrupted): a lost race, not an error. Errors: 22004/22023 (worker name, heartbeat outside 1 s..1 day), P0002 (unknown plan).';
+
+CREATE OR REPLACE FUNCTION pgfence.plan_claim(
+  p_worker        text,
+  p_batch         integer DEFAULT 1,
+  p_external_only boolean DEFAULT false,
+  p_heartbeat     interval DEFAULT NULL
+)
+RETURNS TABLE (id bigint, next_step integer, step_count integer, next_kind text, heartbeat_interval interval)
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pgfence, pg_temp
+SET pgfence.actor = ''
+AS $$
+#variable_conflict use_column
+BEGIN
+  PERFORM pgfence._plan_check_name(p_worker, 'worker');
+  PERFORM pgfence._plan_check_heartbeat(p_heartbeat);
+  IF p_batch IS NULL OR p_batch NOT BETWEEN 1 AND 1000 OR p_external_only IS NULL THEN
+    RAISE EXCEPTION 'plan_claim: batch must be between 1 and 1000 and external_only true or false'
+      USING ERRCODE = '22023';
+  END IF;
+  PERFORM pgfence._set_actor(p_worker);
+  RETURN QUERY
+  WITH ready AS (
+    SELECT p.id FROM pgfence.plan p
+    WHERE (p.status = 'approved' AND NOT p_external_only)
+       OR (p.status = 'executing' AND p.worker IS NULL AND p.heartbeat_expires_at >= now()
+           AND (NOT p_external_only OR EXISTS (
+                  SELECT 1 FROM pgfence.plan_step s
+                  WHERE s.plan_id = p.id AND s.step_index = p.next_step AND s.kind = 'external')))
+    ORDER BY p.id
+    LIMIT p_batch
+    FOR UPDATE SKIP LOCKED
+  ), taken AS (
+    UPDATE pgfence.plan p
+    SET status = 'executing',
+        worker = p_worker,
+        started_at = coalesce(p.started_at, now()),
+        heartbeat_interval = coalesce(p_heartbeat, p.heartbeat_interval, interval '120 seconds'),
+        heartbeat_at = now(),
+        heartbeat_expires_at = now() + coalesce(p_heartbeat, p.heartbeat_interval, interval '120 seconds')
+    FROM ready
+    WHERE p.id = ready.id
+      AND (p.status = 'approved' OR (p.status = 'executing' AND p.worker IS NULL AND p.heartbeat_expires_at >= now()))
+    RETURNING p.id, p.next_step, p.step_count,
+              (SELECT s.kind FROM pgfence.plan_step s WHERE s.plan_id = p.id AND s.step_index = p.next_step) AS next_kind,
+              p.heartbeat_interval
+  )
+  SELECT t.id, t.next_step, t.step_count, t.next_kind, t.heartbeat_interval FROM taken t ORDER BY t.id;
+END
+$$;
+REVOKE ALL ON FUNCTION pgfence.plan_claim(text, integer, boolean, interval) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION pgfence.plan_claim(text, integer, boolean, interval) TO pgfence_executor, pgfence_admin;
+COMMENT ON FUNCTION pgfence.plan_claim(text, integer, boolean, interval) IS
+  'Executors: take up to p_batch runs with FOR UPDATE SKIP LOCKED (oldest plan first), so concurrent executors never take the same one: approved plans, and executing plans released by their owner. p_external_only: take only released runs whose next step is external (an executor that performs external effects but runs no SQL actions). Each taken run is owned by p_worker with a heartbeat as in plan_start. Returns (id, next_step, step_count, next_kind, heartbeat_interval). Errors: 22004/22023 (worker, batch outside 1..1000, heartbeat).';
+
+CREATE OR REPLACE FUNCTION pgfence.plan_release(p_id bigint, p_worker text)
+RETURNS boolean
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pgfence, pg_temp
+SET pgfence.actor = ''
+AS $$
+DECLARE
+  v pgfence.plan;
+BEGIN
+  PERFORM pgfence._plan_check_name(p_worker, 'worker');
+  PERFORM pgfence._set_actor(p_worker);
+  v := pgfence._plan_lock(p_id);
+  IF v.status <> 'executing' OR v.worker IS DISTINCT FROM p_worker THEN
+    RETURN false;
+  END IF;
+  UPDATE pgfence.plan p
+  SET worker = NULL, external_started_at = NULL,
+      heartbeat_at = now(), heartbeat_expires_at = now() + p.heartbeat_interval
+  WHERE p.id = p_id;
+  RETURN true;
+END
+$$;
+REVOKE ALL ON FUNCTION pgfence.plan_release(bigint, text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION pgfence.plan_release(bigint, text) TO pgfence_executor, pgfence_admin;
+COMMENT ON FUNCTION pgfence.plan_release(bigint, text) IS
+  'The owner hands its run over between two steps (e.g. a SQL runner reaching an external step, or an executor shutting down): the plan stays executing with worker NULL, and another worker must take it (plan_start / plan_claim) within one heartbeat interval or it fails as interrupted. NOTIFY pgfence_plan {"id","status","next": kind of the next step} at commit. Call it only before starting or after recording a step. Returns false if p_worker does not own a live run (lost race). Errors: 22004/22023 (worker), P0002 (unknown plan).';
+
+CREATE OR REPLACE FUNCTION pgfence.plan_heartbeat(p_id bigint, p_worker text)
+RETURNS boolean
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pgfence, pg_temp
+SET pgfence.actor = ''
+AS $$
+DECLARE
+  v pgfence.plan;
+BEGIN
+  PERFORM pgfence._plan_check_name(p_worker, 'worker');
+  v := pgfence._plan_lock(p_id);
+  IF v.status <> 'executing' OR v.worker IS DISTINCT FROM p_worker THEN
+    RETURN false;
+  END IF;
+  UPDATE pgfence.plan p
+  SET heartbeat_at = now(), heartbeat_expires_at = now() + p.heartbeat_interval
+  WHERE p.id = p_id;
+  RETURN true;
+END
+$$;
+REVOKE ALL ON FUNCTION pgfence.plan_heartbeat(bigint, text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION pgfence.plan_heartbeat(bigint, text) TO pgfence_executor, pgfence_admin;
+COMMENT ON FUNCTION pgfence.plan_heartbeat(bigint, text) IS
+  'The owner of a run says it is alive (e.g. every third of the heartbeat interval while an external step runs): the deadline moves to now() + the plan''s heartbeat interval. Returns false if p_worker no longer owns a live run; a lapsed heartbeat is not revived: the plan becomes failed (interrupted) and the worker must stop. Errors: 22004/22023 (worker), P0002 (unknown plan).';
+
+-- ---------------------------------------------------------------------------------------------
+-- Run steps
+-- ---------------------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION pgfence._plan_step_begin(
+  p_id     bigint,
+  p_worker text,
+  OUT step_index integer,
+  OUT action     text,
+  OUT kind       text,
+  OUT fn_schema  text,
+  OUT fn_name    text,
+  OUT retired    boolean,
+  OUT args       jsonb,
+  OUT status     text
+)
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pgfence, pg_temp
+SET pgfence.actor = ''
+AS $$
+#variable_conflict use_column
+DECLARE
+  v        pgfence.plan;
+  v_step   pgfence.plan_step;
+  v_action text;
+BEGIN
+  PERFORM pgfence._plan_check_name(p_worker, 'worker');
+  PERFORM pgfence._set_actor(p_worker);
+  v := pgfence._plan_lock(p_id);
+  status := v.status;
+  IF v.status <> 'executing' OR v.worker IS DISTINCT FROM p_worker THEN
+    RETURN;  -- refused: step_index NULL
+  END IF;
+  SELECT * INTO v_step FROM pgfence.plan_step s WHERE s.plan_id = p_id AND s.step_index = v.next_step;
+  step_index := v.next_step;
+  v_action := v_step.action;
+  action := v_action;
+  kind := v_step.kind;
+  args := v_step.args;
+  IF kind = 'external' THEN
+    UPDATE pgfence.plan p
+    SET external_started_at = coalesce(p.external_started_at, now()),
+        heartbeat_at = now(), heartbeat_expires_at = now() + p.heartbeat_interval
+    WHERE p.id = p_id;
+    RETURN;
+  END IF;
+  SELECT a.retired_at IS NOT NULL, n.nspname, pr.proname INTO retired, fn_schema, fn_name
+  FROM pgfence.plan_action a
+  LEFT JOIN pg_catalog.pg_proc pr ON pr.oid = a.function
+  LEFT JOIN pg_catalog.pg_namespace n ON n.oid = pr.pronamespace
+  WHERE a.name = v_action;
+END
+$$;
+REVOKE ALL ON FUNCTION pgfence._plan_step_begin(bigint, text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION pgfence._plan_step_begin(bigint, text) TO pgfence_executor, pgfence_admin;
+COMMENT ON FUNCTION pgfence._plan_step_begin(bigint, text) IS
+  'Bookkeeping for plan_run_step (security definer, so that plan_run_step itself need not be): locks the plan row for the rest of the transaction, heals a lapsed heartbeat, and returns the next step (action, kind, the function to call, args) if p_worker owns the executing run; otherwise only the status (refused). For an external step it stamps external_started_at. Not for direct use.';
+
+CREATE OR REPLACE FUNCTION pgfence._plan_step_finish(
+  p_id     bigint,
+  p_worker text,
+  p_step   integer,
+  p_ok     boolean,
+  p_output jsonb,
+  p_error  jsonb
+)
+RETURNS text
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pgfence, pg_temp
+SET pgfence.actor = ''
+AS $$
+DECLARE
+  v pgfence.plan;
+BEGIN
+  IF p_ok IS NULL OR p_step IS NULL OR (NOT p_ok AND p_error IS NULL) THEN
+    RAISE EXCEPTION '_plan_step_finish: step, ok and (for an error) error are required' USING ERRCODE = '22004';
+  END IF;
+  PERFORM pgfence._set_actor(p_worker);
+  -- Same transaction as _plan_step_begin: the row lock is ours already, nobody healed it since.
+  SELECT * INTO v FROM pgfence.plan p WHERE p.id = p_id FOR UPDATE;
+  IF v.status IS DISTINCT FROM 'executing' OR v.worker IS DISTINCT FROM p_worker
+     OR v.next_step <> p_step
+     OR NOT EXISTS (SELECT 1 FROM pgfence.plan_step s WHERE s.plan_id = p_id AND s.step_index = p_step AND s.kind = 'sql') THEN
+    RETURN NULL;
+  END IF;
+  RETURN pgfence._plan_commit_step(v, p_ok, p_output, p_error);
+END
+$$;
+REVOKE ALL ON FUNCTION pgfence._plan_step_finish(bigint, text, integer, boolean, jsonb, jsonb) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION pgfence._plan_step_finish(bigint, text, integer, boolean, jsonb, jsonb) TO pgfence_executor, pgfence_admin;
+COMMENT ON FUNCTION pgfence._plan_step_finish(bigint, text, integer, boolean, jsonb, jsonb) IS
+  'Bookkeeping for plan_run_step (security definer): writes the receipt of SQL step p_step in the step''s own transaction and moves the plan on (next step, executed, or failed on an error). Returns the plan''s new status, or NULL if the step is not the owner''s next SQL step. Not for direct use.';
+
+CREATE OR REPLACE FUNCTION pgfence.plan_run_step(
+  p_id            bigint,
+  p_worker        text,
+  p_external_only boolean DEFAULT false,
+  OUT step_index      integer,
+  OUT action          text,
+  OUT outcome         text,
+  OUT status          text,
+  OUT output          jsonb,
+  OUT error           jsonb,
+  OUT args            jsonb,
+  OUT idempotency_key text
+)
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pgfence, pg_temp
+AS $$
+#variable_conflict use_variable
+DECLARE
+  v       record;
+  v_state text;
+  v_msg   text;
+  v_det   text;
+  v_hint  text;
+  v_ctx   text;
+BEGIN
+  v := pgfence._plan_step_begin(p_id, p_worker);
+  status := v.status;
+  IF v.step_index IS NULL THEN
+    RETURN;  -- refused: not executing, or not by this worker (lost race / stale worker)
+  END IF;
+  step_index := v.step_index;
+  action := v.action;
+  idempotency_key := pgfence._plan_step_key(p_id, v.step_index);
+  IF v.kind = 'external' THEN
+    outcome := 'external';  -- the executor performs it and calls plan_record_step
+    args := v.args;
+    RETURN;
+  END IF;
+  IF p_external_only THEN
+    -- A runner that performs only external effects hands a SQL step to a SQL runner.
+    PERFORM pgfence.plan_release(p_id, p_worker);
+    outcome := 'released';
+    RETURN;
+  END IF;
+  -- The action runs here, in this function, with the privileges of the role calling it:
+  -- plan_run_step is not security definer. A subtransaction: if the action raises, only its
+  -- effects are rolled back, and the error receipt below commits with the step.
+  BEGIN
+    IF v.retired THEN
+      RAISE EXCEPTION 'action "%" was retired after the plan was approved', v.action
+        USING ERRCODE = 'PF101', HINT = 'Propose a new plan with an action on the allow-list.';
+    END IF;
+    IF v.fn_name IS NULL THEN
+      RAISE EXCEPTION 'the function of action "%" no longer exists', v.action
+        USING ERRCODE = '42883', HINT = 'An administrator re-registers the action once its function is back.';
+    END IF;
+    EXECUTE format('SELECT %I.%I($1)', v.fn_schema, v.fn_name) INTO output USING v.args;
+    outcome := 'ok';
+  EXCEPTION WHEN OTHERS OR query_canceled OR assert_failure THEN
+    GET STACKED DIAGNOSTICS v_state = RETURNED_SQLSTATE, v_msg = MESSAGE_TEXT,
+                            v_det = PG_EXCEPTION_DETAIL, v_hint = PG_EXCEPTION_HINT,
+                            v_ctx = PG_EXCEPTION_CONTEXT;
+    outcome := 'error';
+    output := NULL;
+    error := jsonb_strip_nulls(jsonb_build_object(
+      'sqlstate', v_state, 'message', v_msg, 'detail', nullif(v_det, ''),
+      'hint', nullif(v_hint, ''), 'context', nullif(left(v_ctx, 4000), '')));
+  END;
+  status := pgfence._plan_step_finish(p_id, p_worker, v.step_index, outcome = 'ok', output, error);
+END
+$$;
+REVOKE ALL ON FUNCTION pgfence.plan_run_step(bigint, text, boolean) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION pgfence.plan_run_step(bigint, text, boolean) TO pgfence_executor, pgfence_admin;
+COMMENT ON FUNCTION pgfence.plan_run_step(bigint, text, boolean) IS
+  'Run the next step of a run p_worker owns, in the caller''s transaction (one step per transaction): lock the plan row and refuse unless it is still executing by p_worker with a live heartbeat; run the SQL action with the privileges of the calling role (this function is NOT security definer) inside a subtransaction; write the receipt in the same transaction — ok with the action''s output, or error with SQLSTATE and message (the action''s effects rolled back, the plan failed, earlier steps stay committed). After the last ok step the plan is executed. For an external step nothing runs: outcome ''external'' with its args and idempotency key, for the executor to perform and report with plan_record_step. p_external_only (an executor that runs no SQL actions): at a SQL step nothing runs and the run is released for a SQL runner (outcome ''released''). Returns (step_index, action, outcome ok|error|external|released, status, output, error, args, idempotency_key); outcome NULL = refused (lost race, stale worker, terminal plan): nothing ran. Errors: 22004/22023 (worker), P0002 (unknown plan).';
+
+CREATE OR REPLACE FUNCTION pgfence.plan_record_step(
+  p_id         bigint,
+  p_step_index integer,
+  p_worker     text,
+  p_ok         boolean,
+  p_output     jsonb DEFAULT NULL,
+  p_error      text DEFAULT NULL
+)
+RETURNS boolean
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pgfence, pg_temp
+SET pgfence.actor = ''
+AS $$
+DECLARE
+  v pgfence.plan;
+BEGIN
+  PERFORM pgfence._plan_check_name(p_worker, 'worker');
+  IF p_step_index IS NULL OR p_ok IS NULL THEN
+    RAISE EXCEPTION 'plan_record_step: step_index and ok are required' USING ERRCODE = '22004';
+  END IF;
+  IF NOT p_ok AND (p_error IS NULL OR p_error = '') THEN
+    RAISE EXCEPTION 'plan_record_step: a failed step needs its error text' USING ERRCODE = '22004',
+      HINT = 'Pass what the transport reported.';
+  END IF;
+  PERFORM pgfence._set_actor(p_worker);
+  v := pgfence._plan_lock(p_id);
+  IF p_step_index < 1 OR p_step_index > v.step_count THEN
+    RAISE EXCEPTION 'plan_record_step: plan % has steps 1..%, not %', p_id, v.step_count, p_step_index
+      USING ERRCODE = '22023';
+  END IF;
+  IF v.status <> 'executing' OR v.worker IS DISTINCT FROM p_worker OR p_step_index < v.next_step THEN
+    RETURN false;  -- stale worker, terminal plan, or a step recorded already
+  END IF;
+  IF p_step_index > v.next_step THEN
+    RAISE EXCEPTION 'plan_record_step: plan % is at step %, not %', p_id, v.next_step, p_step_index
+      USING ERRCODE = 'PF104', HINT = 'Steps run in order; record the step plan_run_step handed you.';
+  END IF;
+  IF (SELECT s.kind FROM pgfence.plan_step s WHERE s.plan_id = p_id AND s.step_index = p_step_index) <> 'external' THEN
+    RAISE EXCEPTION 'plan_record_step: step % of plan % is a SQL action', p_step_index, p_id
+      USING ERRCODE = 'PF105', HINT = 'SQL steps are run, and receipted in their own transaction, by plan_run_step / CALL plan_execute.';
+  END IF;
+  PERFORM pgfence._plan_commit_step(v, p_ok, p_output,
+    CASE WHEN NOT p_ok THEN jsonb_build_object('message', left(p_error, 8000)) END);
+  RETURN true;
+END
+$$;
+REVOKE ALL ON FUNCTION pgfence.plan_record_step(bigint, integer, text, boolean, jsonb, text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION pgfence.plan_record_step(bigint, integer, text, boolean, jsonb, text) TO pgfence_executor, pgfence_admin;
+COMMENT ON FUNCTION pgfence.plan_record_step(bigint, integer, text, boolean, jsonb, text) IS
+  'Executors: record the outcome of an external step, under the same lock-and-refuse rule as plan_run_step: the receipt (ok with output, or error with the transport''s message) is written only if p_worker still owns the executing run with a live heartbeat and p_step_index is its next step; an error fails the plan; the last ok step makes it executed. Returns false when refused (stale worker — a lapsed heartbeat has made the plan failed/interrupted —, terminal plan, or a step already recorded): nothing changed. Errors: 22004 (missing argument; error text for a failure), 22023 (step outside the plan), P0002 (unknown plan), PF104 (not the next step), PF105 (a SQL step: run by plan_run_step).';
+
+CREATE OR REPLACE PROCEDURE pgfence.plan_execute(
+  p_id        bigint,
+  p_worker    text,
+  p_heartbeat interval DEFAULT NULL,
+  INOUT status   text DEFAULT NULL,
+  INOUT receipts jsonb DEFAULT NULL
+)
+LANGUAGE plpgsql
+-- No SET clause and not security definer: a procedure with either cannot COMMIT, and the
+-- actions must run with the caller's privileges. Every name is schema-qualified.
+AS $$
+#variable_conflict use_variable
+DECLARE
+  v_started boolean;
+  v_step    record;
+BEGIN
+  v_started := pgfence.plan_start(p_id, p_worker, p_heartbeat);
+  COMMIT;
+  IF v_started THEN
+    LOOP
+      SELECT * INTO v_step FROM pgfence.plan_run_step(p_id, p_worker);
+      COMMIT;  -- each step (effect + receipt) is its own transaction
+      EXIT WHEN v_step.outcome IS DISTINCT FROM 'ok' OR v_step.status <> 'executing';
+    END LOOP;
+    IF v_step.outcome = 'external' THEN
+      -- A SQL session cannot perform an external effect: hand the run to an executor.
+      PERFORM pgfence.plan_release(p_id, p_worker);
+      COMMIT;
+    END IF;
+  END IF;
+  SELECT g.status INTO status FROM pgfence.plan_get(p_id) g;
+  SELECT coalesce(jsonb_agg(to_jsonb(r) - 'plan_id' ORDER BY r.step_index), '[]'::jsonb) INTO receipts
+  FROM pgfence.plan_receipts r WHERE r.plan_id = p_id;
+END
+$$;
+REVOKE ALL ON PROCEDURE pgfence.plan_execute(bigint, text, interval, text, jsonb) FROM PUBLIC;
+GRANT EXECUTE ON PROCEDURE pgfence.plan_execute(bigint, text, interval, text, jsonb) TO pgfence_executor, pgfence_admin;
+COMMENT ON PROCEDURE pgfence.plan_execute(bigint, text, interval, text, jsonb) IS
+  'CALL pgfence.plan_execute(id, worker): take the run (plan_start) and run its SQL steps one by one, committing after each, so every committed step has its receipt and a crash loses at most the step in flight (rolled back whole). Stops at an error (plan failed), at the end (executed), when the run is lost (heartbeat lapsed, another owner), or at an external step, which it releases to an executor. A plan that is terminal, or owned by someone else, runs nothing. Returns (status, receipts): the plan''s status and every receipt so far. Must be called outside an explicit transaction block (autocommit), since it commits. Errors: those of plan_start; 2D000 inside a transaction block.';
+
+-- ---------------------------------------------------------------------------------------------
+-- Read: plan_get (with lazy heal), plan_steps, plan_list, plan_receipts
+-- ---------------------------------------------------------------------------------------------
+CREATE OR REPLACE VIEW pgfence.plan_receipts AS
+SELECT s.plan_id, s.step_index, s.action, s.kind, s.outcome, s.output,
+       s.error ->> 'sqlstate' AS sqlstate, s.error ->> 'message' AS message, s.error,
+       s.worker, s.started_at, s.finished_at, s.finished_at - s.started_at AS duration,
+       pgfence._plan_step_key(s.plan_id, s.step_index) AS idempotency_key
+FROM pgfence.plan_step s
+WHERE s.outcome IS NOT NULL;
+REVOKE ALL ON pgfence.plan_receipts FROM PUBLIC;
+GRANT SELECT ON pgfence.plan_receipts TO pgfence_client, pgfence_executor, pgfence_admin;
+COMMENT ON VIEW pgfence.plan_receipts IS
+  'Receipts of every plan step that committed an outcome: ok with the action''s output, or error with SQLSTATE and message; who ran it, when, how long, and the step''s idempotency key (pgfence-plan-<id>-step-<n>). A step without a receipt did not commit.';
+
+CREATE OR REPLACE FUNCTION pgfence.plan_get(p_id bigint)
+RETURNS TABLE (
+  id bigint, status text, failure text, step_count integer, next_step integer,
+  proposed_by text, proposed_at timestamptz, expires_at timestamptz, idempotency_key text,
+  compensates bigint, compensated_by bigint[], approved_by text, approved_at timestamptz,
+  rejected_by text, rejected_at timestamptz, reject_reason text, worker text,
+  started_at timestamptz, heartbeat_interval interval, heartbeat_at timestamptz,
+  heartbeat_expires_at timestamptz, external_started_at timestamptz, finished_at timestamptz,
+  updated_at timestamptz, steps jsonb
+)
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pgfence, pg_temp
+AS $$
+#variable_conflict use_column
+BEGIN
+  PERFORM pgfence._plan_require(p_id);
+  PERFORM pgfence._plan_heal(p_id, 1);   -- lazy heal: a lapsed run reads as failed (interrupted)
+  RETURN QUERY
+  SELECT p.id, p.status, p.failure, p.step_count, p.next_step, p.proposed_by, p.proposed_at,
+         p.expires_at, p.idempotency_key, p.compensates,
+         (SELECT array_agg(c.id ORDER BY c.id) FROM pgfence.plan c WHERE c.compensates = p.id),
+         p.approved_by, p.approved_at, p.rejected_by, p.rejected_at, p.reject_reason, p.worker,
+         p.started_at, p.heartbeat_interval, p.heartbeat_at, p.heartbeat_expires_at,
+         p.external_started_at, p.finished_at, p.updated_at, pgfence._plan_steps_json(p.id)
+  FROM pgfence.plan p WHERE p.id = p_id;
+END
+$$;
+REVOKE ALL ON FUNCTION pgfence.plan_get(bigint) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION pgfence.plan_get(bigint) TO pgfence_client, pgfence_executor, pgfence_admin;
+COMMENT ON FUNCTION pgfence.plan_get(bigint) IS
+  'One plan: status (failure reason if failed), progress, who proposed / approved / rejected it and when, the owner and its heartbeat, the compensating plans, and the frozen steps. Heals lazily: a run whose heartbeat lapsed is marked failed (interrupted) and a pending plan past expires_at expired before it is read (unless a live step transaction holds the row). Errors: 22004 (id NULL), P0002 (unknown plan).';
+
+CREATE OR REPLACE FUNCTION pgfence.plan_steps(p_id bigint)
+RETURNS TABLE (
+  step_index integer, action text, kind text, args jsonb, note text, state text,
+  output jsonb, sqlstate text, message text, worker text, started_at timestamptz,
+  finished_at timestamptz, duration interval, idempotency_key text
+)
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pgfence, pg_temp
+AS $$
+#variable_conflict use_column
+BEGIN
+  PERFORM pgfence._plan_require(p_id);
+  PERFORM pgfence._plan_heal(p_id, 1);
+  RETURN QUERY
+  SELECT s.step_index, s.action, s.kind, s.args, s.note,
+         CASE
+           WHEN s.outcome IS NOT NULL THEN s.outcome
+           WHEN s.step_index = p.next_step AND p.status = 'executing' AND p.external_started_at IS NOT NULL THEN 'running'
+           WHEN s.step_index = p.next_step AND p.status = 'executing' THEN 'next'
+           WHEN p.status IN ('pending', 'approved', 'executing') THEN 'waiting'
+           WHEN s.step_index = p.next_step AND p.failure = 'interrupted' AND p.external_started_at IS NOT NULL
+             THEN 'unknown'
+           ELSE 'not_run' END,
+         s.output, s.error ->> 'sqlstate', s.error ->> 'message', s.worker, s.started_at,
+         s.finished_at, s.finished_at - s.started_at,
+         pgfence._plan_step_key(p.id, s.step_index)
+  FROM pgfence.plan p
+  JOIN pgfence.plan_step s ON s.plan_id = p.id
+  WHERE p.id = p_id
+  ORDER BY s.step_index;
+END
+$$;
+REVOKE ALL ON FUNCTION pgfence.plan_steps(bigint) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION pgfence.plan_steps(bigint) TO pgfence_client, pgfence_executor, pgfence_admin;
+COMMENT ON FUNCTION pgfence.plan_steps(bigint) IS
+  'Every step of a plan with its receipt: state ok | error (committed receipts), next (the step an executing run does next), running (an external step handed to its executor), waiting (not reached yet), unknown (an external step in flight when the run was interrupted: it may have happened), not_run (the plan ended before it). Heals lazily like plan_get. Errors: 22004 (id NULL), P0002 (unknown plan).';
+
+CREATE OR REPLACE FUNCTION pgfence.plan_list(
+  p_status text DEFAULT NULL,
+  p_limit  integer DEFAULT 100
+)
+RETURNS TABLE (
+  id bigint, status text, failure text, step_count integer, steps_done integer,
+  proposed_by text, proposed_at timestamptz, expires_at timestamptz, approved_by text,
+  worker text, heartbeat_expires_at timestamptz, compensates bigint, finished_at timestamptz
+)
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pgfence, pg_temp
+AS $$
+#variable_conflict use_column
+BEGIN
+  IF p_status IS NOT NULL AND p_status NOT IN ('pending', 'approved', 'rejected', 'expired', 'executing', 'executed', 'failed') THEN
+    RAISE EXCEPTION 'plan_list: unknown status "%"', p_status
+      USING ERRCODE = '22023', HINT = 'One of pending, approved, rejected, expired, executing, executed, failed.';
+  END IF;
+  IF p_limit IS NULL OR p_limit NOT BETWEEN 1 AND 10000 THEN
+    RAISE EXCEPTION 'plan_list: limit must be between 1 and 10000' USING ERRCODE = '22023';
+  END IF;
+  PERFORM pgfence._plan_heal(NULL, 1000);
+  RETURN QUERY
+  SELECT p.id, p.status, p.failure, p.step_count,
+         CASE WHEN p.status = 'executed' THEN p.step_count
+              WHEN p.status IN ('executing', 'failed') THEN p.next_step - 1 ELSE 0 END,
+         p.proposed_by, p.proposed_at, p.expires_at, p.approved_by, p.worker,
+         CASE WHEN p.status = 'executing' THEN p.heartbeat_expires_at END,
+         p.compensates, p.finished_at
+  FROM pgfence.plan p
+  WHERE p_status IS NULL OR p.status = p_status
+  ORDER BY p.id DESC
+  LIMIT p_limit;
+END
+$$;
+REVOKE ALL ON FUNCTION pgfence.plan_list(text, integer) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION pgfence.plan_list(text, integer) TO pgfence_client, pgfence_executor, pgfence_admin;
+COMMENT ON FUNCTION pgfence.plan_list(text, integer) IS
+  'The newest plans (highest id first), optionally of one status, without their steps: progress (steps_done = ok receipts), proposer, approver, owner and heartbeat deadline. Heals lapsed runs and expired proposals first, like plan_get. Errors: 22023 (unknown status, limit outside 1..10000).';
+
+-- ---------------------------------------------------------------------------------------------
+-- Reaper
+-- ---------------------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION pgfence.plan_reap_stale(p_max_rows integer DEFAULT 1000)
+RETURNS integer
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pgfence, pg_temp
+SET pgfence.actor = ''
+AS $$
+BEGIN
+  IF p_max_rows IS NULL OR p_max_rows < 1 THEN
+    RAISE EXCEPTION 'plan_reap_stale: max_rows must be positive, got %', p_max_rows
+      USING ERRCODE = '22023';
+  END IF;
+  PERFORM pgfence._set_actor('reaper');
+  RETURN pgfence._plan_heal(NULL, p_max_rows);
+END
+$$;
+REVOKE ALL ON FUNCTION pgfence.plan_reap_stale(integer) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION pgfence.plan_reap_stale(integer) TO pgfence_executor, pgfence_admin;
+COMMENT ON FUNCTION pgfence.plan_reap_stale(integer) IS
+  'Reaper: executing plans whose heartbeat lapsed (database clock) become failed with reason interrupted — their committed steps keep their receipts, nothing is retried, and the old owner is refused from then on — and pending plans past expires_at become expired. At most max_rows; skips rows a live transaction holds. Returns how many it changed. Run by executors on a timer; safe for a DBA to call. Errors: 22023 (max_rows < 1).';

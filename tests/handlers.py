@@ -1,0 +1,35 @@
+"""Python transports used by the executor subprocesses in tests (``python:handlers:<name>``).
+
+They append one line per delivery to the file named by ``$PGFENCE_TEST_RECORD`` (O_APPEND, so
+several processes can share it): ``<pid> <message id> <attempt>``.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+from pgfence.outbox import Claimed
+
+
+def _record(message: Claimed) -> None:
+    path = os.environ["PGFENCE_TEST_RECORD"]
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, f"{os.getpid()} {message.id} {message.attempt}\n".encode())
+    finally:
+        os.close(fd)
+
+
+async def record(message: Claimed) -> dict[str, object]:
+    """Record the delivery and succeed."""
+    _record(message)
+    return {"pid": os.getpid(), "handler_started": time.time()}
+
+
+def read_records(path: str) -> list[tuple[int, int, int]]:
+    """Parse the record file: (pid, message id, attempt) per delivery."""
+    if not os.path.exists(path):
+        return []
+    with open(path) as fh:
+        return [tuple(int(x) for x in line.split()) for line in fh if line.strip()]  # type: ignore[misc]

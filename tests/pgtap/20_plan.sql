@@ -1,0 +1,527 @@
+-- pgTAP: Module 2 — plan. Every contract cell of DESIGN.md for approved plans, plus each
+-- documented SQLSTATE. Cells that need a second session (lost races, CALL plan_execute, which
+-- commits) are in 21_plan_concurrency.sql.
+BEGIN;
+\ir helpers/setup.sql
+SELECT plan(277);
+
+-- Fixtures: a small table, SQL actions on it, an external action (rolled back at the end).
+CREATE TABLE public.tap_plan_t (k text PRIMARY KEY, v integer NOT NULL CHECK (v >= 0));
+CREATE FUNCTION public.tap_plan_put(p jsonb) RETURNS jsonb LANGUAGE sql SET search_path = public AS $$
+  INSERT INTO tap_plan_t (k, v) VALUES (p ->> 'k', (p ->> 'v')::int) RETURNING jsonb_build_object('put', k);
+$$;
+-- Writes a row, then fails: the row must vanish with the failed step.
+CREATE FUNCTION public.tap_plan_boom(p jsonb) RETURNS jsonb LANGUAGE plpgsql SET search_path = public AS $$
+BEGIN
+  INSERT INTO tap_plan_t (k, v) VALUES (p ->> 'k', 1);
+  RETURN jsonb_build_object('ratio', 1 / 0);
+END $$;
+CREATE FUNCTION public.tap_plan_wrong_sig(p json) RETURNS jsonb LANGUAGE sql AS $$ SELECT '{}'::jsonb $$;
+CREATE FUNCTION public.tap_plan_noop(p jsonb) RETURNS jsonb LANGUAGE sql AS $$ SELECT p $$;
+CREATE FUNCTION public.tap_plan_other(p jsonb) RETURNS jsonb LANGUAGE sql AS $$ SELECT p $$;
+CREATE TEMP TABLE ids (name text PRIMARY KEY, id bigint);
+CREATE FUNCTION pg_temp.pid(p_name text) RETURNS bigint LANGUAGE sql AS $$ SELECT id FROM ids WHERE name = p_name $$;
+
+-- =============================================================================================
+-- Catalog: signatures, definer, volatility, search_path, privileges
+-- =============================================================================================
+SELECT has_function('pgfence', 'plan_register_action', ARRAY['text','regprocedure','text'], 'plan_register_action signature');
+SELECT has_function('pgfence', 'plan_retire_action', ARRAY['text'], 'plan_retire_action signature');
+SELECT has_function('pgfence', 'plan_propose', ARRAY['jsonb','text','interval','text','bigint'], 'plan_propose signature');
+SELECT has_function('pgfence', 'plan_compensate', ARRAY['bigint','jsonb','text','interval','text'], 'plan_compensate signature');
+SELECT has_function('pgfence', 'plan_approve', ARRAY['bigint','text'], 'plan_approve signature');
+SELECT has_function('pgfence', 'plan_reject', ARRAY['bigint','text','text'], 'plan_reject signature');
+SELECT has_function('pgfence', 'plan_start', ARRAY['bigint','text','interval'], 'plan_start signature');
+SELECT has_function('pgfence', 'plan_claim', ARRAY['text','integer','boolean','interval'], 'plan_claim signature');
+SELECT has_function('pgfence', 'plan_release', ARRAY['bigint','text'], 'plan_release signature');
+SELECT has_function('pgfence', 'plan_heartbeat', ARRAY['bigint','text'], 'plan_heartbeat signature');
+SELECT has_function('pgfence', 'plan_run_step', ARRAY['bigint','text','boolean'], 'plan_run_step signature');
+SELECT has_function('pgfence', 'plan_record_step', ARRAY['bigint','integer','text','boolean','jsonb','text'], 'plan_record_step signature');
+SELECT has_function('pgfence', 'plan_execute', ARRAY['bigint','text','interval','text','jsonb'], 'plan_execute signature');
+SELECT is((SELECT prokind::text FROM pg_proc WHERE oid = 'pgfence.plan_execute(bigint,text,interval,text,jsonb)'::regprocedure), 'p',
+  'plan_execute is a procedure (it commits after every step)');
+SELECT has_function('pgfence', 'plan_get', ARRAY['bigint'], 'plan_get signature');
+SELECT has_function('pgfence', 'plan_steps', ARRAY['bigint'], 'plan_steps signature');
+SELECT has_function('pgfence', 'plan_list', ARRAY['text','integer'], 'plan_list signature');
+SELECT has_function('pgfence', 'plan_reap_stale', ARRAY['integer'], 'plan_reap_stale signature');
+SELECT has_view('pgfence', 'plan_receipts', 'plan_receipts view');
+SELECT has_view('pgfence', 'plan_actions', 'plan_actions view');
+
+SELECT isnt_definer('pgfence', 'plan_run_step', ARRAY['bigint','text','boolean'], 'plan_run_step is NOT security definer: actions run with the executing role''s privileges');
+SELECT isnt_definer('pgfence', 'plan_execute', ARRAY['bigint','text','interval','text','jsonb'], 'plan_execute is NOT security definer');
+SELECT is_definer('pgfence', '_plan_step_begin', ARRAY['bigint','text'], 'the lock-and-check helper is security definer');
+SELECT is_definer('pgfence', '_plan_step_finish', ARRAY['bigint','text','integer','boolean','jsonb','jsonb'], 'the receipt-writing helper is security definer');
+SELECT is(
+  (SELECT array_agg(p.proname::text ORDER BY p.proname) FROM pg_proc p
+   WHERE p.pronamespace = 'pgfence'::regnamespace AND p.proname LIKE 'plan\_%' AND NOT p.prosecdef),
+  ARRAY['plan_execute', 'plan_run_step'],
+  'every other public plan function is security definer');
+SELECT ok(bool_and(p.proconfig @> ARRAY['search_path=pg_catalog, pgfence, pg_temp']),
+  'every plan function but plan_execute pins search_path')
+FROM pg_proc p WHERE p.pronamespace = 'pgfence'::regnamespace AND p.proname LIKE '%plan%' AND p.proname <> 'plan_execute';
+SELECT is((SELECT proconfig FROM pg_proc WHERE oid = 'pgfence.plan_execute(bigint,text,interval,text,jsonb)'::regprocedure), NULL,
+  'plan_execute has no SET clause (a procedure with one cannot COMMIT)');
+SELECT volatility_is('pgfence', 'plan_get', ARRAY['bigint'], 'volatile', 'plan_get is volatile (it heals lazily)');
+SELECT volatility_is('pgfence', 'plan_run_step', ARRAY['bigint','text','boolean'], 'volatile', 'plan_run_step is volatile');
+
+SELECT function_privs_are('pgfence', 'plan_propose', ARRAY['jsonb','text','interval','text','bigint'], 'pgfence_client', ARRAY['EXECUTE'], 'client may propose');
+SELECT function_privs_are('pgfence', 'plan_propose', ARRAY['jsonb','text','interval','text','bigint'], 'pgfence_executor', ARRAY[]::text[], 'executor may not propose');
+SELECT function_privs_are('pgfence', 'plan_compensate', ARRAY['bigint','jsonb','text','interval','text'], 'pgfence_client', ARRAY['EXECUTE'], 'client may propose a compensation');
+SELECT function_privs_are('pgfence', 'plan_approve', ARRAY['bigint','text'], 'pgfence_client', ARRAY[]::text[], 'client may not approve');
+SELECT function_privs_are('pgfence', 'plan_approve', ARRAY['bigint','text'], 'pgfence_executor', ARRAY[]::text[], 'executor may not approve');
+SELECT function_privs_are('pgfence', 'plan_approve', ARRAY['bigint','text'], 'pgfence_admin', ARRAY['EXECUTE'], 'admin may approve');
+SELECT function_privs_are('pgfence', 'plan_reject', ARRAY['bigint','text','text'], 'pgfence_admin', ARRAY['EXECUTE'], 'admin may reject');
+SELECT function_privs_are('pgfence', 'plan_register_action', ARRAY['text','regprocedure','text'], 'pgfence_executor', ARRAY[]::text[], 'executor may not register actions');
+SELECT function_privs_are('pgfence', 'plan_register_action', ARRAY['text','regprocedure','text'], 'pgfence_admin', ARRAY['EXECUTE'], 'admin may register actions');
+SELECT function_privs_are('pgfence', 'plan_start', ARRAY['bigint','text','interval'], 'pgfence_client', ARRAY[]::text[], 'client may not start a run');
+SELECT function_privs_are('pgfence', 'plan_start', ARRAY['bigint','text','interval'], 'pgfence_executor', ARRAY['EXECUTE'], 'executor may start a run');
+SELECT function_privs_are('pgfence', 'plan_run_step', ARRAY['bigint','text','boolean'], 'pgfence_executor', ARRAY['EXECUTE'], 'executor may run steps');
+SELECT function_privs_are('pgfence', '_plan_step_begin', ARRAY['bigint','text'], 'pgfence_executor', ARRAY['EXECUTE'], 'executor may call the step helper that plan_run_step uses');
+SELECT function_privs_are('pgfence', '_plan_step_begin', ARRAY['bigint','text'], 'pgfence_client', ARRAY[]::text[], 'client may not');
+SELECT function_privs_are('pgfence', 'plan_execute', ARRAY['bigint','text','interval','text','jsonb'], 'pgfence_executor', ARRAY['EXECUTE'], 'executor may CALL plan_execute');
+SELECT function_privs_are('pgfence', 'plan_execute', ARRAY['bigint','text','interval','text','jsonb'], 'pgfence_client', ARRAY[]::text[], 'client may not CALL plan_execute');
+SELECT function_privs_are('pgfence', 'plan_record_step', ARRAY['bigint','integer','text','boolean','jsonb','text'], 'pgfence_executor', ARRAY['EXECUTE'], 'executor may record steps');
+SELECT function_privs_are('pgfence', 'plan_record_step', ARRAY['bigint','integer','text','boolean','jsonb','text'], 'pgfence_client', ARRAY[]::text[], 'client may not record steps');
+SELECT function_privs_are('pgfence', 'plan_heartbeat', ARRAY['bigint','text'], 'pgfence_executor', ARRAY['EXECUTE'], 'executor may heartbeat');
+SELECT function_privs_are('pgfence', 'plan_reap_stale', ARRAY['integer'], 'pgfence_executor', ARRAY['EXECUTE'], 'executor may run the reaper');
+SELECT function_privs_are('pgfence', 'plan_get', ARRAY['bigint'], 'pgfence_client', ARRAY['EXECUTE'], 'client may read a plan');
+SELECT table_privs_are('pgfence', 'plan_receipts', 'pgfence_client', ARRAY['SELECT'], 'client reads plan_receipts');
+SELECT table_privs_are('pgfence', 'plan_actions', 'pgfence_client', ARRAY['SELECT'], 'client reads the allow-list');
+SELECT table_privs_are('pgfence', 'plan', 'pgfence_executor', ARRAY[]::text[], 'executor has no privilege on the plan table');
+SELECT table_privs_are('pgfence', 'plan_step', 'pgfence_admin', ARRAY[]::text[], 'admin has no privilege on the receipts table');
+
+-- =============================================================================================
+-- Allow-list
+-- =============================================================================================
+SELECT is(pgfence.plan_register_action('tap-put', 'public.tap_plan_put(jsonb)', 'insert a row into tap_plan_t'), true, 'register a sql action');
+SELECT is(pgfence.plan_register_action('tap-boom', 'public.tap_plan_boom(jsonb)', 'insert, then divide by zero'), true, 'register a failing sql action');
+SELECT is(pgfence.plan_register_action('tap-hook', NULL, 'POST to a webhook'), true, 'register an external action (no function)');
+SELECT is(pgfence.plan_register_action('tap-put', 'public.tap_plan_put(jsonb)', 'insert one row'), false, 're-registering the same function is not new (description updated)');
+SELECT is((SELECT description FROM pgfence.plan_actions WHERE name = 'tap-put'), 'insert one row', '... and the description changed');
+SELECT results_eq($$SELECT kind, function FROM pgfence.plan_actions WHERE name IN ('tap-put', 'tap-hook') ORDER BY name$$,
+  $$VALUES ('external'::text, NULL::text), ('sql', 'tap_plan_put(jsonb)')$$, 'plan_actions shows kind and function');
+SELECT throws_ok($$SELECT pgfence.plan_register_action('tap-put', 'public.tap_plan_other(jsonb)', 'x')$$, 'PF102', NULL, 're-pointing an action at another function: PF102');
+SELECT throws_ok($$SELECT pgfence.plan_register_action('tap-put', NULL, 'x')$$, 'PF102', NULL, 'changing an action''s kind: PF102');
+SELECT throws_ok($$SELECT pgfence.plan_register_action('tap-wrong', 'public.tap_plan_wrong_sig(json)', 'x')$$, '22023', NULL, 'a function that is not (jsonb) RETURNS jsonb: 22023');
+SELECT throws_ok($$SELECT pgfence.plan_register_action('tap-own', 'pgfence._plan_normalize_steps(jsonb)', 'x')$$, '22023', NULL, 'pgfence''s own function: 22023');
+SELECT throws_ok($$SELECT pgfence.plan_register_action('Bad Name', NULL, 'x')$$, '22023', NULL, 'bad action name: 22023');
+SELECT throws_ok($$SELECT pgfence.plan_register_action('tap-x', NULL, NULL)$$, '22004', NULL, 'missing description: 22004');
+SELECT throws_ok($$SELECT pgfence.plan_register_action('tap-x', NULL, '')$$, '22023', NULL, 'empty description: 22023');
+SELECT is(pgfence.plan_register_action('tap-noop', 'public.tap_plan_noop(jsonb)', 'return the args'), true, 'register tap-noop');
+SELECT is(pgfence.plan_retire_action('tap-noop'), true, 'retire an action');
+SELECT is(pgfence.plan_retire_action('tap-noop'), false, 'retiring it again returns false');
+SELECT throws_ok($$SELECT pgfence.plan_retire_action('tap-nothing')$$, 'P0002', NULL, 'retire an unknown action: P0002');
+
+-- =============================================================================================
+-- Propose: validation up front, normalisation, idempotency
+-- =============================================================================================
+INSERT INTO ids SELECT 'p1', pgfence.plan_propose(
+  '[{"action": "tap-put", "args": {"k": "a", "v": 1}, "note": "first"},
+    {"action": "tap-put", "args": {"k": "b", "v": 2}},
+    {"action": "tap-put", "args": {"k": "c", "v": 3}}]', 'tap-agent');
+SELECT results_eq(
+  $$SELECT status, step_count, next_step, proposed_by, expires_at, approved_by IS NULL, worker IS NULL FROM pgfence.plan WHERE id = pg_temp.pid('p1')$$,
+  $$VALUES ('pending'::text, 3, 1, 'tap-agent'::text, now() + interval '1 day', true, true)$$,
+  'propose: pending, 3 steps, expires after the default ttl of 1 day');
+SELECT is((SELECT steps -> 0 FROM pgfence.plan_get(pg_temp.pid('p1'))),
+  '{"action": "tap-put", "kind": "sql", "function": "public.tap_plan_put(jsonb)", "args": {"k": "a", "v": 1}, "note": "first"}'::jsonb,
+  'steps are frozen normalised: kind and function of the action recorded with the step');
+INSERT INTO ids SELECT 'noargs', pgfence.plan_propose('[{"action": "tap-hook", "args": {"recipient": "http://127.0.0.1:9/x"}}, {"action": "tap-put"}]', 'tap-agent');
+SELECT is((SELECT steps -> 1 -> 'args' FROM pgfence.plan_get(pg_temp.pid('noargs'))), '{}'::jsonb, 'a step without args gets {}');
+SELECT results_eq($$SELECT step_index, action, kind, function, args, outcome FROM pgfence.plan_step WHERE plan_id = pg_temp.pid('p1') ORDER BY step_index$$,
+  $$VALUES (1, 'tap-put'::text, 'sql'::text, 'public.tap_plan_put(jsonb)'::text, '{"k": "a", "v": 1}'::jsonb, NULL::text),
+           (2, 'tap-put', 'sql', 'public.tap_plan_put(jsonb)', '{"k": "b", "v": 2}', NULL),
+           (3, 'tap-put', 'sql', 'public.tap_plan_put(jsonb)', '{"k": "c", "v": 3}', NULL)$$,
+  'one row per step, numbered from 1, without a receipt yet');
+
+INSERT INTO ids SELECT 'key', pgfence.plan_propose('[{"action": "tap-put", "args": {"k": "key", "v": 1}}]', 'tap-agent', interval '1 hour', 'tap-plan-key-1');
+SELECT is(pgfence.plan_propose('[{"action": "tap-put", "args": {"k": "key", "v": 1}}]', 'tap-agent', interval '1 hour', 'tap-plan-key-1'), pg_temp.pid('key'),
+  'a repeated idempotency key returns the existing plan');
+SELECT is((SELECT count(*)::int FROM pgfence.plan WHERE idempotency_key = 'tap-plan-key-1'), 1, '... and inserts nothing');
+SELECT throws_ok($$SELECT pgfence.plan_propose('[{"action": "tap-put", "args": {"k": "other", "v": 1}}]', 'tap-agent', interval '1 hour', 'tap-plan-key-1')$$,
+  'PF003', NULL, 'the same key with other steps: PF003');
+
+SELECT throws_ok($$SELECT pgfence.plan_propose(NULL, 'tap-agent')$$, '22004', NULL, 'NULL steps: 22004');
+SELECT throws_ok($$SELECT pgfence.plan_propose('[{"action": "tap-put"}]', NULL)$$, '22004', NULL, 'NULL proposer: 22004');
+SELECT throws_ok($$SELECT pgfence.plan_propose('[{"action": "tap-put"}]', '')$$, '22023', NULL, 'empty proposer: 22023');
+SELECT throws_ok($$SELECT pgfence.plan_propose('{"action": "tap-put"}', 'tap-agent')$$, '22023', NULL, 'steps not an array: 22023');
+SELECT throws_ok($$SELECT pgfence.plan_propose('[]', 'tap-agent')$$, '22023', NULL, 'no steps: 22023');
+SELECT throws_ok($$SELECT pgfence.plan_propose('[{"action": "tap-put"}, 42]', 'tap-agent')$$, '22023', NULL, 'a step that is not an object: 22023');
+SELECT throws_ok($$SELECT pgfence.plan_propose('[{"action": "tap-put", "sql": "DROP TABLE x"}]', 'tap-agent')$$, '22023', NULL, 'a step with an unknown key: 22023');
+SELECT throws_ok($$SELECT pgfence.plan_propose('[{"action": "tap-put", "args": [1]}]', 'tap-agent')$$, '22023', NULL, 'args not an object: 22023');
+SELECT throws_ok($$SELECT pgfence.plan_propose('[{"args": {}}]', 'tap-agent')$$, '22023', NULL, 'a step without an action: 22023');
+SELECT throws_ok($$SELECT pgfence.plan_propose('[{"action": "tap-put"}, {"action": "tap-drop-everything"}]', 'tap-agent')$$, 'PF101', NULL, 'an action not on the allow-list: PF101');
+SELECT throws_ok($$SELECT pgfence.plan_propose('[{"action": "tap-noop"}]', 'tap-agent')$$, 'PF101', NULL, 'a retired action: PF101');
+SELECT throws_ok($$SELECT pgfence.plan_propose('[{"action": "tap-hook", "args": {"payload": {}}}]', 'tap-agent')$$, '22023', NULL, 'an external step without a recipient: 22023');
+SELECT throws_ok($$SELECT pgfence.plan_propose('[{"action": "tap-hook", "args": {"recipient": "x", "payload": [1]}}]', 'tap-agent')$$, '22023', NULL, 'an external payload that is not an object: 22023');
+SELECT throws_ok($$SELECT pgfence.plan_propose('[{"action": "tap-put"}]', 'tap-agent', NULL)$$, '22004', NULL, 'NULL ttl: 22004');
+SELECT throws_ok($$SELECT pgfence.plan_propose('[{"action": "tap-put"}]', 'tap-agent', interval '0')$$, '22023', NULL, 'ttl 0: 22023');
+SELECT throws_ok($$SELECT pgfence.plan_propose('[{"action": "tap-put"}]', 'tap-agent', interval '1 day', '')$$, '22023', NULL, 'empty idempotency key: 22023');
+SELECT is((SELECT count(*)::int FROM pgfence.plan), 3, 'refused proposals wrote nothing');
+
+-- =============================================================================================
+-- Approve / reject / expire
+-- =============================================================================================
+SELECT throws_ok(format('SELECT pgfence.plan_approve(%s, %L)', pg_temp.pid('p1'), 'tap-agent'), 'PF103', NULL, 'the proposer cannot approve: PF103');
+SELECT is(pgfence.plan_approve(pg_temp.pid('p1'), 'tap-alice'), 'approved', 'approve a pending plan');
+SELECT results_eq($$SELECT status, approved_by, approved_at FROM pgfence.plan WHERE id = pg_temp.pid('p1')$$,
+  $$VALUES ('approved'::text, 'tap-alice'::text, now())$$, 'approved: who and when');
+SELECT is(pgfence.plan_approve(pg_temp.pid('p1'), 'tap-bob'), NULL, 'a second approval is a lost race (NULL)');
+SELECT is((SELECT approved_by FROM pgfence.plan WHERE id = pg_temp.pid('p1')), 'tap-alice', '... and changes nothing');
+SELECT is(pgfence.plan_reject(pg_temp.pid('p1'), 'tap-bob', 'too late'), false, 'rejecting an approved plan is a lost race (false)');
+SELECT throws_ok($$SELECT pgfence.plan_approve(-1, 'tap-alice')$$, 'P0002', NULL, 'approve an unknown plan: P0002');
+SELECT throws_ok($$SELECT pgfence.plan_approve(NULL, 'tap-alice')$$, '22004', NULL, 'approve NULL id: 22004');
+SELECT throws_ok(format('SELECT pgfence.plan_approve(%s, NULL)', pg_temp.pid('key')), '22004', NULL, 'approve without an approver: 22004');
+
+INSERT INTO ids SELECT 'rej', pgfence.plan_propose('[{"action": "tap-put", "args": {"k": "r", "v": 1}}]', 'tap-agent');
+SELECT throws_ok(format('SELECT pgfence.plan_reject(%s, %L, NULL)', pg_temp.pid('rej'), 'tap-alice'), '22004', NULL, 'reject without a reason: 22004');
+SELECT is(pgfence.plan_reject(pg_temp.pid('rej'), 'tap-alice', 'writes to the wrong table'), true, 'reject a pending plan');
+SELECT results_eq($$SELECT status, rejected_by, reject_reason, finished_at IS NOT NULL FROM pgfence.plan WHERE id = pg_temp.pid('rej')$$,
+  $$VALUES ('rejected'::text, 'tap-alice'::text, 'writes to the wrong table'::text, true)$$, 'rejected: who, why, finished');
+SELECT is(pgfence.plan_approve(pg_temp.pid('rej'), 'tap-bob'), NULL, 'a rejected plan cannot be approved (NULL)');
+SELECT is(pgfence.plan_start(pg_temp.pid('rej'), 'tap-w1'), false, 'a rejected plan cannot start');
+SELECT throws_ok($$SELECT pgfence.plan_reject(-1, 'tap-alice', 'x')$$, 'P0002', NULL, 'reject an unknown plan: P0002');
+
+-- expiry: proposed 2 days ago with a 1-day ttl (back-dated; triggers off only for this fixture)
+INSERT INTO ids SELECT 'exp', pgfence.plan_propose('[{"action": "tap-put", "args": {"k": "e", "v": 1}}]', 'tap-agent');
+INSERT INTO ids SELECT 'exp2', pgfence.plan_propose('[{"action": "tap-put", "args": {"k": "e2", "v": 1}}]', 'tap-agent');
+INSERT INTO ids SELECT 'exp3', pgfence.plan_propose('[{"action": "tap-put", "args": {"k": "e3", "v": 1}}]', 'tap-agent');
+SET LOCAL session_replication_role = replica;
+UPDATE pgfence.plan SET proposed_at = now() - interval '2 days', expires_at = now() - interval '1 day'
+WHERE id IN (pg_temp.pid('exp'), pg_temp.pid('exp2'), pg_temp.pid('exp3'));
+SET LOCAL session_replication_role = origin;
+SELECT is(pgfence.plan_approve(pg_temp.pid('exp'), 'tap-alice'), 'expired', 'approving after expires_at returns expired ...');
+SELECT results_eq($$SELECT status, approved_by IS NULL, finished_at IS NOT NULL FROM pgfence.plan WHERE id = pg_temp.pid('exp')$$,
+  $$VALUES ('expired'::text, true, true)$$, '... and the plan is expired, not approved');
+SELECT is(pgfence.plan_start(pg_temp.pid('exp'), 'tap-w1'), false, 'an expired plan cannot start');
+SELECT is((SELECT status FROM pgfence.plan_get(pg_temp.pid('exp2'))), 'expired', 'plan_get expires a pending plan past expires_at (lazy)');
+SELECT is(pgfence.plan_reap_stale(), 1, 'the reaper expires the other one');
+SELECT is((SELECT status FROM pgfence.plan WHERE id = pg_temp.pid('exp3')), 'expired', '... which is now expired');
+
+-- =============================================================================================
+-- Start: approved -> executing, one owner, heartbeat from the database clock
+-- =============================================================================================
+SELECT is(pgfence.plan_start(pg_temp.pid('key'), 'tap-w1'), false, 'a pending plan cannot start (false)');
+SELECT is(pgfence.plan_start(pg_temp.pid('p1'), 'tap-w1'), true, 'start an approved plan');
+SELECT results_eq(
+  $$SELECT status, worker, started_at, heartbeat_interval, heartbeat_expires_at FROM pgfence.plan WHERE id = pg_temp.pid('p1')$$,
+  $$VALUES ('executing'::text, 'tap-w1'::text, now(), interval '120 seconds', now() + interval '120 seconds')$$,
+  'executing by tap-w1, default heartbeat 120 s from now()');
+SELECT is(pgfence.plan_start(pg_temp.pid('p1'), 'tap-w2'), false, 'a second worker loses (false)');
+SELECT is(pgfence.plan_start(pg_temp.pid('p1'), 'tap-w1'), true, 'the owner asking again keeps it (true)');
+SELECT throws_ok($$SELECT pgfence.plan_start(-1, 'tap-w1')$$, 'P0002', NULL, 'start an unknown plan: P0002');
+SELECT throws_ok(format('SELECT pgfence.plan_start(%s, %L, interval %L)', pg_temp.pid('p1'), 'tap-w1', '0.5 seconds'), '22023', NULL, 'heartbeat under 1 s: 22023');
+SELECT throws_ok(format('SELECT pgfence.plan_start(%s, %L)', pg_temp.pid('p1'), ''), '22023', NULL, 'empty worker: 22023');
+
+-- =============================================================================================
+-- Run steps: receipt with the effect; a stale worker runs nothing
+-- =============================================================================================
+SELECT results_eq($$SELECT step_index, action, outcome, status, output FROM pgfence.plan_run_step(pg_temp.pid('p1'), 'tap-w1')$$,
+  $$VALUES (1, 'tap-put'::text, 'ok'::text, 'executing'::text, '{"put": "a"}'::jsonb)$$, 'run step 1: ok with the action''s output');
+SELECT is((SELECT v FROM public.tap_plan_t WHERE k = 'a'), 1, 'step 1''s effect is there');
+SELECT results_eq($$SELECT step_index, outcome, worker, output FROM pgfence.plan_receipts WHERE plan_id = pg_temp.pid('p1')$$,
+  $$VALUES (1, 'ok'::text, 'tap-w1'::text, '{"put": "a"}'::jsonb)$$, '... with its receipt, in the same transaction');
+SELECT results_eq($$SELECT step_index, outcome, status FROM pgfence.plan_run_step(pg_temp.pid('p1'), 'tap-w2')$$,
+  $$VALUES (NULL::int, NULL::text, 'executing'::text)$$, 'another worker is refused: outcome NULL');
+SELECT is((SELECT count(*)::int FROM public.tap_plan_t), 1, '... and nothing ran');
+SELECT is((SELECT next_step FROM pgfence.plan WHERE id = pg_temp.pid('p1')), 2, 'the plan waits at step 2');
+SELECT results_eq($$SELECT step_index, outcome FROM pgfence.plan_run_step(pg_temp.pid('p1'), 'tap-w1')$$, $$VALUES (2, 'ok'::text)$$, 'step 2 ok');
+SELECT results_eq($$SELECT step_index, outcome, status FROM pgfence.plan_run_step(pg_temp.pid('p1'), 'tap-w1')$$,
+  $$VALUES (3, 'ok'::text, 'executed'::text)$$, 'the last ok step makes the plan executed');
+SELECT results_eq($$SELECT status, next_step, finished_at IS NOT NULL, failure FROM pgfence.plan WHERE id = pg_temp.pid('p1')$$,
+  $$VALUES ('executed'::text, 4, true, NULL::text)$$, 'executed: next_step past the end, finished');
+SELECT is((SELECT array_agg(k ORDER BY k) FROM public.tap_plan_t), ARRAY['a','b','c'], 'all three effects committed');
+
+-- terminal repeat: runs nothing, answers from its receipts
+SELECT results_eq($$SELECT step_index, outcome, status FROM pgfence.plan_run_step(pg_temp.pid('p1'), 'tap-w1')$$,
+  $$VALUES (NULL::int, NULL::text, 'executed'::text)$$, 'an executed plan asked to run again: refused, status executed');
+SELECT is(pgfence.plan_start(pg_temp.pid('p1'), 'tap-w1'), false, 'an executed plan cannot start again');
+SELECT is((SELECT count(*)::int FROM public.tap_plan_t), 3, '... nothing ran again');
+SELECT is((SELECT array_agg(state ORDER BY step_index) FROM pgfence.plan_steps(pg_temp.pid('p1'))), ARRAY['ok','ok','ok'], 'plan_steps: all receipts ok');
+SELECT is((SELECT idempotency_key FROM pgfence.plan_steps(pg_temp.pid('p1')) WHERE step_index = 2), 'pgfence-plan-' || pg_temp.pid('p1') || '-step-2',
+  'each step''s idempotency key is plan id + step index');
+SELECT throws_ok(format('CALL pgfence.plan_execute(%s, %L)', pg_temp.pid('p1'), 'tap-w1'), '2D000', NULL, 'CALL plan_execute inside a transaction block: 2D000 (it commits per step)');
+
+-- =============================================================================================
+-- A failing step: its effects roll back, its error receipt commits, earlier steps stay
+-- =============================================================================================
+INSERT INTO ids SELECT 'f', pgfence.plan_propose(
+  '[{"action": "tap-put", "args": {"k": "f1", "v": 1}}, {"action": "tap-put", "args": {"k": "f2", "v": 2}},
+    {"action": "tap-boom", "args": {"k": "f3"}}, {"action": "tap-put", "args": {"k": "f4", "v": 4}}]', 'tap-agent');
+SELECT is(pgfence.plan_approve(pg_temp.pid('f'), 'tap-alice'), 'approved', 'approve the failing plan');
+SELECT is(pgfence.plan_start(pg_temp.pid('f'), 'tap-w1'), true, 'start it');
+SELECT results_eq($$SELECT step_index, outcome FROM pgfence.plan_run_step(pg_temp.pid('f'), 'tap-w1')$$, $$VALUES (1, 'ok'::text)$$, 'step 1 ok');
+SELECT results_eq($$SELECT step_index, outcome FROM pgfence.plan_run_step(pg_temp.pid('f'), 'tap-w1')$$, $$VALUES (2, 'ok'::text)$$, 'step 2 ok');
+SELECT results_eq($$SELECT step_index, outcome, status, error ->> 'sqlstate' FROM pgfence.plan_run_step(pg_temp.pid('f'), 'tap-w1')$$,
+  $$VALUES (3, 'error'::text, 'failed'::text, '22012'::text)$$, 'step 3 raises: error receipt with SQLSTATE 22012, plan failed');
+SELECT is((SELECT count(*)::int FROM public.tap_plan_t WHERE k = 'f3'), 0, 'the failing step''s own write was rolled back');
+SELECT is((SELECT array_agg(k ORDER BY k) FROM public.tap_plan_t WHERE k LIKE 'f%'), ARRAY['f1','f2'], 'steps 1-2 stay committed; step 4 never ran');
+SELECT results_eq($$SELECT step_index, outcome, sqlstate, message FROM pgfence.plan_receipts WHERE plan_id = pg_temp.pid('f') ORDER BY step_index$$,
+  $$VALUES (1, 'ok'::text, NULL::text, NULL::text), (2, 'ok', NULL, NULL), (3, 'error', '22012', 'division by zero')$$,
+  'receipts: ok, ok, error with SQLSTATE and message');
+SELECT results_eq($$SELECT status, failure, next_step FROM pgfence.plan WHERE id = pg_temp.pid('f')$$,
+  $$VALUES ('failed'::text, 'step_error'::text, 3)$$, 'failed (step_error) at step 3');
+SELECT is((SELECT array_agg(state ORDER BY step_index) FROM pgfence.plan_steps(pg_temp.pid('f'))), ARRAY['ok','ok','error','not_run'], 'plan_steps: ok, ok, error, not_run');
+SELECT results_eq($$SELECT outcome, status FROM pgfence.plan_run_step(pg_temp.pid('f'), 'tap-w1')$$,
+  $$VALUES (NULL::text, 'failed'::text)$$, 'a failed plan runs nothing more');
+
+-- =============================================================================================
+-- Privileges: the action runs as the executing role, never as pgfence's owner
+-- =============================================================================================
+CREATE TABLE public.tap_plan_secret (x text);
+REVOKE ALL ON public.tap_plan_secret FROM PUBLIC;
+CREATE FUNCTION public.tap_plan_secret_write(p jsonb) RETURNS jsonb LANGUAGE sql SET search_path = public AS $$
+  INSERT INTO tap_plan_secret VALUES (p ->> 'x') RETURNING jsonb_build_object('wrote', x);
+$$;
+CREATE ROLE tap_plan_weak NOLOGIN IN ROLE pgfence_executor;
+CREATE ROLE tap_plan_strong NOLOGIN IN ROLE pgfence_executor;
+GRANT INSERT, SELECT ON public.tap_plan_secret TO tap_plan_strong;
+GRANT SELECT ON ids TO tap_plan_weak, tap_plan_strong;
+SELECT is(pgfence.plan_register_action('tap-secret', 'public.tap_plan_secret_write(jsonb)', 'write the secret table'), true, 'register an action on a protected table');
+INSERT INTO ids SELECT 'priv', pgfence.plan_propose('[{"action": "tap-secret", "args": {"x": "weak"}}]', 'tap-agent');
+INSERT INTO ids SELECT 'priv2', pgfence.plan_propose('[{"action": "tap-secret", "args": {"x": "strong"}}]', 'tap-agent');
+SELECT is(pgfence.plan_approve(pg_temp.pid('priv'), 'tap-alice') || pgfence.plan_approve(pg_temp.pid('priv2'), 'tap-alice'), 'approvedapproved', 'approve both');
+SET LOCAL ROLE tap_plan_weak;
+SELECT is(pgfence.plan_start(pg_temp.pid('priv'), 'tap-weak'), true, 'as a role without INSERT on the table: start');
+SELECT results_eq($$SELECT outcome, status, error ->> 'sqlstate', error ->> 'message' FROM pgfence.plan_run_step(pg_temp.pid('priv'), 'tap-weak')$$,
+  $$VALUES ('error'::text, 'failed'::text, '42501'::text, 'permission denied for table tap_plan_secret'::text)$$,
+  'the action the executing role may not perform becomes an error receipt (42501 on the table), not a success');
+RESET ROLE;
+SELECT is((SELECT count(*)::int FROM public.tap_plan_secret), 0, '... and wrote nothing, although pgfence''s owner could have');
+SET LOCAL ROLE tap_plan_strong;
+SELECT is(pgfence.plan_start(pg_temp.pid('priv2'), 'tap-strong'), true, 'as a role with INSERT: start');
+SELECT results_eq($$SELECT outcome, status FROM pgfence.plan_run_step(pg_temp.pid('priv2'), 'tap-strong')$$,
+  $$VALUES ('ok'::text, 'executed'::text)$$, 'the same action succeeds for a role that may perform it');
+SELECT throws_ok($$SELECT count(*) FROM pgfence.plan_step$$, '42501', NULL, 'the executing role still cannot read the receipts table directly');
+RESET ROLE;
+
+-- =============================================================================================
+-- External steps: handed out by plan_run_step, recorded by plan_record_step
+-- =============================================================================================
+INSERT INTO ids SELECT 'x', pgfence.plan_propose(
+  '[{"action": "tap-put", "args": {"k": "x1", "v": 1}},
+    {"action": "tap-hook", "args": {"recipient": "http://127.0.0.1:9/hook", "payload": {"n": 2}}},
+    {"action": "tap-put", "args": {"k": "x3", "v": 3}},
+    {"action": "tap-hook", "args": {"recipient": "http://127.0.0.1:9/hook"}}]', 'tap-agent');
+SELECT is(pgfence.plan_approve(pg_temp.pid('x'), 'tap-alice'), 'approved', 'approve a plan with external steps');
+SELECT is(pgfence.plan_start(pg_temp.pid('x'), 'tap-w1'), true, 'start it');
+SELECT is((SELECT outcome FROM pgfence.plan_run_step(pg_temp.pid('x'), 'tap-w1')), 'ok', 'step 1 (sql) ok');
+SELECT results_eq(
+  $$SELECT step_index, action, outcome, status, args, idempotency_key FROM pgfence.plan_run_step(pg_temp.pid('x'), 'tap-w1')$$,
+  $$VALUES (2, 'tap-hook'::text, 'external'::text, 'executing'::text,
+            '{"recipient": "http://127.0.0.1:9/hook", "payload": {"n": 2}}'::jsonb, 'pgfence-plan-' || pg_temp.pid('x') || '-step-2')$$,
+  'an external step is handed out, not run: args and idempotency key = plan id + step index');
+SELECT is((SELECT external_started_at FROM pgfence.plan WHERE id = pg_temp.pid('x')), now(), '... and marked in flight');
+SELECT is((SELECT state FROM pgfence.plan_steps(pg_temp.pid('x')) WHERE step_index = 2), 'running', 'plan_steps shows it running');
+SELECT results_eq($$SELECT step_index, outcome FROM pgfence.plan_run_step(pg_temp.pid('x'), 'tap-w1')$$,
+  $$VALUES (2, 'external'::text)$$, 'asking again hands out the same external step (nothing runs past it)');
+SELECT is(pgfence.plan_record_step(pg_temp.pid('x'), 2, 'tap-w2', true, '{"http_status": 200}'), false, 'record by another worker: refused (false)');
+SELECT throws_ok(format('SELECT pgfence.plan_record_step(%s, 3, %L, true)', pg_temp.pid('x'), 'tap-w1'), 'PF104', NULL, 'record a step after the next one: PF104');
+SELECT throws_ok(format('SELECT pgfence.plan_record_step(%s, 9, %L, true)', pg_temp.pid('x'), 'tap-w1'), '22023', NULL, 'record a step outside the plan: 22023');
+SELECT throws_ok(format('SELECT pgfence.plan_record_step(%s, 2, %L, false)', pg_temp.pid('x'), 'tap-w1'), '22004', NULL, 'record a failure without its error: 22004');
+SELECT throws_ok($$SELECT pgfence.plan_record_step(-1, 1, 'tap-w1', true)$$, 'P0002', NULL, 'record for an unknown plan: P0002');
+SELECT is(pgfence.plan_record_step(pg_temp.pid('x'), 2, 'tap-w1', true, '{"http_status": 200}'), true, 'the owner records the external step');
+SELECT results_eq($$SELECT outcome, kind, output, worker FROM pgfence.plan_receipts WHERE plan_id = pg_temp.pid('x') AND step_index = 2$$,
+  $$VALUES ('ok'::text, 'external'::text, '{"http_status": 200}'::jsonb, 'tap-w1'::text)$$, 'its receipt');
+SELECT results_eq($$SELECT next_step, external_started_at IS NULL FROM pgfence.plan WHERE id = pg_temp.pid('x')$$,
+  $$VALUES (3, true)$$, 'the plan moved to step 3; nothing in flight');
+SELECT is(pgfence.plan_record_step(pg_temp.pid('x'), 2, 'tap-w1', true, '{"http_status": 200}'), false, 'recording it again (redelivered report): false, nothing changes');
+SELECT throws_ok(format('SELECT pgfence.plan_record_step(%s, 3, %L, true)', pg_temp.pid('x'), 'tap-w1'), 'PF105', NULL, 'record a SQL step: PF105');
+SELECT is((SELECT outcome FROM pgfence.plan_run_step(pg_temp.pid('x'), 'tap-w1')), 'ok', 'step 3 (sql) ok');
+SELECT is((SELECT outcome FROM pgfence.plan_run_step(pg_temp.pid('x'), 'tap-w1')), 'external', 'step 4 handed out');
+SELECT is(pgfence.plan_record_step(pg_temp.pid('x'), 4, 'tap-w1', false, NULL, 'HTTP 410 Gone'), true, 'record an external failure');
+SELECT results_eq($$SELECT status, failure, next_step FROM pgfence.plan WHERE id = pg_temp.pid('x')$$,
+  $$VALUES ('failed'::text, 'step_error'::text, 4)$$, 'an external error fails the plan at that step');
+SELECT is((SELECT message FROM pgfence.plan_receipts WHERE plan_id = pg_temp.pid('x') AND step_index = 4), 'HTTP 410 Gone', 'with the transport''s message');
+
+-- =============================================================================================
+-- Heartbeat, lazy heal, reaper; a stale worker is refused afterwards
+-- =============================================================================================
+INSERT INTO ids SELECT 'hb', pgfence.plan_propose(
+  '[{"action": "tap-put", "args": {"k": "h1", "v": 1}}, {"action": "tap-put", "args": {"k": "h2", "v": 2}}]', 'tap-agent');
+INSERT INTO ids SELECT 'hb2', pgfence.plan_propose('[{"action": "tap-put", "args": {"k": "i1", "v": 1}}, {"action": "tap-put", "args": {"k": "i2", "v": 1}}]', 'tap-agent');
+INSERT INTO ids SELECT 'hb3', pgfence.plan_propose(
+  '[{"action": "tap-put", "args": {"k": "j1", "v": 1}}, {"action": "tap-hook", "args": {"recipient": "http://127.0.0.1:9/j"}}]', 'tap-agent');
+SELECT is(pgfence.plan_approve(pg_temp.pid('hb'), 'tap-alice') || pgfence.plan_approve(pg_temp.pid('hb2'), 'tap-alice') || pgfence.plan_approve(pg_temp.pid('hb3'), 'tap-alice'),
+  'approvedapprovedapproved', 'approve three plans');
+SELECT is(pgfence.plan_start(pg_temp.pid('hb'), 'tap-w1', interval '30 seconds'), true, 'start with a 30 s heartbeat');
+SELECT is(pgfence.plan_heartbeat(pg_temp.pid('hb'), 'tap-w1'), true, 'the owner heartbeats');
+SELECT is((SELECT heartbeat_expires_at FROM pgfence.plan WHERE id = pg_temp.pid('hb')), now() + interval '30 seconds', 'deadline = now() + its interval');
+SELECT is(pgfence.plan_heartbeat(pg_temp.pid('hb'), 'tap-w2'), false, 'another worker''s heartbeat is refused');
+SELECT is((SELECT outcome FROM pgfence.plan_run_step(pg_temp.pid('hb'), 'tap-w1')), 'ok', 'step 1 ok');
+SELECT ok((SELECT heartbeat_expires_at >= now() + interval '30 seconds' FROM pgfence.plan WHERE id = pg_temp.pid('hb')), 'a receipt stamps the heartbeat too');
+-- the worker dies: back-date its heartbeat (the clock is never faked)
+UPDATE pgfence.plan SET heartbeat_expires_at = now() - interval '1 second' WHERE id = pg_temp.pid('hb');
+SELECT results_eq($$SELECT status, failure, next_step FROM pgfence.plan_get(pg_temp.pid('hb'))$$,
+  $$VALUES ('failed'::text, 'interrupted'::text, 2)$$, 'plan_get heals lazily: failed (interrupted) at step 2');
+SELECT is((SELECT array_agg(state ORDER BY step_index) FROM pgfence.plan_steps(pg_temp.pid('hb'))), ARRAY['ok','not_run'], 'the committed step keeps its receipt');
+SELECT results_eq($$SELECT outcome, status FROM pgfence.plan_run_step(pg_temp.pid('hb'), 'tap-w1')$$,
+  $$VALUES (NULL::text, 'failed'::text)$$, 'the worker that comes back cannot run a step');
+SELECT is(pgfence.plan_heartbeat(pg_temp.pid('hb'), 'tap-w1'), false, '... nor heartbeat');
+SELECT is((SELECT count(*)::int FROM public.tap_plan_t WHERE k = 'h2'), 0, 'step 2 never ran');
+SELECT is((SELECT detail ->> 'reason' FROM pgfence.event WHERE module = 'plan' AND item_id = pg_temp.pid('hb') AND event = 'fail'), 'interrupted', 'the fail event says interrupted');
+
+-- the owner's own lock-and-check heals too: a lapsed run is not resumed by a late worker
+SELECT is(pgfence.plan_start(pg_temp.pid('hb2'), 'tap-w1'), true, 'start hb2');
+UPDATE pgfence.plan SET heartbeat_expires_at = now() - interval '1 second' WHERE id = pg_temp.pid('hb2');
+SELECT results_eq($$SELECT outcome, status FROM pgfence.plan_run_step(pg_temp.pid('hb2'), 'tap-w1')$$,
+  $$VALUES (NULL::text, 'failed'::text)$$, 'plan_run_step after a lapse: refused, and the plan is failed');
+SELECT is((SELECT failure FROM pgfence.plan WHERE id = pg_temp.pid('hb2')), 'interrupted', '... (interrupted)');
+SELECT is(pgfence.plan_start(pg_temp.pid('hb2'), 'tap-w1'), false, 'and cannot be started again');
+
+-- an external step in flight when the run lapses: outcome unknown; the late report is refused
+SELECT is(pgfence.plan_start(pg_temp.pid('hb3'), 'tap-w1'), true, 'start hb3');
+SELECT is((SELECT outcome FROM pgfence.plan_run_step(pg_temp.pid('hb3'), 'tap-w1')), 'ok', 'step 1 ok');
+SELECT is((SELECT outcome FROM pgfence.plan_run_step(pg_temp.pid('hb3'), 'tap-w1')), 'external', 'step 2 (external) handed out');
+UPDATE pgfence.plan SET heartbeat_expires_at = now() - interval '1 second' WHERE id = pg_temp.pid('hb3');
+SELECT is(pgfence.plan_reap_stale(), 1, 'the reaper fails the lapsed run');
+SELECT is((SELECT array_agg(state ORDER BY step_index) FROM pgfence.plan_steps(pg_temp.pid('hb3'))), ARRAY['ok','unknown'],
+  'the external step in flight is shown as unknown (it may have happened)');
+SELECT is(pgfence.plan_record_step(pg_temp.pid('hb3'), 2, 'tap-w1', true, '{}'), false, 'the stale worker''s late report is refused');
+SELECT is((SELECT count(*)::int FROM pgfence.plan_receipts WHERE plan_id = pg_temp.pid('hb3')), 1, '... and wrote no receipt');
+SELECT is(pgfence.plan_reap_stale(), 0, 'the reaper has nothing more to do');
+SELECT throws_ok($$SELECT pgfence.plan_reap_stale(0)$$, '22023', NULL, 'plan_reap_stale(0): 22023');
+SELECT throws_ok($$SELECT pgfence.plan_heartbeat(-1, 'tap-w1')$$, 'P0002', NULL, 'heartbeat for an unknown plan: P0002');
+
+-- =============================================================================================
+-- Release and take over; claim with SKIP LOCKED; external-only takers
+-- =============================================================================================
+INSERT INTO ids SELECT 'rel', pgfence.plan_propose(
+  '[{"action": "tap-put", "args": {"k": "r1", "v": 1}}, {"action": "tap-hook", "args": {"recipient": "http://127.0.0.1:9/r"}},
+    {"action": "tap-put", "args": {"k": "r3", "v": 3}}]', 'tap-agent');
+SELECT is(pgfence.plan_approve(pg_temp.pid('rel'), 'tap-alice'), 'approved', 'approve rel');
+SELECT is((SELECT count(*)::int FROM pgfence.plan_claim('tap-ext', 10, true)), 0, 'an external-only claimer does not take approved plans');
+SELECT results_eq($$SELECT id, next_step, step_count, next_kind FROM pgfence.plan_claim('tap-w1', 10)$$,
+  $$VALUES (pg_temp.pid('rel'), 1, 3, 'sql'::text)$$, 'plan_claim takes the approved plan');
+SELECT is((SELECT worker FROM pgfence.plan WHERE id = pg_temp.pid('rel')), 'tap-w1', 'claimed by tap-w1');
+SELECT is((SELECT count(*)::int FROM pgfence.plan_claim('tap-w2', 10)), 0, 'nothing left to claim');
+SELECT is((SELECT outcome FROM pgfence.plan_run_step(pg_temp.pid('rel'), 'tap-w1')), 'ok', 'step 1 ok');
+SELECT is(pgfence.plan_release(pg_temp.pid('rel'), 'tap-w2'), false, 'only the owner can release');
+SELECT is(pgfence.plan_release(pg_temp.pid('rel'), 'tap-w1'), true, 'the owner releases before the external step');
+SELECT results_eq($$SELECT status, worker, heartbeat_expires_at FROM pgfence.plan WHERE id = pg_temp.pid('rel')$$,
+  $$VALUES ('executing'::text, NULL::text, now() + interval '120 seconds')$$, 'released: executing without owner, to be taken within a heartbeat');
+SELECT results_eq($$SELECT outcome, status FROM pgfence.plan_run_step(pg_temp.pid('rel'), 'tap-w1')$$,
+  $$VALUES (NULL::text, 'executing'::text)$$, 'the former owner is refused');
+SELECT results_eq($$SELECT id, next_kind FROM pgfence.plan_claim('tap-ext', 10, true)$$,
+  $$VALUES (pg_temp.pid('rel'), 'external'::text)$$, 'an external-only claimer takes the released run whose next step is external');
+SELECT is((SELECT outcome FROM pgfence.plan_run_step(pg_temp.pid('rel'), 'tap-ext', true)), 'external', 'it is handed the external step');
+SELECT is(pgfence.plan_record_step(pg_temp.pid('rel'), 2, 'tap-ext', true, '{"http_status": 204}'), true, '... records it');
+SELECT results_eq($$SELECT step_index, outcome, status FROM pgfence.plan_run_step(pg_temp.pid('rel'), 'tap-ext', true)$$,
+  $$VALUES (3, 'released'::text, 'executing'::text)$$, 'an external-only runner reaching a SQL step runs nothing and releases the run');
+SELECT results_eq($$SELECT worker, next_step FROM pgfence.plan WHERE id = pg_temp.pid('rel')$$,
+  $$VALUES (NULL::text, 3)$$, '... released, still at step 3');
+SELECT is((SELECT count(*)::int FROM public.tap_plan_t WHERE k = 'r3'), 0, '... and step 3 did not run');
+SELECT is((SELECT count(*)::int FROM pgfence.plan_claim('tap-ext', 10, true)), 0, 'an external-only claimer leaves a run whose next step is SQL');
+SELECT is(pgfence.plan_start(pg_temp.pid('rel'), 'tap-w3'), true, 'a SQL runner takes it over with plan_start');
+SELECT results_eq($$SELECT outcome, status FROM pgfence.plan_run_step(pg_temp.pid('rel'), 'tap-w3')$$,
+  $$VALUES ('ok'::text, 'executed'::text)$$, 'and finishes it');
+SELECT results_eq($$SELECT step_index, worker FROM pgfence.plan_receipts WHERE plan_id = pg_temp.pid('rel') ORDER BY step_index$$,
+  $$VALUES (1, 'tap-w1'::text), (2, 'tap-ext'), (3, 'tap-w3')$$, 'each receipt names the worker that ran the step');
+SELECT throws_ok($$SELECT * FROM pgfence.plan_claim('tap-w1', 0)$$, '22023', NULL, 'plan_claim batch 0: 22023');
+
+-- =============================================================================================
+-- Retired action after approval; dropped function
+-- =============================================================================================
+SELECT is(pgfence.plan_register_action('tap-other', 'public.tap_plan_other(jsonb)', 'echo'), true, 'register tap-other');
+INSERT INTO ids SELECT 'ret', pgfence.plan_propose('[{"action": "tap-other", "args": {"a": 1}}]', 'tap-agent');
+INSERT INTO ids SELECT 'drop', pgfence.plan_propose('[{"action": "tap-put", "args": {"k": "d", "v": 1}}]', 'tap-agent');
+SELECT is(pgfence.plan_approve(pg_temp.pid('ret'), 'tap-alice') || pgfence.plan_approve(pg_temp.pid('drop'), 'tap-alice'), 'approvedapproved', 'approve both');
+SELECT is(pgfence.plan_retire_action('tap-other'), true, 'retire its action after approval');
+SELECT is(pgfence.plan_start(pg_temp.pid('ret'), 'tap-w1'), true, 'start it');
+SELECT results_eq($$SELECT outcome, error ->> 'sqlstate' FROM pgfence.plan_run_step(pg_temp.pid('ret'), 'tap-w1')$$,
+  $$VALUES ('error'::text, 'PF101'::text)$$, 'a step of a retired action records an error receipt (PF101) instead of running');
+SAVEPOINT before_drop;
+DROP FUNCTION public.tap_plan_put(jsonb);
+SELECT is(pgfence.plan_start(pg_temp.pid('drop'), 'tap-w1'), true, 'start a plan whose function was dropped');
+SELECT results_eq($$SELECT outcome, error ->> 'sqlstate' FROM pgfence.plan_run_step(pg_temp.pid('drop'), 'tap-w1')$$,
+  $$VALUES ('error'::text, '42883'::text)$$, 'a dropped function records an error receipt (42883)');
+ROLLBACK TO SAVEPOINT before_drop;
+
+-- =============================================================================================
+-- Compensation: a new plan, with its own approval, referencing the one it undoes
+-- =============================================================================================
+SELECT throws_ok(format($$SELECT pgfence.plan_compensate(%s, '[{"action": "tap-put", "args": {"k": "u", "v": 1}}]', 'tap-agent')$$, pg_temp.pid('key')),
+  'PF106', NULL, 'compensating a pending plan: PF106');
+SELECT throws_ok($$SELECT pgfence.plan_compensate(-1, '[{"action": "tap-put"}]', 'tap-agent')$$, 'P0002', NULL, 'compensating an unknown plan: P0002');
+SELECT throws_ok($$SELECT pgfence.plan_compensate(NULL, '[{"action": "tap-put"}]', 'tap-agent')$$, '22004', NULL, 'compensating NULL: 22004');
+INSERT INTO ids SELECT 'comp', pgfence.plan_compensate(pg_temp.pid('f'), '[{"action": "tap-put", "args": {"k": "undo-f", "v": 0}}]', 'tap-agent');
+SELECT results_eq($$SELECT status, compensates FROM pgfence.plan_get(pg_temp.pid('comp'))$$,
+  $$VALUES ('pending'::text, pg_temp.pid('f'))$$, 'the compensating plan is pending (needs its own approval) and references the failed one');
+SELECT is((SELECT compensated_by FROM pgfence.plan_get(pg_temp.pid('f'))), ARRAY[pg_temp.pid('comp')], 'plan_get of the original lists its compensation');
+SELECT is((SELECT array_agg(k ORDER BY k) FROM public.tap_plan_t WHERE k LIKE 'f%'), ARRAY['f1','f2'], 'proposing a compensation rolls nothing back');
+
+-- =============================================================================================
+-- Status machine guard: hand-written UPDATEs
+-- =============================================================================================
+SELECT throws_ok(format($$UPDATE pgfence.plan_step SET args = '{"k": "evil", "v": 1}' WHERE plan_id = %s$$, pg_temp.pid('key')), 'PF002', NULL, 'changing a step''s args: PF002');
+SELECT throws_ok(format($$UPDATE pgfence.plan_step SET action = 'tap-boom' WHERE plan_id = %s$$, pg_temp.pid('key')), 'PF002', NULL, 'changing a step''s action: PF002');
+SELECT throws_ok(format($$DELETE FROM pgfence.plan_step WHERE plan_id = %s$$, pg_temp.pid('key')), 'PF002', NULL, 'deleting a step: PF002');
+SELECT throws_ok(format($$INSERT INTO pgfence.plan_step (plan_id, step_index, action, kind, function, args) VALUES (%s, 2, 'tap-put', 'sql', 'x', '{}')$$, pg_temp.pid('key')),
+  'PF001', NULL, 'adding a step to a proposed plan: PF001');
+SELECT throws_ok(format($$UPDATE pgfence.plan SET step_count = 2 WHERE id = %s$$, pg_temp.pid('key')), 'PF002', NULL, 'changing the step count: PF002');
+SELECT throws_ok(format($$UPDATE pgfence.plan SET expires_at = expires_at + interval '1 day' WHERE id = %s$$, pg_temp.pid('key')), 'PF002', NULL, 'extending its expiry: PF002');
+SELECT throws_ok(format($$UPDATE pgfence.plan SET approved_by = 'mallory' WHERE id = %s$$, pg_temp.pid('p1')), 'PF002', NULL, 'changing who approved: PF002');
+SELECT throws_ok(format($$UPDATE pgfence.plan SET status = 'executing', worker = 'x', started_at = now(), heartbeat_interval = '1 minute', heartbeat_at = now(), heartbeat_expires_at = now() WHERE id = %s$$, pg_temp.pid('key')),
+  'PF001', NULL, 'pending -> executing without approval: PF001');
+SELECT throws_ok(format($$UPDATE pgfence.plan SET status = 'executing', finished_at = NULL WHERE id = %s$$, pg_temp.pid('p1')), 'PF001', NULL, 'executed -> executing: PF001');
+SELECT throws_ok(format($$UPDATE pgfence.plan SET status = 'pending', failure = NULL, finished_at = NULL, approved_by = NULL, approved_at = NULL WHERE id = %s$$, pg_temp.pid('f')),
+  'PF002', NULL, 'a failed plan back to pending: refused');
+SELECT throws_ok(format($$UPDATE pgfence.plan SET reject_reason = 'edited' WHERE id = %s$$, pg_temp.pid('rej')), 'PF001', NULL, 'any change to a rejected plan: PF001');
+INSERT INTO ids SELECT 'g', pgfence.plan_propose('[{"action": "tap-put", "args": {"k": "g1", "v": 1}}, {"action": "tap-put", "args": {"k": "g2", "v": 1}}]', 'tap-agent');
+SELECT is(pgfence.plan_approve(pg_temp.pid('g'), 'tap-alice'), 'approved', 'approve g');
+SELECT is(pgfence.plan_start(pg_temp.pid('g'), 'tap-w1'), true, 'start g');
+SELECT throws_ok(format($$UPDATE pgfence.plan SET next_step = 2 WHERE id = %s$$, pg_temp.pid('g')), 'PF001', NULL, 'skipping a step without its receipt: PF001');
+SELECT throws_ok(format($$UPDATE pgfence.plan SET worker = 'tap-thief' WHERE id = %s$$, pg_temp.pid('g')), 'PF001', NULL, 'handing a run to another worker without a release: PF001');
+SELECT throws_ok(format($$UPDATE pgfence.plan SET status = 'failed', failure = 'step_error', finished_at = now() WHERE id = %s$$, pg_temp.pid('g')), 'PF001', NULL, 'step_error without an error receipt: PF001');
+SELECT throws_ok(format($$UPDATE pgfence.plan_step SET outcome = 'ok', worker = 'tap-w1', started_at = now(), finished_at = now() WHERE plan_id = %s AND step_index = 2$$, pg_temp.pid('g')),
+  'PF001', NULL, 'a hand-written receipt for a step that is not next: PF001');
+SELECT throws_ok(format($$UPDATE pgfence.plan_step SET outcome = 'ok', worker = 'tap-w9', started_at = now(), finished_at = now() WHERE plan_id = %s AND step_index = 1$$, pg_temp.pid('g')),
+  'PF001', NULL, 'a receipt by a worker that does not own the run: PF001');
+SELECT throws_ok(format($$UPDATE pgfence.plan_step SET outcome = 'ok', worker = 'tap-w1', started_at = now(), finished_at = now() WHERE plan_id = %s AND step_index = 1$$, pg_temp.pid('key')),
+  'PF001', NULL, 'a receipt for a plan that is not executing: PF001');
+SELECT throws_ok(format($$UPDATE pgfence.plan_step SET outcome = 'ok', error = NULL WHERE plan_id = %s AND step_index = 3$$, pg_temp.pid('f')), 'PF002', NULL, 'editing a receipt: PF002');
+SELECT throws_ok(format($$UPDATE pgfence.plan SET next_step = 1 WHERE id = %s$$, pg_temp.pid('f')), 'PF002', NULL, 'next_step going back: PF002');
+SELECT throws_ok($$INSERT INTO pgfence.plan (step_count, proposed_by, expires_at, status) VALUES (1, 'x', now() + interval '1 day', 'bogus')$$, '23514', NULL, 'the status CHECK refuses unknown values');
+
+-- =============================================================================================
+-- Event log: every transition and receipt, in the same transaction
+-- =============================================================================================
+SELECT results_eq(
+  $$SELECT format('%s %s->%s by %s', event, from_status, to_status, actor) FROM pgfence.event
+    WHERE module = 'plan' AND item_id = pg_temp.pid('f') AND event <> 'receipt' ORDER BY id$$,
+  ARRAY['propose ->pending by tap-agent', 'approve pending->approved by tap-alice',
+        'start approved->executing by tap-w1', 'fail executing->failed by tap-w1']::text[],
+  'propose, approve, start, fail: logged with their actors');
+SELECT results_eq(
+  $$SELECT fence::int, detail ->> 'outcome', detail -> 'error' ->> 'sqlstate' FROM pgfence.event
+    WHERE module = 'plan' AND item_id = pg_temp.pid('f') AND event = 'receipt' ORDER BY id$$,
+  $$VALUES (1, 'ok'::text, NULL::text), (2, 'ok', NULL), (3, 'error', '22012')$$,
+  'each receipt is logged, the error with its SQLSTATE');
+SELECT results_eq(
+  $$SELECT event, actor FROM pgfence.event WHERE module = 'plan' AND item_id = pg_temp.pid('rel') AND event IN ('release', 'take') ORDER BY id$$,
+  $$VALUES ('release'::text, 'tap-w1'::text), ('take', 'tap-ext'), ('release', 'tap-ext'), ('take', 'tap-w3')$$,
+  'releases and takeovers are logged');
+SELECT is((SELECT actor FROM pgfence.event WHERE module = 'plan' AND item_id = pg_temp.pid('exp3') AND event = 'expire'), 'reaper', 'the reaper''s expiry is logged as the reaper');
+SAVEPOINT before_rollback;
+SELECT pgfence.plan_reject(pg_temp.pid('key'), 'tap-alice', 'rolled back');
+SELECT is((SELECT count(*)::int FROM pgfence.event WHERE module = 'plan' AND item_id = pg_temp.pid('key') AND event = 'reject'), 1, 'a reject is logged inside its transaction ...');
+ROLLBACK TO SAVEPOINT before_rollback;
+SELECT is((SELECT count(*)::int FROM pgfence.event WHERE module = 'plan' AND item_id = pg_temp.pid('key') AND event = 'reject'), 0, '... and a rolled-back transition leaves no event');
+
+-- =============================================================================================
+-- Reads and time zones
+-- =============================================================================================
+SELECT throws_ok($$SELECT * FROM pgfence.plan_get(-1)$$, 'P0002', NULL, 'plan_get: unknown id is P0002');
+SELECT throws_ok($$SELECT * FROM pgfence.plan_get(NULL)$$, '22004', NULL, 'plan_get: NULL id is 22004');
+SELECT throws_ok($$SELECT * FROM pgfence.plan_steps(-1)$$, 'P0002', NULL, 'plan_steps: unknown id is P0002');
+SELECT throws_ok($$SELECT * FROM pgfence.plan_list('bogus')$$, '22023', NULL, 'plan_list: unknown status is 22023');
+SELECT throws_ok($$SELECT * FROM pgfence.plan_list(NULL, 0)$$, '22023', NULL, 'plan_list: limit 0 is 22023');
+SELECT results_eq($$SELECT id, steps_done FROM pgfence.plan_list('failed') WHERE id IN (pg_temp.pid('f'), pg_temp.pid('hb')) ORDER BY id$$,
+  $$VALUES (pg_temp.pid('f'), 2), (pg_temp.pid('hb'), 1)$$, 'plan_list: failed plans with the steps that committed');
+SET LOCAL TIME ZONE 'Asia/Kolkata';
+INSERT INTO ids SELECT 'tz', pgfence.plan_propose('[{"action": "tap-put", "args": {"k": "tz", "v": 1}}]', 'tap-agent', interval '2 hours');
+SET LOCAL TIME ZONE 'UTC';
+SELECT is((SELECT expires_at - proposed_at FROM pgfence.plan WHERE id = pg_temp.pid('tz')), interval '2 hours', 'expiry is an instant 2 hours after proposal, whatever the session zone');
+
+SELECT * FROM finish();
+ROLLBACK;

@@ -1,0 +1,76 @@
+"""Helpers for the process-level tests: run executors as real subprocesses, wait boundedly."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+TESTS = Path(__file__).resolve().parent
+
+
+class Proc:
+    """An executor subprocess with its combined output in a log file."""
+
+    def __init__(self, dsn: str, args: Sequence[str], log: Path, env: dict[str, str] | None = None):
+        self.log = log
+        self._fh = open(log, "w")  # noqa: SIM115 - closed in wait()
+        full_env = dict(os.environ, PYTHONUNBUFFERED="1",
+                        PYTHONPATH=os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]))
+        full_env.update(env or {})
+        self.popen = subprocess.Popen(
+            [sys.executable, "-m", "pgfence", "--dsn", dsn, "executor", *args],
+            stdout=self._fh, stderr=subprocess.STDOUT, env=full_env)
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def signal(self, sig: int) -> None:
+        self.popen.send_signal(sig)
+
+    def kill(self) -> None:
+        if self.popen.poll() is None:
+            self.popen.send_signal(signal.SIGKILL)
+        self.wait(10)
+
+    def terminate(self, timeout: float = 30) -> int:
+        if self.popen.poll() is None:
+            self.popen.send_signal(signal.SIGTERM)
+        return self.wait(timeout)
+
+    def wait(self, timeout: float) -> int:
+        try:
+            return self.popen.wait(timeout=timeout)
+        finally:
+            self._fh.close()
+
+    def output(self) -> str:
+        return self.log.read_text()
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float, what: str,
+             interval: float = 0.05) -> Any:
+    """Poll until ``predicate()`` is truthy; fail the test after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)
+
+
+def scalar(dsn: str, query: str, params: Sequence[Any] = ()) -> Any:
+    """Run one query on a fresh autocommit connection and return the first column of row 1."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute(query, params).fetchone()
+    return None if row is None else row[0]

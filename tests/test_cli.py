@@ -1,0 +1,74 @@
+"""The ``pgfence`` CLI against a real database (click's runner, in-process)."""
+
+from __future__ import annotations
+
+import json
+
+import psycopg
+from click.testing import CliRunner
+
+from pgfence.cli import main
+
+
+def run(dsn: str, *args: str, code: int = 0) -> str:
+    result = CliRunner().invoke(main, ["--dsn", dsn, *args], catch_exceptions=False)
+    assert result.exit_code == code, result.output
+    return result.output
+
+
+def test_migrate_twice_via_cli(empty_db: str) -> None:
+    assert "applied migrations: 0001_core" in run(empty_db, "migrate")
+    assert "no pending migrations" in run(empty_db, "migrate")
+
+
+def test_enqueue_show_list_requeue_status(db: str) -> None:
+    mid = int(run(db, "outbox", "enqueue", "--channel", "hooks", "--recipient",
+                  "http://127.0.0.1:9/x", "--key", "cli-1", '{"hello": "world"}').strip())
+    assert int(run(db, "outbox", "enqueue", "--channel", "hooks", "--recipient",
+                   "http://127.0.0.1:9/x", "--key", "cli-1", '{"hello": "again"}').strip()) == mid
+    shown = json.loads(run(db, "outbox", "show", str(mid), "--json"))
+    assert (shown["status"], shown["payload"], shown["idempotency_key"]) == \
+        ("pending", {"hello": "world"}, "cli-1")
+    listed = json.loads(run(db, "outbox", "list", "--channel", "hooks", "--json"))
+    assert [m["id"] for m in listed] == [mid]
+    status = json.loads(run(db, "status", "--json"))
+    assert status["outbox"][0]["channel"] == "hooks" and status["outbox"][0]["messages"] == 1
+    assert "pending" in run(db, "status")
+    # a dead message can be requeued from the CLI
+    with psycopg.connect(db, autocommit=True) as conn:
+        conn.execute("SELECT * FROM pgfence.outbox_claim('w', 1)")
+        conn.execute("SELECT pgfence.outbox_mark_failed(%s, 1, 'boom', false)", (mid,))
+    assert "requeued (now pending)" in run(db, "outbox", "requeue", str(mid))
+    shown = json.loads(run(db, "outbox", "show", str(mid), "--json"))
+    assert (shown["status"], shown["attempts"], shown["max_attempts"]) == ("pending", 1, 11)
+
+
+def test_requeue_of_a_sent_message_is_refused(db: str) -> None:
+    mid = int(run(db, "outbox", "enqueue", "--channel", "c", "--recipient", "r", "{}").strip())
+    with psycopg.connect(db, autocommit=True) as conn:
+        conn.execute("SELECT * FROM pgfence.outbox_claim('w', 1)")
+        conn.execute("SELECT pgfence.outbox_mark_sent(%s, 1)", (mid,))
+    out = run(db, "outbox", "requeue", str(mid), code=1)
+    assert "is sent" in out
+
+
+def test_errors_are_one_clear_line_with_sqlstate(db: str) -> None:
+    out = run(db, "outbox", "enqueue", "--channel", "Bad Name", "--recipient", "r", "{}", code=1)
+    assert "invalid channel name" in out and "[22023]" in out and "hint:" in out
+    out = run(db, "outbox", "show", "999999", code=1)
+    assert "[P0002]" in out
+    out = run(db, "outbox", "enqueue", "--channel", "c", "--recipient", "r", "not json", code=2)
+    assert "not JSON" in out
+
+
+def test_configure_channel(db: str) -> None:
+    row = json.loads(run(db, "outbox", "configure", "hooks", "--max-attempts", "3", "--lease", "30",
+                         "--log-events", "--json"))
+    assert (row["max_attempts"], row["lease"], row["log_events"]) == (3, 30.0, True)
+
+
+def test_no_database_is_a_clear_message(tmp_path: object) -> None:
+    result = CliRunner().invoke(main, ["status"], env={"DATABASE_URL": None,
+                                                      "PGFENCE_STATE_DIR": str(tmp_path)})
+    assert result.exit_code == 1
+    assert "No database: set DATABASE_URL" in result.output

@@ -1,0 +1,214 @@
+"""The executor as a real process against a real PostgreSQL and real local receivers:
+delivery, SIGKILL mid-delivery, SIGSTOP past the lease, listener killed, SIGTERM, 8 claimers."""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+import signal
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from handlers import read_records
+from pgfence import outbox
+from pgfence.demo.receivers import SmtpSink, WebhookReceiver
+from support import Proc, scalar, wait_for
+
+FAST = ["--poll-interval", "0.5", "--reap-interval", "0.3", "--grace", "10"]
+
+
+@pytest.fixture()
+def webhook() -> Iterator[WebhookReceiver]:
+    rec = WebhookReceiver()
+    yield rec
+    rec.close()
+
+
+@pytest.fixture()
+def smtp() -> Iterator[SmtpSink]:
+    sink = SmtpSink()
+    yield sink
+    sink.close()
+
+
+def configure(conn: psycopg.Connection, channel: str, lease: float, **kw: object) -> None:
+    outbox.configure_channel(conn, channel, lease=dt.timedelta(seconds=lease),
+                             backoff_base=dt.timedelta(milliseconds=100),
+                             backoff_cap=dt.timedelta(seconds=1), **kw)  # type: ignore[arg-type]
+
+
+def status(dsn: str, mid: int) -> str:
+    return str(scalar(dsn, "SELECT status FROM pgfence.outbox_get(%s)", (mid,)))
+
+
+@pytest.mark.timeout(60)
+def test_delivers_to_real_webhook_and_smtp_receivers(db: str, conn: psycopg.Connection,
+                                                     webhook: WebhookReceiver, smtp: SmtpSink,
+                                                     tmp_path: Path) -> None:
+    hook_id = outbox.enqueue(conn, "hooks", f"{webhook.url}/ok", {"order": 1}, idempotency_key="o-1")
+    flaky_id = outbox.enqueue(conn, "hooks", f"{webhook.url}/flaky?fail=1", {"order": 2})
+    gone_id = outbox.enqueue(conn, "hooks", f"{webhook.url}/gone", {"order": 3})
+    mail_id = outbox.enqueue(conn, "mail", "ada@example.com", {"subject": "Hi", "text": "Hello"})
+    configure(conn, "hooks", 10)
+    proc = Proc(db, ["--route", "hooks=webhook", "--route", f"mail={smtp.url}", *FAST],
+                tmp_path / "exec.log")
+    try:
+        wait_for(lambda: all(status(db, m) in ("sent", "failed") for m in
+                             (hook_id, flaky_id, gone_id, mail_id)), 30, "all messages settled")
+    finally:
+        assert proc.terminate() == 0, proc.output()
+    assert [status(db, m) for m in (hook_id, flaky_id, gone_id, mail_id)] == \
+        ["sent", "sent", "failed", "sent"]
+    assert webhook.count("o-1") == 1
+    assert webhook.count(f"pgfence-outbox-{flaky_id}") == 2, "503 once, then 200"
+    assert smtp.count(f"<pgfence-outbox-{mail_id}@pgfence.local>") == 1
+    receipt = outbox.get(conn, hook_id)["receipt"]
+    assert receipt["http_status"] == 200
+    log = proc.output()
+    assert re.search(rf"sent +outbox#{hook_id} hooks -> .*attempt 1", log), log
+    assert re.search(rf"failed +outbox#{gone_id} .*HTTP 410", log), log
+
+
+@pytest.mark.timeout(60)
+def test_sigkill_mid_delivery_is_redelivered_after_the_lease(db: str, conn: psycopg.Connection,
+                                                             webhook: WebhookReceiver,
+                                                             tmp_path: Path) -> None:
+    configure(conn, "hooks", 3)
+    mid = outbox.enqueue(conn, "hooks", f"{webhook.url}/slow-once?s=2", {"n": 1},
+                         idempotency_key="kill-me")
+    first = Proc(db, ["--route", "hooks=webhook", "--worker-id", "victim", *FAST],
+                 tmp_path / "a.log")
+    wait_for(lambda: webhook.count("kill-me") == 1, 20, "first delivery to arrive")
+    first.kill()
+    held = outbox.get(conn, mid)
+    assert (held["status"], held["locked_by"], held["attempts"]) == ("processing", "victim", 1)
+    second = Proc(db, ["--route", "hooks=webhook", "--worker-id", "rescuer", *FAST],
+                  tmp_path / "b.log")
+    try:
+        wait_for(lambda: status(db, mid) == "sent", 20, "redelivery after the lease lapsed")
+    finally:
+        second.terminate()
+    final = outbox.get(conn, mid)
+    assert final["attempts"] == 2
+    assert webhook.count("kill-me") == 2, "at least once: the receiver saw the key twice"
+    first_hit, second_hit = [h.at for h in webhook.hits if h.key == "kill-me"]
+    assert second_hit - first_hit >= 2.5, "redelivered only after the 3 s lease lapsed"
+
+
+@pytest.mark.timeout(60)
+def test_sigstop_past_the_lease_fences_out_the_resumed_worker(db: str, conn: psycopg.Connection,
+                                                             webhook: WebhookReceiver,
+                                                             tmp_path: Path) -> None:
+    configure(conn, "hooks", 3, log_events=True)
+    mid = outbox.enqueue(conn, "hooks", f"{webhook.url}/slow-once?s=1", {"n": 1},
+                         idempotency_key="stop-me")
+    paused = Proc(db, ["--route", "hooks=webhook", "--worker-id", "paused", *FAST],
+                  tmp_path / "paused.log")
+    wait_for(lambda: webhook.count("stop-me") == 1, 20, "first delivery to arrive")
+    paused.signal(signal.SIGSTOP)
+    try:
+        other = Proc(db, ["--route", "hooks=webhook", "--worker-id", "other", *FAST],
+                     tmp_path / "other.log")
+        try:
+            wait_for(lambda: status(db, mid) == "sent", 20, "the new owner to deliver")
+        finally:
+            assert other.terminate() == 0
+        assert outbox.get(conn, mid)["attempts"] == 2
+    finally:
+        paused.signal(signal.SIGCONT)
+    # the resumed worker finishes its old attempt; its write must be refused by the fence
+    wait_for(lambda: "stale" in paused.output(), 15, "the resumed worker to report its stale claim")
+    assert paused.terminate() == 0
+    final = outbox.get(conn, mid)
+    assert (final["status"], final["attempts"]) == ("sent", 2)
+    actors = [r[0] for r in conn.execute(
+        "SELECT actor FROM pgfence.event WHERE module = 'outbox' AND item_id = %s AND to_status = 'sent'",
+        (mid,)).fetchall()]
+    assert actors == ["other"], "exactly one sent transition, made by the new owner"
+    assert re.search(rf"stale +outbox#{mid} attempt 1", paused.output()), paused.output()
+
+
+@pytest.mark.timeout(60)
+def test_listener_killed_by_pg_terminate_backend_reconnects(db: str, conn: psycopg.Connection,
+                                                            webhook: WebhookReceiver,
+                                                            tmp_path: Path) -> None:
+    # A long poll interval: only NOTIFY on a re-established LISTEN can deliver quickly.
+    proc = Proc(db, ["--route", "hooks=webhook", "--worker-id", "lst", "--poll-interval", "60",
+                     "--reap-interval", "60"], tmp_path / "exec.log")
+    try:
+        listener_pid = wait_for(lambda: scalar(
+            db, "SELECT pid FROM pg_stat_activity WHERE application_name = 'pgfence-listener:lst'"),
+            20, "the listener connection")
+        first = outbox.enqueue(conn, "hooks", f"{webhook.url}/ok", {"n": 0})
+        wait_for(lambda: status(db, first) == "sent", 10, "a delivery before the kill")
+        assert scalar(db, "SELECT pg_terminate_backend(%s)", (listener_pid,)) is True
+        time.sleep(1.0)
+        enqueued = time.monotonic()
+        mid = outbox.enqueue(conn, "hooks", f"{webhook.url}/ok", {"n": 1})
+        wait_for(lambda: status(db, mid) == "sent", 10, "delivery after the listener was killed")
+        took = time.monotonic() - enqueued
+        new_pid = scalar(
+            db, "SELECT pid FROM pg_stat_activity WHERE application_name = 'pgfence-listener:lst'")
+    finally:
+        assert proc.terminate() == 0
+    assert new_pid and new_pid != listener_pid, "a new listener connection exists"
+    assert took < 5, f"delivered in {took:.2f}s, far below the 60 s poll interval"
+    assert "listener connection lost" in proc.output()
+
+
+@pytest.mark.timeout(60)
+def test_sigterm_lets_in_flight_work_finish(db: str, conn: psycopg.Connection,
+                                            webhook: WebhookReceiver, tmp_path: Path) -> None:
+    configure(conn, "hooks", 30)
+    mid = outbox.enqueue(conn, "hooks", f"{webhook.url}/slow?s=1.5", {"n": 1},
+                         idempotency_key="graceful")
+    proc = Proc(db, ["--route", "hooks=webhook", *FAST], tmp_path / "exec.log")
+    wait_for(lambda: webhook.count("graceful") == 1, 20, "delivery in flight")
+    later = outbox.enqueue(conn, "hooks", f"{webhook.url}/ok", {"n": 2},
+                           deliver_at=scalar(db, "SELECT now() + interval '0.3 seconds'"))
+    proc.signal(signal.SIGTERM)
+    assert proc.wait(20) == 0, proc.output()
+    assert status(db, mid) == "sent", "the in-flight delivery was finished and recorded"
+    assert status(db, later) == "pending", "no new claims after SIGTERM"
+    assert "SIGTERM received" in proc.output()
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.slow
+def test_eight_claimers_two_thousand_messages(db: str, conn: psycopg.Connection,
+                                              tmp_path: Path) -> None:
+    outbox.configure_channel(conn, "bulk", log_events=True)
+    n = 2000
+    ids = outbox.enqueue_many(conn, "bulk", [f"r{i}" for i in range(n)],
+                              [{"i": i} for i in range(n)])
+    deadlocks_before = scalar(db, "SELECT deadlocks FROM pg_stat_database WHERE datname = current_database()")
+    record = tmp_path / "deliveries.txt"
+    procs = [Proc(db, ["--route", "bulk=python:handlers:record", "--batch", "20",
+                       "--concurrency", "20", "--log-level", "warning", *FAST],
+                  tmp_path / f"exec{i}.log", env={"PGFENCE_TEST_RECORD": str(record)})
+             for i in range(8)]
+    try:
+        wait_for(lambda: scalar(db, "SELECT count(*) FROM pg_stat_activity"
+                                    " WHERE application_name LIKE 'pgfence-listener:%%'") == 8,
+                 60, "all 8 executors listening")
+        wait_for(lambda: scalar(db, "SELECT count(*) FROM pgfence.outbox_list('bulk', 'sent', 10000)") == n,
+                 180, "all 2,000 messages sent")
+    finally:
+        codes = [p.terminate() for p in procs]
+    assert codes == [0] * 8, [p.output()[-2000:] for p in procs]
+    deliveries = read_records(str(record))
+    delivered_ids = Counter(mid for _, mid, _ in deliveries)
+    assert set(delivered_ids) == set(ids), "every message delivered at least once"
+    sent_events = conn.execute(
+        "SELECT item_id, count(*) FROM pgfence.event WHERE module = 'outbox' AND to_status = 'sent'"
+        " AND event = 'transition' GROUP BY item_id").fetchall()
+    assert len(sent_events) == n and all(c == 1 for _, c in sent_events), \
+        "exactly one sent transition per message"
+    assert len({pid for pid, _, _ in deliveries}) > 1, "the work was shared between processes"
+    deadlocks_after = scalar(db, "SELECT deadlocks FROM pg_stat_database WHERE datname = current_database()")
+    assert deadlocks_after == deadlocks_before, "zero deadlocks"

@@ -1,0 +1,222 @@
+"""Plan module glue: the Python API (one SQL call each, SQLSTATEs translated) and the CLI."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+import psycopg
+import pytest
+from click.testing import CliRunner
+
+from pgfence import plan
+from pgfence.cli import main
+from pgfence.errors import IdempotencyKeyReused, InvalidArgument, NotFound
+
+
+def setup_actions(conn: psycopg.Connection) -> None:
+    """A small table, SQL actions on it, and an external action."""
+    conn.execute("CREATE TABLE public.ledger (k text PRIMARY KEY, v int NOT NULL CHECK (v >= 0))")
+    conn.execute("""
+        CREATE FUNCTION public.put(p jsonb) RETURNS jsonb LANGUAGE sql SET search_path = public AS $$
+          INSERT INTO ledger VALUES (p ->> 'k', (p ->> 'v')::int) RETURNING jsonb_build_object('k', k)
+        $$""")
+    conn.execute("""
+        CREATE FUNCTION public.take(p jsonb) RETURNS jsonb LANGUAGE sql SET search_path = public AS $$
+          UPDATE ledger SET v = v - (p ->> 'v')::int WHERE k = p ->> 'k' RETURNING jsonb_build_object('v', v)
+        $$""")
+    assert plan.register_action(conn, "put", "public.put(jsonb)", "insert a ledger row") is True
+    assert plan.register_action(conn, "take", "public.take(jsonb)", "decrement a ledger row") is True
+    assert plan.register_action(conn, "hook", None, "POST to a webhook") is True
+
+
+@pytest.fixture()
+def pconn(conn: psycopg.Connection) -> Iterator[psycopg.Connection]:
+    setup_actions(conn)
+    yield conn
+
+
+def put(k: str, v: int) -> dict[str, object]:
+    return {"action": "put", "args": {"k": k, "v": v}}
+
+
+def test_propose_approve_execute_receipts(pconn: psycopg.Connection) -> None:
+    pid = plan.propose(pconn, [put("a", 5), put("b", 7), {"action": "take", "args": {"k": "a", "v": 2}}],
+                       "agent-7", idempotency_key="ledger-1")
+    assert plan.propose(pconn, [put("a", 5), put("b", 7), {"action": "take", "args": {"k": "a", "v": 2}}],
+                        "agent-7", idempotency_key="ledger-1") == pid
+    assert plan.get(pconn, pid)["status"] == "pending"
+    assert plan.approve(pconn, pid, "alice") == "approved"
+    assert plan.approve(pconn, pid, "bob") is None, "second approval is a lost race"
+
+    result = plan.execute(pconn, pid, "runner-1")
+    assert result.status == "executed"
+    assert [(r["step_index"], r["outcome"], r["output"]) for r in result.receipts] == [
+        (1, "ok", {"k": "a"}), (2, "ok", {"k": "b"}), (3, "ok", {"v": 3})]
+    assert pconn.execute("SELECT k, v FROM ledger ORDER BY k").fetchall() == [("a", 3), ("b", 7)]
+    info = plan.get(pconn, pid)
+    assert (info["status"], info["approved_by"], info["worker"], info["next_step"]) == \
+        ("executed", "alice", "runner-1", 4)
+    assert [s["state"] for s in plan.steps(pconn, pid)] == ["ok", "ok", "ok"]
+
+    again = plan.execute(pconn, pid, "runner-2")
+    assert again.status == "executed" and again.receipts == result.receipts, \
+        "a terminal plan answers from its receipts"
+    assert pconn.execute("SELECT v FROM ledger WHERE k = 'a'").fetchone() == (3,), "and ran nothing"
+
+
+def test_failing_step_is_an_error_receipt_and_earlier_steps_stay(pconn: psycopg.Connection) -> None:
+    pid = plan.propose(pconn, [put("x", 1), put("y", 1), {"action": "take", "args": {"k": "x", "v": 5}},
+                               put("z", 1)], "agent")
+    plan.approve(pconn, pid, "alice")
+    result = plan.execute(pconn, pid, "runner")
+    assert result.status == "failed"
+    last = result.receipts[-1]
+    assert (last["step_index"], last["outcome"], last["sqlstate"]) == (3, "error", "23514")
+    assert pconn.execute("SELECT k, v FROM ledger ORDER BY k").fetchall() == [("x", 1), ("y", 1)]
+    assert [s["state"] for s in plan.steps(pconn, pid)] == ["ok", "ok", "error", "not_run"]
+    assert plan.get(pconn, pid)["failure"] == "step_error"
+
+
+def test_run_step_record_step_and_errors(pconn: psycopg.Connection) -> None:
+    pid = plan.propose(pconn, [put("s1", 1), {"action": "hook", "args": {"recipient": "http://127.0.0.1:9/h",
+                                                                         "payload": {"n": 1}}}], "agent")
+    plan.approve(pconn, pid, "alice")
+    assert plan.claim(pconn, "w1", 5) == [plan.ClaimedPlan(pid, 1, 2, "sql", plan.DEFAULT_HEARTBEAT)]
+    assert plan.start(pconn, pid, "w2") is False
+    with pytest.raises(plan.NotExternalStep):
+        plan.record_step(pconn, pid, 1, "w1", True)
+    first = plan.run_step(pconn, pid, "w1")
+    assert (first.step_index, first.outcome, first.status) == (1, "ok", "executing")
+    ext = plan.run_step(pconn, pid, "w1")
+    assert (ext.outcome, ext.args, ext.idempotency_key) == \
+        ("external", {"recipient": "http://127.0.0.1:9/h", "payload": {"n": 1}}, f"pgfence-plan-{pid}-step-2")
+    assert plan.heartbeat(pconn, pid, "w1") is True
+    assert plan.heartbeat(pconn, pid, "w2") is False
+    assert plan.record_step(pconn, pid, 1, "w1", True) is False, "step 1 is receipted already"
+    with pytest.raises(InvalidArgument):
+        plan.record_step(pconn, pid, 3, "w1", True)
+    assert plan.record_step(pconn, pid, 2, "w2", True) is False, "not the owner"
+    assert plan.record_step(pconn, pid, 2, "w1", True, output={"http_status": 200}) is True
+    assert plan.get(pconn, pid)["status"] == "executed"
+    assert [r["output"] for r in plan.receipts(pconn, pid)] == [{"k": "s1"}, {"http_status": 200}]
+    refused = plan.run_step(pconn, pid, "w1")
+    assert (refused.outcome, refused.status) == (None, "executed")
+
+
+def test_errors_are_translated(pconn: psycopg.Connection) -> None:
+    with pytest.raises(plan.UnknownAction) as unknown:
+        plan.propose(pconn, [{"action": "drop-database"}], "agent")
+    assert unknown.value.sqlstate == "PF101" and unknown.value.hint
+    with pytest.raises(InvalidArgument):
+        plan.propose(pconn, [], "agent")
+    with pytest.raises(plan.ActionConflict):
+        plan.register_action(pconn, "put", "public.take(jsonb)", "re-pointed")
+    pid = plan.propose(pconn, [put("e", 1)], "agent", idempotency_key="k-e")
+    with pytest.raises(IdempotencyKeyReused):
+        plan.propose(pconn, [put("e", 2)], "agent", idempotency_key="k-e")
+    with pytest.raises(plan.SelfApproval):
+        plan.approve(pconn, pid, "agent")
+    with pytest.raises(plan.NotCompensable):
+        plan.compensate(pconn, pid, [put("undo", 0)], "agent")
+    with pytest.raises(NotFound):
+        plan.get(pconn, 999999)
+    ext = plan.propose(pconn, [{"action": "hook", "args": {"recipient": "http://x/1"}},
+                               {"action": "hook", "args": {"recipient": "http://x/2"}}], "agent")
+    plan.approve(pconn, ext, "alice")
+    assert plan.start(pconn, ext, "w")
+    with pytest.raises(plan.StepOutOfOrder):
+        plan.record_step(pconn, ext, 2, "w", True)
+    assert plan.retire_action(pconn, "take") is True
+    with pytest.raises(plan.UnknownAction):
+        plan.propose(pconn, [{"action": "take", "args": {}}], "agent")
+    with pytest.raises(psycopg.errors.UndefinedFunction):
+        plan.register_action(pconn, "ghost", "public.nope(jsonb)", "no such function")
+
+
+def test_execute_needs_autocommit(db: str, pconn: psycopg.Connection) -> None:
+    pid = plan.propose(pconn, [put("t", 1)], "agent")
+    plan.approve(pconn, pid, "alice")
+    with psycopg.connect(db) as tx_conn, pytest.raises(ValueError, match="autocommit"):
+        plan.execute(tx_conn, pid, "runner")
+    assert plan.get(pconn, pid)["status"] == "approved", "nothing happened"
+
+
+def test_compensation_and_rejection(pconn: psycopg.Connection) -> None:
+    pid = plan.propose(pconn, [put("c", 10)], "agent")
+    plan.approve(pconn, pid, "alice")
+    assert plan.execute(pconn, pid, "r").status == "executed"
+    undo = plan.compensate(pconn, pid, [{"action": "take", "args": {"k": "c", "v": 10}}], "agent")
+    assert plan.get(pconn, undo)["compensates"] == pid
+    assert plan.get(pconn, pid)["compensated_by"] == [undo]
+    assert plan.reject(pconn, undo, "bob", "not now") is True
+    assert plan.reject(pconn, undo, "bob", "again") is False
+    assert plan.execute(pconn, undo, "r").status == "rejected"
+    assert pconn.execute("SELECT v FROM ledger WHERE k = 'c'").fetchone() == (10,)
+    assert [p["id"] for p in plan.list_plans(pconn, "rejected")] == [undo]
+
+
+# ------------------------------------------------------------------------------------------------
+# CLI
+# ------------------------------------------------------------------------------------------------
+def cli(db: str, *args: str, input: str | None = None) -> tuple[int, str]:
+    res = CliRunner().invoke(main, ["--dsn", db, "plan", *args], input=input, catch_exceptions=False)
+    return res.exit_code, res.output
+
+
+def test_cli_propose_approve_execute_show_list(db: str, pconn: psycopg.Connection, tmp_path) -> None:
+    steps = tmp_path / "steps.json"
+    steps.write_text(json.dumps([put("cli1", 1), put("cli2", 2)]))
+    code, out = cli(db, "propose", "--by", "agent", f"@{steps}")
+    assert code == 0, out
+    pid = int(out.strip())
+    code, out = cli(db, "approve", str(pid), "--by", "agent")
+    assert code == 1 and "PF103" in out and "four eyes" in out, out
+    code, out = cli(db, "approve", str(pid), "--by", "alice")
+    assert (code, out.strip()) == (0, f"plan#{pid} approved by alice")
+    code, out = cli(db, "execute", str(pid), "--worker", "cli-runner")
+    assert code == 0, out
+    assert f"plan#{pid}: executed" in out and "cli-runner" in out
+    code, out = cli(db, "show", str(pid))
+    assert code == 0, out
+    assert "approved: by alice" in out and "proposed: by agent" in out and "took:" in out
+    assert out.count(" ok ") >= 2
+    code, out = cli(db, "show", str(pid), "--json")
+    shown = json.loads(out)
+    assert shown["status"] == "executed"
+    assert [(s["step_index"], s["state"]) for s in shown["steps"]] == [(1, "ok"), (2, "ok")]
+    code, out = cli(db, "list", "--json")
+    assert [(p["id"], p["status"], p["steps_done"]) for p in json.loads(out)] == [(pid, "executed", 2)]
+
+
+def test_cli_failed_plan_exits_1_and_compensation(db: str, pconn: psycopg.Connection) -> None:
+    code, out = cli(db, "propose", "--by", "agent", "-",
+                    input=json.dumps([put("f1", 1), {"action": "take", "args": {"k": "f1", "v": 9}}]))
+    pid = int(out.strip())
+    cli(db, "approve", str(pid), "--by", "alice")
+    code, out = cli(db, "execute", str(pid))
+    assert code == 1 and "failed (step_error at step 2)" in out and "23514" in out, out
+    code, out = cli(db, "compensate", str(pid), "--by", "agent",
+                    json.dumps([{"action": "take", "args": {"k": "f1", "v": 1}}]))
+    assert code == 0, out
+    undo = int(out.strip())
+    code, out = cli(db, "show", str(pid))
+    assert f"compensated by: plan#{undo}" in out
+    code, out = cli(db, "reject", str(undo), "--by", "bob", "--reason", "keep it")
+    assert code == 0 and "rejected by bob" in out
+    code, out = cli(db, "propose", "--by", "agent", '[{"action": "nope"}]')
+    assert code == 1 and "PF101" in out
+    code, out = cli(db, "propose", "--by", "agent", "not json")
+    assert code == 2 and "not JSON" in out
+
+
+def test_cli_actions(db: str, conn: psycopg.Connection) -> None:
+    conn.execute("CREATE FUNCTION public.echo(p jsonb) RETURNS jsonb LANGUAGE sql AS $$ SELECT p $$")
+    assert cli(db, "register-action", "echo", "--function", "public.echo(jsonb)",
+               "--description", "echo the args") == (0, "action echo registered\n")
+    assert cli(db, "register-action", "notify", "--external", "--description", "a webhook")[0] == 0
+    code, out = cli(db, "register-action", "bad", "--description", "x")
+    assert code == 2 and "exactly one of" in out
+    code, out = cli(db, "actions", "--json")
+    assert [(a["name"], a["kind"]) for a in json.loads(out)] == [("echo", "sql"), ("notify", "external")]
+    assert cli(db, "retire-action", "echo") == (0, "action echo retired\n")
