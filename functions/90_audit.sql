@@ -339,6 +339,41 @@ COMMENT ON VIEW pgfence.audit_queue_health IS
   'Queue health, one row per outbox channel, per operation kind, and one for all plans (queue ''*''), by the database clock. ready = waiting and due now (outbox: pending and due; plan: approved, or released between steps; operation: queued); deferred = waiting but not due (outbox: pending with a future due time — backoff or deliver_at; plan: proposals awaiting approval); in_backoff = outbox messages waiting out a retry backoff (pending, attempts > 0, not yet due); in_flight = owned right now; lapsed = owned past the lease / heartbeat (see audit_stuck); oldest_ready_age = how long the longest-waiting ready item has waited (since due, approved or requested); next_due_at = the next deferred outbox message''s due time; done_5m / failed_5m = finished successfully / unsuccessfully (outbox failed or dead, plan or operation failed) in the last 5 minutes, from the rows'' finished_at, so it works with the event log off; per_second_5m = everything finished in the last 5 minutes / 300; failed, dead = totals still in the table (until purged). NULL = does not apply to the module. Counts every row: after a long run without purge this scans the whole outbox, like outbox_summary.';
 
 -- ---------------------------------------------------------------------------------------------
+-- Documents: recent conflicts, most revisions
+-- ---------------------------------------------------------------------------------------------
+CREATE OR REPLACE VIEW pgfence.audit_documents AS
+SELECT d.id                                  AS document_id,
+       d.kind,
+       d.status,
+       d.version,
+       d.version                             AS revisions,
+       coalesce(a.writes_24h, 0)             AS writes_24h,
+       coalesce(a.conflicts_1h, 0)           AS conflicts_1h,
+       coalesce(a.conflicts_24h, 0)          AS conflicts_24h,
+       coalesce(a.replays_24h, 0)            AS replays_24h,
+       a.last_conflict_at,
+       a.last_conflict_by,
+       d.saved_by,
+       d.saved_at
+FROM pgfence.document d
+LEFT JOIN (
+  SELECT e.item_id,
+         count(*) FILTER (WHERE e.event IN ('create', 'save', 'delete'))                      AS writes_24h,
+         count(*) FILTER (WHERE e.event = 'conflict' AND e.at >= now() - interval '1 hour')  AS conflicts_1h,
+         count(*) FILTER (WHERE e.event = 'conflict')                                         AS conflicts_24h,
+         count(*) FILTER (WHERE e.event = 'replay')                                           AS replays_24h,
+         max(e.at) FILTER (WHERE e.event = 'conflict')                                        AS last_conflict_at,
+         (array_agg(e.actor ORDER BY e.id DESC) FILTER (WHERE e.event = 'conflict'))[1]       AS last_conflict_by
+  FROM pgfence.event e
+  WHERE e.module = 'document' AND e.at >= now() - interval '24 hours'
+  GROUP BY e.item_id
+) a ON a.item_id = d.id;
+REVOKE ALL ON pgfence.audit_documents FROM PUBLIC;
+GRANT SELECT ON pgfence.audit_documents TO pgfence_admin, pg_monitor;
+COMMENT ON VIEW pgfence.audit_documents IS
+  'Documents, one row each, for the two questions about them: which see conflicts (ORDER BY conflicts_1h DESC) and which are written most (ORDER BY revisions DESC). version = the current version; revisions = how many versions are kept (every write — create, save, delete — is one revision, so it equals version); writes_24h, conflicts_1h, conflicts_24h, replays_24h = create/save/delete events, compare-and-swap saves refused as conflict (a writer saved on a stale version), and retried saves answered from their receipt (a lost response), in the last hour / 24 hours of the event log (database clock); last_conflict_at / _by = the latest conflict and who hit it. Drafts are client-side and not listed. Reads the last 24 hours of the event log (index on event.at).';
+
+-- ---------------------------------------------------------------------------------------------
 -- What did X do: the timeline of one item
 -- ---------------------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION pgfence.audit_timeline(p_module text, p_id bigint)
@@ -486,10 +521,20 @@ BEGIN
 
   ELSE
     RETURN QUERY
-    SELECT e.at, 'event'::text, e.event, e.from_status, e.to_status, e.actor, e.fence, e.detail
-    FROM pgfence.event e
-    WHERE e.module = 'document' AND e.item_id = p_id
-    ORDER BY e.at, e.id;
+    WITH t AS (
+      SELECT e.at, 'event'::text AS source, e.event, e.from_status, e.to_status, e.actor, e.fence,
+             e.detail, 1 AS grp, e.id AS ord
+      FROM pgfence.event e
+      WHERE e.module = 'document' AND e.item_id = p_id
+      UNION ALL
+      SELECT now(), 'row', 'current', NULL, d.status, d.saved_by, d.version,
+             jsonb_strip_nulls(jsonb_build_object('kind', d.kind, 'version', d.version,
+                                                  'saved_at', pgfence._audit_ts(d.saved_at),
+                                                  'created_by', d.created_by, 'save_id', d.save_id)),
+             2, 0
+      FROM pgfence.document d WHERE d.id = p_id)
+    SELECT t.at, t.source, t.event, t.from_status, t.to_status, t.actor, t.fence, t.detail
+    FROM t ORDER BY t.grp, t.at, t.ord;
   END IF;
   GET DIAGNOSTICS v_rows = ROW_COUNT;
   IF v_rows = 0 THEN
@@ -501,7 +546,7 @@ $$;
 REVOKE ALL ON FUNCTION pgfence.audit_timeline(text, bigint) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION pgfence.audit_timeline(text, bigint) TO pgfence_admin, pg_monitor;
 COMMENT ON FUNCTION pgfence.audit_timeline(text, bigint) IS
-  'What did one item do: its timeline, oldest first, ending with its current state. module outbox | plan | operation | document. source event = a row of pgfence.event (transitions with who made them — actor — and under which fence, errors with SQLSTATE in detail), written in the same transaction as the change; receipt = a plan step''s receipt (outcome, output, error SQLSTATE and message); lapse = the outbox reaper''s receipt of a lapsed lease; row = what the item''s row says (for outbox messages whose channel does not log events: enqueue, the latest claim, the finish with receipt or error, a scheduled retry; a plan''s external step in flight or in doubt; and always a last row event = current, at = now(), with the item''s state: attempts, lease, last error, receipt, polled external state, ...). Operation events include every polled external state change. Reads only. Errors: 22004 (module or id NULL), 22023 (unknown module), P0002 (no such item and no event for it).';
+  'What did one item do: its timeline, oldest first, ending with its current state. module outbox | plan | operation | document (create, save, delete, conflict and replay events: who, under which version — the fence —, based on which version). source event = a row of pgfence.event (transitions with who made them — actor — and under which fence, errors with SQLSTATE in detail), written in the same transaction as the change; receipt = a plan step''s receipt (outcome, output, error SQLSTATE and message); lapse = the outbox reaper''s receipt of a lapsed lease; row = what the item''s row says (for outbox messages whose channel does not log events: enqueue, the latest claim, the finish with receipt or error, a scheduled retry; a plan''s external step in flight or in doubt; and always a last row event = current, at = now(), with the item''s state: attempts, lease, last error, receipt, polled external state, ...). Operation events include every polled external state change. Reads only. Errors: 22004 (module or id NULL), 22023 (unknown module), P0002 (no such item and no event for it).';
 
 -- ---------------------------------------------------------------------------------------------
 -- Retention: purge terminal items (and their events) in short batches

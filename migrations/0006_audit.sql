@@ -1,5 +1,5 @@
 -- pgfence 0006 — audit: the outbox reaper's receipt of every lease it took back.
--- depends: 0002_outbox
+-- depends: 0005_document
 --
 -- The audit views and functions (functions/90_audit.sql) must say which outbox messages may
 -- have been delivered twice: those claimed under an attempt whose lease lapsed and was taken

@@ -48,7 +48,6 @@ SQL_DUPLICATES = (
     " LIMIT %s::int"
 )
 SQL_QUEUE_HEALTH = "SELECT * FROM pgfence.audit_queue_health ORDER BY module, queue"
-SQL_HAS_DOCUMENTS = "SELECT to_regclass('pgfence.audit_documents') IS NOT NULL"
 SQL_DOCUMENTS = (
     "SELECT * FROM pgfence.audit_documents"
     " WHERE %s::text = 'revisions' OR conflicts_1h > 0 OR conflicts_24h > 0"
@@ -136,13 +135,6 @@ def duplicates(conn: AnyConn, limit: int = 100) -> list[dict[str, Any]]:
 def queue_health(conn: AnyConn) -> list[dict[str, Any]]:
     """One row per outbox channel, operation kind, and all plans (``audit_queue_health``)."""
     return _rows(conn, SQL_QUEUE_HEALTH)
-
-
-def has_documents(conn: AnyConn) -> bool:
-    """Whether this database has the documents module (the view ``pgfence.audit_documents``)."""
-    with _sqlstate(), conn.cursor() as cur:
-        row = cur.execute(SQL_HAS_DOCUMENTS).fetchone()
-    return bool(row and row[0])
 
 
 def documents(conn: AnyConn, order: str = "conflicts", limit: int = 20) -> list[dict[str, Any]]:

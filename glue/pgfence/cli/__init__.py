@@ -73,6 +73,7 @@ def main(ctx: click.Context, dsn: str | None, verbose: int) -> None:
 def _register() -> None:
     from .db import db
     from .demo import demo
+    from .document import doc
     from .executor import executor_cmd
     from .inspect import inspect, purge
     from .migrate import migrate_cmd
@@ -81,7 +82,7 @@ def _register() -> None:
     from .plan import plan
     from .status import status
 
-    for cmd in (db, demo, migrate_cmd, executor_cmd, outbox, plan, op, status, inspect, purge):
+    for cmd in (db, demo, migrate_cmd, executor_cmd, outbox, plan, op, doc, status, inspect, purge):
         main.add_command(cmd)
 
 

@@ -47,7 +47,7 @@ def status(state: CliState, as_json: bool, limit: int) -> None:
     stuck       owned items whose lease or heartbeat lapsed, how long overdue, what happens next
     duplicated  external effects that may have happened twice (check downstream)
     leases      who holds what, until when
-    documents   documents with conflicts in the last hour / day (when the module is installed)
+    documents   documents with conflicts in the last hour / day
     """
     with db_conn(state) as conn:
         queues = audit.queue_health(conn)
@@ -57,14 +57,12 @@ def status(state: CliState, as_json: bool, limit: int) -> None:
         stuck = audit.stuck(conn)
         dups = audit.duplicates(conn, limit)
         leases = audit.leases(conn)
-        docs = audit.documents(conn, "conflicts", limit) if audit.has_documents(conn) else None
+        docs = audit.documents(conn, "conflicts", limit)
     if as_json:
         out: dict[str, Any] = {
             "queues": _plain(queues), "outbox": _plain(summary), "stuck": _plain(stuck),
-            "duplicates": _plain(dups), "leases": _plain(leases),
+            "duplicates": _plain(dups), "leases": _plain(leases), "documents": _plain(docs),
         }
-        if docs is not None:
-            out["documents"] = _plain(docs)
         click.echo(json.dumps(out, indent=2))
         return
     click.echo("queues")
@@ -78,6 +76,5 @@ def status(state: CliState, as_json: bool, limit: int) -> None:
     emit(dups, False, _DUP_COLS, empty="  (none)")
     click.echo("\nleases held")
     emit(leases, False, _LEASE_COLS, empty="  (none)")
-    if docs is not None:
-        click.echo("\ndocuments with conflicts in the last 24 hours")
-        emit(docs, False, _DOC_COLS, empty="  (none)")
+    click.echo("\ndocuments with conflicts in the last 24 hours")
+    emit(docs, False, _DOC_COLS, empty="  (none)")
