@@ -5,7 +5,7 @@
 -- real rolled-back transaction, CALL audit_purge, which commits) use dblink peers and clean up.
 BEGIN;
 \ir helpers/setup.sql
-SELECT plan(143);
+SELECT plan(156);
 
 CREATE FUNCTION public.tap_audit_noop(p jsonb) RETURNS jsonb LANGUAGE sql AS $$ SELECT p $$;
 SELECT pgfence.plan_register_action('tap-au.noop', 'public.tap_audit_noop(jsonb)', 'does nothing (audit tests)');
@@ -30,6 +30,7 @@ SELECT has_view('pgfence', 'audit_stuck', 'audit_stuck view');
 SELECT has_view('pgfence', 'audit_owned', 'audit_owned view');
 SELECT has_view('pgfence', 'audit_duplicates', 'audit_duplicates view');
 SELECT has_view('pgfence', 'audit_queue_health', 'audit_queue_health view');
+SELECT has_view('pgfence', 'audit_documents', 'audit_documents view');
 SELECT has_function('pgfence', 'audit_owner_of', ARRAY['text','bigint'], 'audit_owner_of(module, id) signature');
 SELECT has_function('pgfence', 'audit_timeline', ARRAY['text','bigint'], 'audit_timeline(module, id) signature');
 SELECT is((SELECT prokind::text FROM pg_proc WHERE oid = 'pgfence.audit_purge(text,interval,integer,bigint)'::regprocedure), 'p',
@@ -53,11 +54,11 @@ SELECT function_privs_are('pgfence', 'audit_purge', ARRAY['text','interval','int
 SELECT function_privs_are('pgfence', '_audit_purge_batch', ARRAY['text','timestamp with time zone','bigint','integer'], 'pg_monitor', ARRAY[]::text[], 'pg_monitor may not run a purge batch');
 SELECT is(
   (SELECT array_agg(v ORDER BY v) FROM unnest(ARRAY['audit_stuck','audit_owned','audit_duplicates','audit_queue_health',
-                                                    'outbox_summary','outbox_leases','operation_in_flight']) AS v
+                                                    'audit_documents','outbox_summary','outbox_leases','operation_in_flight']) AS v
    WHERE NOT (has_table_privilege('pg_monitor', 'pgfence.' || v, 'SELECT') AND has_table_privilege('pgfence_admin', 'pgfence.' || v, 'SELECT'))),
   NULL, 'pg_monitor and pgfence_admin may read every audit and summary view');
 SELECT is(
-  (SELECT array_agg(v ORDER BY v) FROM unnest(ARRAY['audit_stuck','audit_owned','audit_duplicates','audit_queue_health']) AS v
+  (SELECT array_agg(v ORDER BY v) FROM unnest(ARRAY['audit_stuck','audit_owned','audit_duplicates','audit_queue_health','audit_documents']) AS v
    WHERE has_table_privilege('pgfence_client', 'pgfence.' || v, 'SELECT') OR has_table_privilege('pgfence_executor', 'pgfence.' || v, 'SELECT')),
   NULL, 'clients and executors may not read the audit views');
 SELECT is(
@@ -296,6 +297,33 @@ SELECT results_eq(
   'queue health of plans: a new proposal waits for approval (deferred), it is not ready to run');
 
 -- =============================================================================================
+-- Documents: recent conflicts, most revisions, timeline
+-- =============================================================================================
+INSERT INTO ids SELECT 'doc', pgfence.document_create('record', '{"title": "v1"}', 'tap-alice');
+INSERT INTO ids SELECT 'quiet', pgfence.document_create('record', '{"title": "quiet"}', 'tap-carol');
+SELECT is((SELECT outcome FROM pgfence.document_save(pg_temp.id('doc'), 1, '{"title": "v2"}', 'tap-alice')), 'saved', 'alice saves version 2');
+SELECT is((SELECT outcome FROM pgfence.document_save(pg_temp.id('doc'), 1, '{"title": "bob"}', 'tap-bob')), 'conflict', 'bob saves on stale version 1: conflict');
+SELECT is((SELECT outcome FROM pgfence.document_save(pg_temp.id('doc'), 1, '{"title": "bob!"}', 'tap-bob')), 'conflict', 'and again: conflict');
+SELECT is((SELECT outcome FROM pgfence.document_save(pg_temp.id('doc'), 2, '{"title": "v3"}', 'tap-alice', 'tap-save-3')), 'saved', 'alice saves version 3');
+SELECT ok((SELECT replayed FROM pgfence.document_save(pg_temp.id('doc'), 2, '{"title": "v3"}', 'tap-alice', 'tap-save-3')), 'her retry (lost answer) is replayed from the receipt');
+SELECT results_eq(
+  $$SELECT document_id, version, revisions, writes_24h, conflicts_1h, conflicts_24h, replays_24h, last_conflict_by, saved_by
+    FROM pgfence.audit_documents WHERE document_id IN (pg_temp.id('doc'), pg_temp.id('quiet'))
+    ORDER BY conflicts_1h DESC, revisions DESC$$,
+  $$VALUES (pg_temp.id('doc'), 3::bigint, 3::bigint, 3::bigint, 2::bigint, 2::bigint, 1::bigint, 'tap-bob', 'tap-alice'),
+           (pg_temp.id('quiet'), 1::bigint, 1::bigint, 1::bigint, 0::bigint, 0::bigint, 0::bigint, NULL, 'tap-carol')$$,
+  'audit_documents: recent conflicts per document (and who hit the last one), revisions, writes and replayed retries');
+SELECT is(
+  (SELECT array_agg(source || ':' || event || ':' || coalesce(actor, '') || ':' || fence) FROM pgfence.audit_timeline('document', pg_temp.id('doc'))),
+  ARRAY['event:create:tap-alice:1', 'event:save:tap-alice:2', 'event:conflict:tap-bob:2', 'event:conflict:tap-bob:2',
+        'event:save:tap-alice:3', 'event:replay:tap-alice:3', 'row:current:tap-alice:3'],
+  'document timeline: every write and refused save with who and which version, then the current state');
+SELECT results_eq(
+  $$SELECT status, owned, owner, fence, last_owner FROM pgfence.audit_owner_of('document', pg_temp.id('doc'))$$,
+  $$VALUES ('live', false, NULL::text, 3::bigint, 'tap-alice')$$,
+  'audit_owner_of: a document is never owned; its fence is the version a save must present');
+
+-- =============================================================================================
 -- The event log is written in the same transaction as the transition
 -- =============================================================================================
 INSERT INTO ids SELECT 'sp', pg_temp.approved_plan();
@@ -327,6 +355,7 @@ SET ROLE pg_monitor;
 SELECT lives_ok($$SELECT count(*) FROM pgfence.audit_stuck$$, 'pg_monitor reads audit_stuck');
 SELECT lives_ok($$SELECT count(*) FROM pgfence.audit_duplicates$$, 'pg_monitor reads audit_duplicates');
 SELECT lives_ok($$SELECT count(*) FROM pgfence.audit_queue_health$$, 'pg_monitor reads audit_queue_health');
+SELECT lives_ok($$SELECT count(*) FROM pgfence.audit_documents$$, 'pg_monitor reads audit_documents');
 SELECT is((SELECT count(*)::int FROM pgfence.audit_owned), 3, 'pg_monitor reads audit_owned');
 SELECT is((SELECT count(*)::int FROM pgfence.audit_timeline('outbox', :msg_id)), 5, 'pg_monitor reads a timeline');
 SELECT is((SELECT owner FROM pgfence.audit_owner_of('outbox', :live_id)), 'tap-w9', 'pg_monitor asks who owns a message');
@@ -375,6 +404,12 @@ SELECT is((SELECT purged FROM pgfence._audit_purge_batch('operation', now() + in
 SELECT is((SELECT array_agg(id ORDER BY id) FROM pgfence.operation), ARRAY[pg_temp.id('op'), pg_temp.id('reissued')],
   '... and keeps the queued and the running one, with their events');
 SELECT ok(pg_temp.events('operation', pg_temp.id('op')) > 0 AND pg_temp.events('operation', pg_temp.id('unknown')) = 0, '... events go with their operation');
+
+SELECT is((SELECT purged FROM pgfence._audit_purge_batch('document', now() + interval '1 day', 0, 100000)), 7,
+  'a document purge batch deletes the document events older than the cutoff');
+SELECT results_eq($$SELECT count(*)::int, sum(version)::int FROM pgfence.document WHERE id IN (pg_temp.id('doc'), pg_temp.id('quiet'))$$,
+  $$VALUES (2, 4)$$, '... the documents stay, at their versions');
+SELECT is((SELECT count(*)::int FROM pgfence.document_revision WHERE document_id = pg_temp.id('doc')), 3, '... and so do their revisions (the save receipts)');
 
 -- The procedure itself, in a second session (it commits): batches of 2, keeps the pending one.
 SELECT is(tap_helpers.peer_value('c1', $$SELECT count(*) FROM pgfence.outbox_enqueue_many('tap-au-purge', ARRAY['a', 'b', 'c', 'd', 'e'], ARRAY['{}', '{}', '{}', '{}', '{}']::jsonb[])$$), '5',
