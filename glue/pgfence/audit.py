@@ -27,9 +27,16 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
-from .errors import translate
+from .errors import PgfenceError, register, translate
 
 logger = logging.getLogger(__name__)
+
+
+class PermissionDenied(PgfenceError):
+    """42501 insufficient_privilege: the role may not do this (e.g. ``pg_monitor`` purging)."""
+
+
+register("42501", PermissionDenied)
 
 #: The modules whose items audit_owner_of / audit_timeline / audit_purge accept.
 MODULES: tuple[str, ...] = ("outbox", "plan", "operation", "document")
@@ -154,7 +161,8 @@ def purge(conn: AnyConn, module: str, older_than: dt.timedelta | None = None,
     1000, document events 90 days / 5000). Returns how many items (document: events) went.
 
     Raises:
-        InvalidArgument (22004/22023), psycopg errors (2D000 inside a transaction block).
+        InvalidArgument (22004/22023), PermissionDenied (42501: not pgfence_admin),
+        psycopg errors (2D000 inside a transaction block).
     """
     with _sqlstate(), conn.cursor() as cur:
         row = cur.execute(SQL_PURGE, (module, older_than, batch_size)).fetchone()
