@@ -5,7 +5,7 @@
 -- real rolled-back transaction, CALL audit_purge, which commits) use dblink peers and clean up.
 BEGIN;
 \ir helpers/setup.sql
-SELECT plan(156);
+SELECT plan(157);
 
 CREATE FUNCTION public.tap_audit_noop(p jsonb) RETURNS jsonb LANGUAGE sql AS $$ SELECT p $$;
 SELECT pgfence.plan_register_action('tap-au.noop', 'public.tap_audit_noop(jsonb)', 'does nothing (audit tests)');
@@ -42,6 +42,7 @@ SELECT volatility_is('pgfence', 'audit_owner_of', ARRAY['text','bigint'], 'stabl
 SELECT volatility_is('pgfence', 'audit_timeline', ARRAY['text','bigint'], 'stable', 'audit_timeline is stable (reads only)');
 SELECT ok(bool_and(p.proconfig @> ARRAY['search_path=pg_catalog, pgfence, pg_temp']), 'every audit function pins search_path')
 FROM pg_proc p WHERE p.pronamespace = 'pgfence'::regnamespace AND p.proname LIKE '%audit%' AND p.prokind = 'f';
+SELECT isnt_definer('pgfence', 'audit_purge', ARRAY['text','interval','integer','bigint'], 'audit_purge is not security definer (it could not COMMIT); its batches are');
 SELECT is((SELECT proconfig FROM pg_proc WHERE oid = 'pgfence.audit_purge(text,interval,integer,bigint)'::regprocedure), NULL,
   'audit_purge has no SET clause (a procedure with one cannot COMMIT)');
 SELECT function_privs_are('pgfence', 'audit_timeline', ARRAY['text','bigint'], 'pg_monitor', ARRAY['EXECUTE'], 'pg_monitor may read timelines');
