@@ -684,6 +684,14 @@ BEGIN
   IF v_ids IS NULL THEN
     RETURN 0;
   END IF;
+  -- The lapse receipt (pgfence.outbox_lapse, migration 0006): the rows are locked by us, so
+  -- this sees exactly the rows the UPDATE below takes back.
+  INSERT INTO pgfence.outbox_lapse (message_id, attempt, worker, claimed_at, lease_expires_at, outcome)
+  SELECT o.id, o.attempts, o.locked_by, o.claimed_at, o.lease_expires_at,
+         CASE WHEN o.attempts >= o.max_attempts THEN 'dead' ELSE 'pending' END
+  FROM pgfence.outbox o
+  WHERE o.id = ANY (v_ids) AND o.status = 'processing' AND o.lease_expires_at < now()
+  ON CONFLICT (message_id, attempt) DO NOTHING;
   UPDATE pgfence.outbox o
   SET status = CASE WHEN o.attempts >= o.max_attempts THEN 'dead' ELSE 'pending' END,
       next_attempt_at = CASE WHEN o.attempts >= o.max_attempts THEN o.next_attempt_at
@@ -701,7 +709,7 @@ $$;
 REVOKE ALL ON FUNCTION pgfence.outbox_reclaim_stale(integer) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION pgfence.outbox_reclaim_stale(integer) TO pgfence_executor, pgfence_admin;
 COMMENT ON FUNCTION pgfence.outbox_reclaim_stale(integer) IS
-  'Reaper: messages whose lease lapsed by the database clock go back to pending after a backoff (counted as a failed attempt), or to dead when no attempts remain. Takes at most max_rows; skips rows locked by a concurrent mark and never touches a row finished between its read and its write. Returns how many it reclaimed. Run by executors on a timer; safe for a DBA to call. Errors: 22023 (max_rows < 1).';
+  'Reaper: messages whose lease lapsed by the database clock go back to pending after a backoff (counted as a failed attempt), or to dead when no attempts remain; each one leaves a lapse receipt in pgfence.outbox_lapse (a possible duplicate delivery, listed by pgfence.audit_duplicates). Takes at most max_rows; skips rows locked by a concurrent mark and never touches a row finished between its read and its write. Returns how many it reclaimed. Run by executors on a timer; safe for a DBA to call. Errors: 22023 (max_rows < 1).';
 
 -- ---------------------------------------------------------------------------------------------
 -- Operator functions

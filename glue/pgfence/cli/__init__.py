@@ -75,13 +75,14 @@ def _register() -> None:
     from .demo import demo
     from .document import doc
     from .executor import executor_cmd
+    from .inspect import inspect, purge
     from .migrate import migrate_cmd
     from .operation import op
     from .outbox import outbox
     from .plan import plan
     from .status import status
 
-    for cmd in (db, demo, migrate_cmd, executor_cmd, outbox, plan, op, doc, status):
+    for cmd in (db, demo, migrate_cmd, executor_cmd, outbox, plan, op, doc, status, inspect, purge):
         main.add_command(cmd)
 
 

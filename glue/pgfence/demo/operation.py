@@ -15,7 +15,7 @@ from typing import Any
 import click
 
 from .. import operation
-from . import DemoContext
+from . import DemoContext, audit_views
 
 TITLE = "Operations: a branch reset issued once, one per branch, taken over after a crash"
 
@@ -111,6 +111,10 @@ def run(ctx: DemoContext) -> None:
                   f"#{first.id} is still owned by the dead executor-1 until its lease lapses "
                   f"({held['lease_expires_at']:%H:%M:%S.%f} database clock)")
 
+        stuck = audit_views.wait_stuck(ctx, "operation", first.id, 20)
+        ctx.check(stuck is not None and stuck["owner"] == "executor-1" and stuck["fence"] == 1,
+                  f"audit_stuck lists operation #{first.id}: executor-1's lease (fence 1) lapsed; "
+                  "the next claim only polls")
         executor2 = ctx.start_executor("executor-2", *exec_args)
         ctx.step("executor-2 takes it over when the lease lapses; it finds the reference and "
                  "only polls")
@@ -137,5 +141,8 @@ def run(ctx: DemoContext) -> None:
             "               detail->>'external_ref', ''), 30)"
             " FROM pgfence.event WHERE module = 'operation' AND item_id = %s ORDER BY id",
             (first.id,)).fetchall()
+    dups = audit_views.show_duplicates(ctx, "operation", [first.id])
+    ctx.check(not dups, f"audit_duplicates does not list operation #{first.id}: the takeover only "
+                        "polled, the reset was issued once")
     ctx.step(f"the event log of operation #{first.id}")
     ctx.table(trail, ["event", "from", "to", "actor", "fence", "detail"])

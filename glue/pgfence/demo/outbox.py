@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .. import outbox
-from . import DemoContext
+from . import DemoContext, audit_views
 
 TITLE = "Outbox: notifications delivered at least once, with bounded, spaced retries"
 
@@ -109,9 +109,13 @@ def run(ctx: DemoContext) -> None:
     ctx.check(held["status"] == "processing" and held["locked_by"] == "executor-1",
               f"outbox#{slow.id} is still claimed by the dead executor-1 "
               f"(lease until {held['lease_expires_at']:%H:%M:%S.%f})")
+    ctx.step("nobody can take it until the lease lapses (database clock); then an operator "
+             "sees it in pgfence.audit_stuck")
+    stuck = audit_views.wait_stuck(ctx, "outbox", slow.id, 20)
+    ctx.check(stuck is not None and stuck["owner"] == "executor-1" and stuck["fence"] == 1,
+              f"audit_stuck lists outbox#{slow.id}: executor-1's attempt 1, lease lapsed")
     ctx.start_executor("executor-2", *exec_args)
-    ctx.step("executor-2 cannot take it until the lease lapses (database clock); then the "
-             "reaper puts it back and it is delivered again")
+    ctx.step("executor-2's reaper puts it back and it is delivered again")
 
     ids = [p.id for p in plan]
 
@@ -136,3 +140,7 @@ def run(ctx: DemoContext) -> None:
     ctx.check(not lost, "no message lost: every one reached a final state")
     ctx.step("at-least-once made visible: the killed delivery reached the receiver twice, "
              "both times with the same Idempotency-Key, so the receiver can deduplicate")
+    dups = audit_views.show_duplicates(ctx, "outbox", ids)
+    ctx.check([(d["item_id"], d["lost_by"]) for d in dups] == [(slow.id, ["executor-1"])],
+              f"audit_duplicates lists outbox#{slow.id} (and only it): attempt 1 lost its lease "
+              f"while executor-1 held it, so the receiver may have it twice (key {slow.key})")

@@ -9,7 +9,7 @@ import psycopg
 
 from .. import plan
 from ..errors import PgfenceError
-from . import DemoContext
+from . import DemoContext, audit_views
 
 TITLE = "Plans: proposed, approved, executed step by step with receipts; killed mid-plan; undone"
 
@@ -123,6 +123,9 @@ def run(ctx: DemoContext) -> None:
     ctx.check(held["status"] == "executing" and held["worker"] == "executor-1",
               f"plan#{pid} still belongs to the dead executor-1 until its heartbeat lapses "
               f"(database clock, {held['heartbeat_expires_at']:%H:%M:%S.%f})")
+    stuck = audit_views.wait_stuck(ctx, "plan", pid, 20)
+    ctx.check(stuck is not None and stuck["owner"] == "executor-1",
+              f"audit_stuck lists plan#{pid}: executor-1's heartbeat lapsed, external step 3 in flight")
     ctx.start_executor("executor-2", *exec_args)
     ctx.step("executor-2 does not resume it (plans never retry); its reaper marks it interrupted")
 
@@ -142,6 +145,10 @@ def run(ctx: DemoContext) -> None:
               "the receiver did get step 3 (idempotency key " + key + "): at least once, "
               "which is why pgfence calls it unknown rather than not done")
     ctx.check(not late, "a late report under the dead executor's name is refused")
+    dups = audit_views.show_duplicates(ctx, "plan", [pid])
+    ctx.check([(d["reason"], d["idempotency_key"]) for d in dups] == [("external_step_in_doubt", key)],
+              f"audit_duplicates lists plan#{pid}: external step 3 is in doubt (check the receiver "
+              f"for {key}, then compensate)")
     now = _stock(ctx, skus)
     ctx.check(now == {widget: 55, gadget: 25, gizmo: 5},
               f"stock shows exactly the committed steps: {now}")
