@@ -52,6 +52,8 @@ CREATE INDEX ON bench_textbook (next_attempt_at, id) WHERE status = 'pending';
 def _reset(dsn: str) -> None:
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("TRUNCATE pgfence.outbox, pgfence.event")
+        # channel settings outlive TRUNCATE: the event-log run must not leak into the next ones
+        conn.execute("SELECT pgfence.outbox_configure_channel(%s, p_log_events => false)", (CHANNEL,))
         conn.execute(TEXTBOOK_DDL)
         conn.execute("VACUUM ANALYZE pgfence.outbox")
 

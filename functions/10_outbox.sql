@@ -407,6 +407,8 @@ SET enable_seqscan = off
 SET enable_bitmapscan = off
 AS $$
 #variable_conflict use_column
+DECLARE
+  v_lease interval;
 BEGIN
   IF p_worker IS NULL OR p_worker = '' OR length(p_worker) > 200 THEN
     RAISE EXCEPTION 'outbox: worker must be a non-empty name of at most 200 characters'
@@ -438,6 +440,27 @@ BEGIN
       WHERE o.id = ANY (ARRAY(
               SELECT d.id FROM pgfence.outbox d
               WHERE d.status = 'pending' AND d.next_attempt_at <= now()
+              ORDER BY d.next_attempt_at, d.id
+              LIMIT p_batch
+              FOR UPDATE SKIP LOCKED))
+        AND o.status = 'pending'
+      RETURNING o.id, o.channel, o.recipient, o.payload, o.idempotency_key, o.attempts,
+                o.max_attempts, o.lease_expires_at - now() AS lease, o.lease_expires_at,
+                o.created_at, o.next_attempt_at AS due_at)
+    SELECT c.id, c.channel, c.recipient, c.payload, c.idempotency_key, c.attempts, c.max_attempts,
+           c.lease, c.lease_expires_at, c.created_at
+    FROM claimed c ORDER BY c.due_at, c.id;
+  ELSIF cardinality(p_channels) = 1 THEN
+    -- The common case (an executor routing one channel): one index walk, the lease looked up once.
+    v_lease := coalesce(p_lease, (pgfence._outbox_settings(p_channels[1])).lease);
+    RETURN QUERY
+    WITH claimed AS (
+      UPDATE pgfence.outbox o
+      SET status = 'processing', attempts = o.attempts + 1, locked_by = p_worker,
+          claimed_at = now(), updated_at = now(), lease_expires_at = now() + v_lease
+      WHERE o.id = ANY (ARRAY(
+              SELECT d.id FROM pgfence.outbox d
+              WHERE d.channel = p_channels[1] AND d.status = 'pending' AND d.next_attempt_at <= now()
               ORDER BY d.next_attempt_at, d.id
               LIMIT p_batch
               FOR UPDATE SKIP LOCKED))
