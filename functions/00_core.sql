@@ -95,3 +95,68 @@ $$;
 REVOKE ALL ON FUNCTION pgfence._set_actor(text) FROM PUBLIC;
 COMMENT ON FUNCTION pgfence._set_actor(text) IS
   'Private: name the actor (worker, approver, user) that the event log records for the changes that follow. A calling function must declare SET pgfence.actor = '''' in its definition, so that the name ends with the call instead of leaking into the rest of the caller''s transaction.';
+
+-- ---------------------------------------------------------------------------------------------
+-- Deletes only in a purge; the event log is append-only
+--
+-- Items (plans, their steps, operations, events) disappear only through CALL
+-- pgfence.audit_purge, whose batch function runs with the setting pgfence.purging = on. Any
+-- other DELETE is refused (PF002) by a statement-level trigger whose WHEN condition is false
+-- while purging, so a purge pays nothing per row. This is a safety catch against a stray
+-- DELETE in psql, not a permission: no pgfence role can write the tables at all, and their
+-- owner can disable triggers. A DBA who must delete by hand does it in a transaction with
+-- SET LOCAL pgfence.purging = on. (TRUNCATE is not guarded: it needs the owner, and is what
+-- the benchmarks use to reset.)
+-- ---------------------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION pgfence.tg_purge_only()
+RETURNS trigger
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pgfence, pg_temp
+AS $$
+BEGIN
+  IF current_setting('pgfence.purging', true) IS DISTINCT FROM 'on' THEN
+    RAISE EXCEPTION 'pgfence.%: rows are deleted only by a purge', TG_TABLE_NAME
+      USING ERRCODE = 'PF002',
+            DETAIL = 'Items, their receipts and their events are the audit trail; pgfence.audit_purge deletes finished ones after their retention period.',
+            HINT = 'CALL pgfence.audit_purge(module, older_than). To delete by hand on purpose, do it in a transaction with SET LOCAL pgfence.purging = on.';
+  END IF;
+  RETURN NULL;
+END
+$$;
+REVOKE ALL ON FUNCTION pgfence.tg_purge_only() FROM PUBLIC;
+COMMENT ON FUNCTION pgfence.tg_purge_only() IS
+  'BEFORE DELETE statement trigger (shared by pgfence.event, plan, plan_step and operation; filtered by WHEN pgfence.purging is not on): refuses the DELETE (PF002) unless the transaction-local setting pgfence.purging is on, as pgfence._audit_purge_batch sets it.';
+
+CREATE OR REPLACE FUNCTION pgfence.tg_event_guard()
+RETURNS trigger
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pgfence, pg_temp
+AS $$
+BEGIN
+  IF TG_OP = 'UPDATE' THEN
+    RAISE EXCEPTION 'pgfence.event is append-only: an event is never changed'
+      USING ERRCODE = 'PF002', HINT = 'Events record what happened; the purge deletes old ones (pgfence.audit_purge).';
+  END IF;
+  RAISE EXCEPTION 'pgfence.event: a new event records the login and the transaction that write it (db_user %, txid %)', NEW.db_user, NEW.txid
+    USING ERRCODE = 'PF001',
+          DETAIL = format('This session is %s in transaction %s.', session_user, pg_current_xact_id()),
+          HINT = 'Leave db_user and txid to their defaults; events are written by the modules'' triggers and functions.';
+END
+$$;
+REVOKE ALL ON FUNCTION pgfence.tg_event_guard() FROM PUBLIC;
+COMMENT ON FUNCTION pgfence.tg_event_guard() IS
+  'Triggers on pgfence.event: BEFORE UPDATE (statement) refuses any change (PF002: append-only); BEFORE INSERT (row, filtered by a WHEN condition, so the normal path runs no PL/pgSQL) refuses an event naming another login than session_user or another transaction than the current one (PF001).';
+
+CREATE OR REPLACE TRIGGER event_insert_guard
+  BEFORE INSERT ON pgfence.event
+  FOR EACH ROW
+  WHEN (NEW.db_user IS DISTINCT FROM session_user::text OR NEW.txid IS DISTINCT FROM pg_current_xact_id())
+  EXECUTE FUNCTION pgfence.tg_event_guard();
+CREATE OR REPLACE TRIGGER event_no_update
+  BEFORE UPDATE ON pgfence.event
+  FOR EACH STATEMENT EXECUTE FUNCTION pgfence.tg_event_guard();
+CREATE OR REPLACE TRIGGER event_purge_only
+  BEFORE DELETE ON pgfence.event
+  FOR EACH STATEMENT
+  WHEN (current_setting('pgfence.purging', true) IS DISTINCT FROM 'on')
+  EXECUTE FUNCTION pgfence.tg_purge_only();

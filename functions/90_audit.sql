@@ -562,6 +562,10 @@ CREATE OR REPLACE FUNCTION pgfence._audit_purge_batch(
 )
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pgfence, pg_temp
+-- The modules' tables refuse DELETE unless pgfence.purging is on (tg_purge_only). A SET clause
+-- rather than set_config(..., true): the setting is on for this call only and is restored when
+-- it returns, so it cannot leak into the rest of a caller's transaction.
+SET pgfence.purging = 'on'
 AS $$
 -- Walks the item table by primary key from p_after, p_batch rows at a time, so that every
 -- batch costs the same whatever the table size (no index on finished_at is needed, and none is
@@ -662,7 +666,7 @@ $$;
 REVOKE ALL ON FUNCTION pgfence._audit_purge_batch(text, timestamptz, bigint, integer) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION pgfence._audit_purge_batch(text, timestamptz, bigint, integer) TO pgfence_admin;
 COMMENT ON FUNCTION pgfence._audit_purge_batch(text, timestamptz, bigint, integer) IS
-  'Private, one purge batch (CALL pgfence.audit_purge calls it and COMMIT after each): looks at the next p_batch items of the module after id p_after and deletes those that are terminal (outbox sent | failed | dead; plan executed | failed | rejected | expired; operation succeeded | failed | canceled) and finished before p_cutoff, skipping rows locked right now and plans that a kept plan compensates, with their events (and outbox lapse receipts, plan steps). For module document it deletes document events older than p_cutoff. Returns the last id looked at, how many items (events for documents) it deleted, and whether the walk is done. Security definer for the procedure, which cannot be; granted to pgfence_admin.';
+  'Private, one purge batch (CALL pgfence.audit_purge calls it and COMMIT after each): looks at the next p_batch items of the module after id p_after and deletes those that are terminal (outbox sent | failed | dead; plan executed | failed | rejected | expired; operation succeeded | failed | canceled) and finished before p_cutoff, skipping rows locked right now and plans that a kept plan compensates, with their events (and outbox lapse receipts, plan steps). For module document it deletes document events older than p_cutoff. Returns the last id looked at, how many items (events for documents) it deleted, and whether the walk is done. Runs with pgfence.purging = on (a SET clause: only for the duration of the call), the one setting under which the modules'' delete guards let rows go. Security definer for the procedure, which cannot be; granted to pgfence_admin.';
 
 CREATE OR REPLACE FUNCTION pgfence._audit_check_purge(p_older_than interval, p_batch_size integer)
 RETURNS void
