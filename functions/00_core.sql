@@ -1,4 +1,5 @@
--- pgfence functions/00_core.sql — shared helpers: schema version, backoff.
+-- pgfence functions/00_core.sql — shared helpers: schema version, backoff, the event log writer
+-- and its guards, the purge-only delete guard shared by the modules' tables.
 --
 -- Every file in functions/ is re-runnable: CREATE OR REPLACE, followed by REVOKE ... FROM
 -- PUBLIC, GRANT EXECUTE to the group role(s) that need it, and COMMENT ON. `pgfence migrate`

@@ -28,6 +28,22 @@
 -- database clock. An owner may release the run between steps (worker = NULL, e.g. to hand an
 -- external step to an executor); another worker must take it over before the heartbeat lapses.
 --
+-- What was approved is what runs, and who approved it is another login:
+--   * each sql step records, at proposal, the md5 of its function's definition
+--     (pg_get_functiondef); a step whose function was replaced since does not run: its receipt
+--     is an error PF108 and the plan fails (a dropped function: 42883; a retired action: PF101);
+--   * plan_approve refuses (PF103) the approver name of the proposer, and the database login
+--     (session_user) that proposed (plan.proposed_db_user), unless that login is a superuser;
+--     every event records its login (event.db_user) next to the actor name it was given.
+-- SQL receipts: _plan_step_begin stamps the step it hands out and the current transaction on the
+-- plan row (step_begun, step_begun_xact); _plan_step_finish writes a receipt only for that step
+-- in that transaction (PF107). Remaining trust: the action runs with the caller's privileges, so
+-- a role granted both helpers (pgfence_executor, pgfence_admin) can still begin a step and write
+-- its ok receipt in one transaction without running the action; grant pgfence_executor only to
+-- executor logins trusted to run what plans say.
+-- Rows: a hand-written INSERT must be a fresh proposal (PF001); plans, steps and receipts are
+-- deleted only by the purge (PF002 otherwise, see tg_purge_only).
+--
 -- Actions run with search_path = pg_catalog, pgfence, pg_temp: write them with qualified names
 -- or give them their own SET search_path.
 -- Errors: functions/ERRORS.md (PF1xx are this module's).

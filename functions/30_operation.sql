@@ -21,6 +21,12 @@
 -- A new owner that finds a reference only polls (begin_issue answers 'poll'). One that finds an
 -- intent without a reference re-issues only if both the first call and its own pass the
 -- idempotency key; otherwise the operation fails as "outcome unknown" for a person to check.
+-- A pending cancel request does not change that rule (the key finds what the first call may
+-- have started, and its reference is what lets the owner cancel it), but the reissue event and
+-- the outcome-unknown result say cancel_pending. With a cancel request and no call ever started,
+-- begin_issue cancels the operation ('canceled') and nothing is called.
+-- Rows: a hand-written INSERT must be a fresh request (PF001); operations are deleted only by the
+-- purge (PF002 otherwise, see tg_purge_only).
 --
 -- Fence: `fence` is bumped by every claim; owner writes match `fence = p_fence AND status =
 -- 'running'` under a row lock, so an owner that was replaced changes nothing (NULL / false).

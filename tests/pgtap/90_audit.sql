@@ -5,7 +5,7 @@
 -- real rolled-back transaction, CALL audit_purge, which commits) use dblink peers and clean up.
 BEGIN;
 \ir helpers/setup.sql
-SELECT plan(158);
+SELECT plan(159);
 
 CREATE FUNCTION public.tap_audit_noop(p jsonb) RETURNS jsonb LANGUAGE sql AS $$ SELECT p $$;
 SELECT pgfence.plan_register_action('tap-au.noop', 'public.tap_audit_noop(jsonb)', 'does nothing (audit tests)');
@@ -233,6 +233,10 @@ SELECT is(
   'plan timeline: transitions with who made them, each step''s receipt, the current state');
 SELECT is((SELECT array_agg(detail -> 'output' ORDER BY fence) FROM pgfence.audit_timeline('plan', pg_temp.id('done')) WHERE source = 'receipt'),
   ARRAY['{"n": 1}'::jsonb, '{"n": 2}'::jsonb], '... receipts carry the step outputs');
+SELECT is(
+  (SELECT array_agg(source || ':' || coalesce(db_user, '-')) FROM pgfence.audit_timeline('plan', pg_temp.id('done'))),
+  (SELECT array_agg(x || session_user) FROM unnest(ARRAY['event:', 'event:', 'event:', 'receipt:', 'receipt:', 'event:']) AS x) || ARRAY['row:-'],
+  '... and the database login (db_user) of every event and receipt; rows rebuilt from the item have none');
 SELECT is(
   (SELECT array_agg(source || ':' || event) FROM pgfence.audit_timeline('plan', pg_temp.id('ext')) WHERE source <> 'row' OR event = 'current'),
   ARRAY['event:propose', 'event:approve', 'event:start', 'receipt:step_ok', 'event:fail', 'row:current'],
