@@ -1072,28 +1072,40 @@ SET pgfence.actor = ''
 AS $$
 #variable_conflict use_column
 DECLARE
-  v        pgfence.plan;
-  v_step   pgfence.plan_step;
-  v_action text;
+  v      pgfence.plan;
+  v_step record;
 BEGIN
   PERFORM pgfence._plan_check_name(p_worker, 'worker');
   PERFORM pgfence._set_actor(p_worker);
-  v := pgfence._plan_lock(p_id);
-  status := v.status;
-  IF v.status <> 'executing' OR v.worker IS DISTINCT FROM p_worker THEN
-    RETURN;  -- refused: step_index NULL
+  -- The usual case, in one statement: lock the run if p_worker owns it with a live heartbeat,
+  -- and stamp the step handed out. A SQL step: the step and this transaction (step_begun,
+  -- step_begun_xact), the only receipt _plan_step_finish will write. An external step: in
+  -- flight since (external_started_at), with a fresh heartbeat.
+  UPDATE pgfence.plan p
+  SET step_begun = CASE WHEN s.kind = 'sql' THEN p.next_step END,
+      step_begun_xact = CASE WHEN s.kind = 'sql' THEN pg_catalog.pg_current_xact_id() END,
+      external_started_at = CASE WHEN s.kind = 'external' THEN coalesce(p.external_started_at, now())
+                                 ELSE p.external_started_at END,
+      heartbeat_at = CASE WHEN s.kind = 'external' THEN now() ELSE p.heartbeat_at END,
+      heartbeat_expires_at = CASE WHEN s.kind = 'external' THEN now() + p.heartbeat_interval
+                                  ELSE p.heartbeat_expires_at END
+  FROM pgfence.plan_step s
+  WHERE p.id = p_id AND p.status = 'executing' AND p.worker = p_worker AND p.heartbeat_expires_at >= now()
+    AND s.plan_id = p.id AND s.step_index = p.next_step
+  RETURNING p.status, p.next_step, s.action, s.kind, s.args, s.function_md5 INTO v_step;
+  IF NOT FOUND THEN
+    -- Refused (step_index NULL): not executing, not by this worker, or its heartbeat lapsed.
+    -- _plan_lock raises 22004 / P0002 and marks a lapsed run failed (interrupted).
+    v := pgfence._plan_lock(p_id);
+    status := v.status;
+    RETURN;
   END IF;
-  SELECT * INTO v_step FROM pgfence.plan_step s WHERE s.plan_id = p_id AND s.step_index = v.next_step;
-  step_index := v.next_step;
-  v_action := v_step.action;
-  action := v_action;
+  status := v_step.status;
+  step_index := v_step.next_step;
+  action := v_step.action;
   kind := v_step.kind;
   args := v_step.args;
-  IF kind = 'external' THEN
-    UPDATE pgfence.plan p
-    SET external_started_at = coalesce(p.external_started_at, now()),
-        heartbeat_at = now(), heartbeat_expires_at = now() + p.heartbeat_interval
-    WHERE p.id = p_id;
+  IF v_step.kind = 'external' THEN
     RETURN;
   END IF;
   fn_md5 := v_step.function_md5;
@@ -1102,11 +1114,7 @@ BEGIN
   FROM pgfence.plan_action a
   LEFT JOIN pg_catalog.pg_proc pr ON pr.oid = a.function
   LEFT JOIN pg_catalog.pg_namespace n ON n.oid = pr.pronamespace
-  WHERE a.name = v_action;
-  -- Stamp the step and this transaction: _plan_step_finish writes a receipt for nothing else.
-  UPDATE pgfence.plan p
-  SET step_begun = v.next_step, step_begun_xact = pg_catalog.pg_current_xact_id()
-  WHERE p.id = p_id;
+  WHERE a.name = v_step.action;
 END
 $$;
 REVOKE ALL ON FUNCTION pgfence._plan_step_begin(bigint, text) FROM PUBLIC;

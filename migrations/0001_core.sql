@@ -60,7 +60,7 @@ COMMENT ON TABLE pgfence.event IS
 COMMENT ON COLUMN pgfence.event.actor IS
   'Who made the change: the worker, approver or user passed to the pgfence function (via the transaction-local setting pgfence.actor), else the database session user.';
 COMMENT ON COLUMN pgfence.event.db_user IS
-  'The database login (session_user) whose transaction wrote the event, whatever name it passed as actor and whatever role it had SET: two actors with one db_user are one login. Filled by default; an INSERT naming another login is refused.';
+  'The database login (session_user) whose transaction wrote the event, whatever name it passed as actor and whatever role it had SET: two actors with one db_user are one login. Filled by its default (the modules'' event writers never set it).';
 COMMENT ON COLUMN pgfence.event.fence IS
   'The fence token in force after the change (outbox attempts, operation fence), when the module has one.';
 CREATE INDEX event_item_idx ON pgfence.event (module, item_id, id);

@@ -99,7 +99,7 @@ CREATE TABLE pgfence.plan_step (
   action      text NOT NULL,
   kind        text NOT NULL CHECK (kind IN ('sql', 'external')),
   function    text,
-  function_md5 text CHECK (function_md5 ~ '^[0-9a-f]{32}$'),
+  function_md5 text,
   args        jsonb NOT NULL CHECK (jsonb_typeof(args) = 'object'),
   note        text,
   -- its receipt, written once, in the same transaction as the step's effect
