@@ -454,8 +454,10 @@ class OutboxModule(Module):
         started = time.monotonic()
         # The lease is measured on the database clock; this local deadline only bounds our own
         # wait so that the outcome reaches the database before the lease can lapse.
-        deadline = started + message.lease.total_seconds()
-        budget = max(deadline - self.margin - started, 0.5)
+        lease_s = message.lease.total_seconds()
+        deadline = started + lease_s
+        # Leave `margin` seconds to record the outcome; with a very short lease, half of it.
+        budget = lease_s - self.margin if lease_s > 2 * self.margin else lease_s / 2
         transport = self._transport(message.channel)
         error: str | None = None
         retryable = True
