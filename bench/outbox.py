@@ -187,6 +187,28 @@ def _textbook2_worker(dsn: str, worker: str, out: Any) -> None:
     out.put(done)
 
 
+def _textbook2_fenced_worker(dsn: str, worker: str, out: Any) -> None:
+    """The two-transaction loop with pgfence's fence added as plain SQL: the claim bumps
+    ``attempts`` and stamps a lease, the mark matches ``attempts`` and ``status``. Compared with
+    the unfenced loop it shows what the fence itself costs, without pgfence's function layer."""
+    done = 0
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        while True:
+            row = conn.execute(
+                "UPDATE bench_textbook SET status = 'processing', attempts = attempts + 1,"
+                " claimed_at = now() WHERE id = (SELECT id FROM bench_textbook"
+                " WHERE status = 'pending' AND next_attempt_at <= now()"
+                " ORDER BY next_attempt_at, id LIMIT 1 FOR UPDATE SKIP LOCKED)"
+                " RETURNING id, attempts, payload").fetchone()
+            if row is None:
+                break
+            conn.execute("UPDATE bench_textbook SET status = 'sent', finished_at = now()"
+                         " WHERE id = %s AND attempts = %s AND status = 'processing'",
+                         (row[0], row[1]))
+            done += 1
+    out.put(done)
+
+
 def _run_workers(target: Any, dsn: str, count: int) -> float:
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
@@ -214,12 +236,15 @@ def drain_fenced_loop(dsn: str, count: int) -> dict[str, Any]:
     return {"workers": count, "per_second": N / float(row[0]), "seconds": float(row[0])}
 
 
-def drain_textbook(dsn: str, count: int, two_tx: bool = False) -> dict[str, Any]:
+def drain_textbook(dsn: str, count: int, two_tx: bool = False,
+                   fenced: bool = False) -> dict[str, Any]:
     """N messages through the textbook SKIP LOCKED loop in ``count`` processes: one transaction
-    held across the handler, or (``two_tx``) claim and mark as two unfenced transactions."""
+    held across the handler, or (``two_tx``) claim and mark as two transactions, unfenced or
+    (``fenced``) with the fence predicate added in plain SQL."""
     _reset(dsn)
     _fill_textbook(dsn)
-    _run_workers(_textbook2_worker if two_tx else _textbook_worker, dsn, count)
+    worker = (_textbook2_fenced_worker if fenced else _textbook2_worker) if two_tx else _textbook_worker
+    _run_workers(worker, dsn, count)
     with psycopg.connect(dsn) as conn:
         row = conn.execute("SELECT extract(epoch FROM max(finished_at) - min(claimed_at))"
                            " FROM bench_textbook").fetchone()
@@ -365,6 +390,7 @@ def run(dsn: str) -> dict[str, Any]:
     print(f"outbox: {N} messages per drain, no-op handler", flush=True)
     res["textbook"] = {str(c): drain_textbook(dsn, c) for c in (1, 4)}
     res["textbook_two_tx"] = {str(c): drain_textbook(dsn, c, two_tx=True) for c in (1, 4)}
+    res["textbook_two_tx_fenced"] = {"1": drain_textbook(dsn, 1, two_tx=True, fenced=True)}
     res["fenced_loop"] = {str(c): drain_fenced_loop(dsn, c) for c in (1, 4)}
     res["executor"] = {f"{c}x{b}": drain_executor(dsn, c, b) for c in (1, 4) for b in (1, 50)}
     res["executor_event_log"] = drain_executor(dsn, 4, 50, log_events=True)
@@ -375,6 +401,8 @@ def run(dsn: str) -> dict[str, Any]:
     tb4 = res["textbook"]["4"]["per_second"]
     res["ratios"] = {
         "fenced_loop_1_vs_textbook_1": res["fenced_loop"]["1"]["per_second"] / tb1,
+        "plain_sql_fence_vs_unfenced_two_tx_1": res["textbook_two_tx_fenced"]["1"]["per_second"]
+                                               / res["textbook_two_tx"]["1"]["per_second"],
         "fenced_loop_1_vs_unfenced_two_tx_1": res["fenced_loop"]["1"]["per_second"]
                                              / res["textbook_two_tx"]["1"]["per_second"],
         "fenced_loop_4_vs_unfenced_two_tx_4": res["fenced_loop"]["4"]["per_second"]
@@ -392,6 +420,8 @@ def run(dsn: str) -> dict[str, Any]:
             res["ratios"]["fenced_loop_1_vs_textbook_1"] >= 0.95,
         "fence costs nothing: fenced loop 1 >= 0.95x the same two transactions unfenced":
             res["ratios"]["fenced_loop_1_vs_unfenced_two_tx_1"] >= 0.95,
+        "the fence predicate alone (plain SQL) >= 0.95x unfenced":
+            res["ratios"]["plain_sql_fence_vs_unfenced_two_tx_1"] >= 0.95,
         "4 executors x batch 50 >= 3x textbook 4": res["ratios"]["executor_4x50_vs_textbook_4"] >= 3,
         "bulk enqueue >= 50,000/s": res["bulk"]["enqueue_many_per_second"] >= 50_000,
         "wake latency p99 <= 2 ms": res["latency_executor"]["p99_ms"] <= 2.0,
@@ -403,6 +433,8 @@ def run(dsn: str) -> dict[str, Any]:
          res["textbook_two_tx"]["1"]["per_second"] / tb1),
         ("  same, claim+mark as 2 tx, no fence, 4 w", res["textbook_two_tx"]["4"]["per_second"],
          res["textbook_two_tx"]["4"]["per_second"] / tb4),
+        ("  2 tx + fence predicate in plain SQL, 1 w", res["textbook_two_tx_fenced"]["1"]["per_second"],
+         res["textbook_two_tx_fenced"]["1"]["per_second"] / tb1),
         ("fenced claim(1)->mark loop, 1 worker", res["fenced_loop"]["1"]["per_second"],
          res["ratios"]["fenced_loop_1_vs_textbook_1"]),
         ("  (vs the unfenced 2-tx loop, 1 worker)", res["fenced_loop"]["1"]["per_second"],

@@ -61,12 +61,13 @@ BEGIN
                                       AND NEW.attempts = OLD.attempts)
         OR (OLD.status IN ('failed', 'dead') AND NEW.status = 'pending' AND NEW.attempts = OLD.attempts))
        AND NEW.attempts <= NEW.max_attempts
+       AND (NEW.status <> 'pending' OR NEW.attempts < NEW.max_attempts)
        AND (NEW.status = 'processing') = (NEW.locked_by IS NOT NULL AND NEW.lease_expires_at IS NOT NULL)
        AND (NEW.status IN ('sent', 'failed', 'dead')) = (NEW.finished_at IS NOT NULL)) THEN
     RAISE EXCEPTION 'illegal outbox transition for message %: % -> % (attempts % -> %)',
       OLD.id, OLD.status, NEW.status, OLD.attempts, NEW.attempts
       USING ERRCODE = 'PF001',
-            DETAIL = 'Allowed: pending->processing (attempts+1), pending->pending, processing->processing|pending|sent|failed|dead, failed|dead->pending (requeue); a sent message never changes again. Always: attempts <= max_attempts, owner and lease iff processing, finished_at iff sent|failed|dead.',
+            DETAIL = 'Allowed: pending->processing (attempts+1), pending->pending, processing->processing|pending|sent|failed|dead, failed|dead->pending (requeue); a sent message never changes again. Always: attempts <= max_attempts (< when pending: a pending message must have an attempt left), owner and lease iff processing, finished_at iff sent|failed|dead.',
             HINT = 'Use the pgfence.outbox_* functions; they make only legal moves.';
   END IF;
   IF NEW.log_events THEN
@@ -230,6 +231,10 @@ DECLARE
   v_set       pgfence.outbox_channel;
 BEGIN
   PERFORM pgfence._outbox_check_message(p_channel, p_recipient, p_payload, p_idempotency_key, p_max_attempts);
+  IF p_deliver_at IS NOT NULL AND NOT isfinite(p_deliver_at) THEN
+    RAISE EXCEPTION 'outbox: deliver_at must be a finite time, got %', p_deliver_at
+      USING ERRCODE = '22023', HINT = 'Pass NULL to deliver now, or a real timestamp.';
+  END IF;
 
   v_set := pgfence._outbox_settings(p_channel);
   INSERT INTO pgfence.outbox AS o (channel, recipient, payload, idempotency_key, max_attempts,
@@ -305,6 +310,10 @@ BEGIN
     RETURN;
   END IF;
   PERFORM pgfence._outbox_check_message(p_channel, 'x', '{}'::jsonb, NULL, p_max_attempts);
+  IF p_deliver_at IS NOT NULL AND NOT isfinite(p_deliver_at) THEN
+    RAISE EXCEPTION 'outbox_enqueue_many: deliver_at must be a finite time, got %', p_deliver_at
+      USING ERRCODE = '22023', HINT = 'Pass NULL to deliver now, or a real timestamp.';
+  END IF;
   SELECT i, r, p, k INTO v_bad
   FROM unnest(p_recipients, p_payloads, coalesce(p_idempotency_keys, array_fill(NULL::text, ARRAY[v_n])))
          WITH ORDINALITY AS u(r, p, k, i)
@@ -319,6 +328,15 @@ BEGIN
   v_set := pgfence._outbox_settings(p_channel);
   v_max := coalesce(p_max_attempts, v_set.max_attempts);
   v_seq := pg_get_serial_sequence('pgfence.outbox', 'id')::regclass;
+  SELECT min(u.i) AS i, u.k INTO v_bad
+  FROM unnest(p_recipients, p_idempotency_keys) WITH ORDINALITY AS u(r, k, i)
+  WHERE u.k IS NOT NULL
+  GROUP BY u.k HAVING count(DISTINCT u.r) > 1
+  LIMIT 1;
+  IF FOUND THEN
+    RAISE EXCEPTION 'outbox_enqueue_many: idempotency key "%" is used for different recipients within this call', v_bad.k
+      USING ERRCODE = 'PF003', HINT = 'Idempotency keys identify one message; nothing was enqueued.';
+  END IF;
   SELECT u.i, o.id, o.channel, o.recipient INTO v_bad
   FROM unnest(p_recipients, p_idempotency_keys) WITH ORDINALITY AS u(r, k, i)
   JOIN pgfence.outbox o ON o.idempotency_key = u.k
@@ -753,7 +771,7 @@ BEGIN
       finished_at = NULL,
       updated_at = now(),
       log_events = (pgfence._outbox_settings(o.channel)).log_events,
-      max_attempts = CASE WHEN o.status = 'pending' THEN o.max_attempts
+      max_attempts = CASE WHEN o.status = 'pending' THEN o.max_attempts + coalesce(p_extra_attempts, 0)
                           ELSE o.attempts + coalesce(p_extra_attempts, (pgfence._outbox_settings(o.channel)).max_attempts) END
   WHERE o.id = p_id AND o.status IN ('failed', 'dead', 'pending');
   IF FOUND THEN
@@ -766,7 +784,7 @@ $$;
 REVOKE ALL ON FUNCTION pgfence.outbox_requeue(bigint, integer) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION pgfence.outbox_requeue(bigint, integer) TO pgfence_admin;
 COMMENT ON FUNCTION pgfence.outbox_requeue(bigint, integer) IS
-  'Operator: retry a failed or dead message now, granting extra_attempts more attempts (default: the channel''s max_attempts); a pending message is made due now. attempts keeps counting, so fence tokens are never reused. Returns false for a message that is processing or sent (a sent message never changes again). Errors: 22023 (extra_attempts outside 1..1000), P0002 (unknown id).';
+  'Operator: retry a failed or dead message now, granting extra_attempts more attempts (default: the channel''s max_attempts); a pending message is made due now (and gets extra_attempts more, if given). attempts keeps counting, so fence tokens are never reused. Returns false for a message that is processing or sent (a sent message never changes again). Errors: 22023 (extra_attempts outside 1..1000), P0002 (unknown id).';
 
 CREATE OR REPLACE FUNCTION pgfence.outbox_configure_channel(
   p_channel      text,
@@ -812,7 +830,7 @@ BEGIN
   EXCEPTION WHEN check_violation THEN
     RAISE EXCEPTION 'outbox_configure_channel: invalid settings for "%"', p_channel
       USING ERRCODE = '22023',
-            HINT = 'Need 1 <= max_attempts <= 1000, 0 < backoff_base <= backoff_cap, lease > 0.';
+            HINT = 'Need 1 <= max_attempts <= 1000, 0 < backoff_base <= backoff_cap <= 30 days, 0 < lease <= 1 day.';
   END;
   RETURN v_row;
 END
@@ -856,7 +874,7 @@ SELECT o.channel,
        count(*)                                                         AS messages,
        min(o.created_at)                                                AS oldest_created_at,
        CASE WHEN o.status = 'pending' THEN
-         greatest(now() - min(o.next_attempt_at) FILTER (WHERE o.next_attempt_at <= now()), interval '0')
+         now() - min(o.next_attempt_at) FILTER (WHERE o.next_attempt_at <= now())
        END                                                              AS oldest_due_age,
        count(*) FILTER (WHERE o.status = 'pending' AND o.next_attempt_at > now()) AS deferred,
        count(*) FILTER (WHERE o.status = 'processing' AND o.lease_expires_at < now()) AS lapsed_leases,

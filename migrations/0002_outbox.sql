@@ -7,10 +7,12 @@ CREATE TABLE pgfence.outbox_channel (
   max_attempts integer  NOT NULL CHECK (max_attempts BETWEEN 1 AND 1000),
   backoff_base interval NOT NULL CHECK (backoff_base > interval '0'),
   backoff_cap  interval NOT NULL,
-  lease        interval NOT NULL CHECK (lease > interval '0'),
+  lease        interval NOT NULL CHECK (lease > interval '0' AND lease <= interval '1 day'),
   log_events   boolean NOT NULL DEFAULT false,
   updated_at   timestamptz NOT NULL DEFAULT now(),
-  CONSTRAINT outbox_channel_cap_ge_base CHECK (backoff_cap >= backoff_base)
+  CONSTRAINT outbox_channel_cap_ge_base CHECK (backoff_cap >= backoff_base),
+  -- bounded so that now() + lease / backoff can never overflow a timestamp
+  CONSTRAINT outbox_channel_cap_bounded CHECK (backoff_cap <= interval '30 days')
 );
 COMMENT ON COLUMN pgfence.outbox_channel.log_events IS
   'Write every transition of this channel''s messages to pgfence.event (off by default: outbox volume is high; the message row keeps attempts, owner, times and last error either way).';

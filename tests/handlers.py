@@ -33,3 +33,18 @@ def read_records(path: str) -> list[tuple[int, int, int]]:
         return []
     with open(path) as fh:
         return [tuple(int(x) for x in line.split()) for line in fh if line.strip()]  # type: ignore[misc]
+
+
+def hang(message: Claimed) -> dict[str, object]:
+    """A sync handler that never returns (a stuck network call without a timeout)."""
+    _record(message)
+    time.sleep(3600)
+    return {}
+
+
+async def odd_receipt(message: Claimed) -> dict[str, object]:
+    """Delivers fine but returns a receipt that is not JSON for message payloads marked odd."""
+    _record(message)
+    if message.payload.get("odd"):
+        return {"x": {1, 2}}  # a set: not JSON
+    return {"ok": True}

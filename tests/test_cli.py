@@ -72,3 +72,46 @@ def test_no_database_is_a_clear_message(tmp_path: object) -> None:
                                                       "PGFENCE_STATE_DIR": str(tmp_path)})
     assert result.exit_code == 1
     assert "No database: set DATABASE_URL" in result.output
+
+
+def test_executor_config_is_validated(db: str, tmp_path: object) -> None:
+    from pathlib import Path
+
+    bad = Path(str(tmp_path)) / "bad.toml"
+    bad.write_text('[executor]\nplans = false\n[routes]\nx = "noop"\n')
+    out = run(db, "executor", "--config", str(bad), code=2)
+    assert "plans must be start, external or off" in out
+    bad.write_text('[executor]\nconcurency = 4\n[routes]\nx = "noop"\n')
+    assert "unknown setting(s) concurency" in run(db, "executor", "--config", str(bad), code=2)
+    bad.write_text('[route]\nx = "noop"\n')
+    assert "unknown table(s) route" in run(db, "executor", "--config", str(bad), code=2)
+
+
+def test_permission_denied_is_one_line_with_a_hint(db: str) -> None:
+    with psycopg.connect(db, autocommit=True) as conn:
+        conn.execute("DROP ROLE IF EXISTS pgfence_test_client")
+        conn.execute("CREATE ROLE pgfence_test_client LOGIN IN ROLE pgfence_client")
+    try:
+        from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+        params = conninfo_to_dict(db)
+        params["user"] = "pgfence_test_client"
+        out = run(make_conninfo("", **params), "outbox", "list", code=1)
+        assert "[42501]" in out and "lacks the pgfence role" in out and "Traceback" not in out
+    finally:
+        with psycopg.connect(db, autocommit=True) as conn:
+            conn.execute("DROP ROLE pgfence_test_client")
+
+
+def test_migrate_break_lock(db: str) -> None:
+    with psycopg.connect(db, autocommit=True) as conn:
+        conn.execute("INSERT INTO pgfence.yoyo_lock (locked, ctime, pid) VALUES (1, now(), 999999)")
+    out = run(db, "migrate", "--lock-timeout", "1", code=1)
+    assert "has locked this database" in out and "--break-lock" in out
+    assert "no pending migrations" in run(db, "migrate", "--break-lock")
+
+
+def test_out_of_range_input_is_a_usage_error(db: str) -> None:
+    assert "not in the range" in run(db, "outbox", "show", "99999999999999999999", code=2)
+    assert "not in the range" in run(db, "outbox", "enqueue", "--channel", "c", "--recipient", "r",
+                                     "--delay", "1e20", "{}", code=2)

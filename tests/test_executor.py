@@ -212,3 +212,56 @@ def test_eight_claimers_two_thousand_messages(db: str, conn: psycopg.Connection,
     assert len({pid for pid, _, _ in deliveries}) > 1, "the work was shared between processes"
     deadlocks_after = scalar(db, "SELECT deadlocks FROM pg_stat_database WHERE datname = current_database()")
     assert deadlocks_after == deadlocks_before, "zero deadlocks"
+
+
+@pytest.mark.timeout(60)
+def test_a_hanging_sync_handler_does_not_block_shutdown(db: str, conn: psycopg.Connection,
+                                                        tmp_path: Path) -> None:
+    record = tmp_path / "hang.txt"
+    outbox.enqueue(conn, "stuck", "r", {"n": 1})
+    proc = Proc(db, ["--route", "stuck=python:handlers:hang", "--grace", "1", *FAST[:4]],
+                tmp_path / "exec.log", env={"PGFENCE_TEST_RECORD": str(record)})
+    wait_for(lambda: record.exists() and record.read_text(), 20, "the handler to start")
+    t0 = time.monotonic()
+    proc.signal(signal.SIGTERM)
+    assert proc.wait(15) == 0, proc.output()
+    assert time.monotonic() - t0 < 10, "stopped after the grace period, not after the handler"
+    assert "abandoning 1 in-flight job" in proc.output()
+
+
+@pytest.mark.timeout(60)
+def test_an_unserialisable_receipt_costs_no_other_message(db: str, conn: psycopg.Connection,
+                                                          tmp_path: Path) -> None:
+    record = tmp_path / "odd.txt"
+    configure(conn, "odd", 3)
+    ids = outbox.enqueue_many(conn, "odd", ["r"] * 5, [{"odd": i == 2} for i in range(5)])
+    proc = Proc(db, ["--route", "odd=python:handlers:odd_receipt", "--batch", "5", *FAST],
+                tmp_path / "exec.log", env={"PGFENCE_TEST_RECORD": str(record)})
+    try:
+        wait_for(lambda: all(status(db, m) == "sent" for m in ids), 20, "all five sent")
+        time.sleep(4)  # longer than the lease: a lost mark would show up as a redelivery
+    finally:
+        assert proc.terminate() == 0
+    assert sorted(mid for _, mid, _ in read_records(str(record))) == sorted(ids), "each delivered once"
+    odd = outbox.get(conn, ids[2])
+    assert odd["attempts"] == 1 and "unserialisable_receipt" in odd["receipt"]
+
+
+@pytest.mark.timeout(60)
+def test_one_failing_module_does_not_stop_the_others(db: str, conn: psycopg.Connection,
+                                                     tmp_path: Path) -> None:
+    from pgfence import plan
+
+    conn.execute("CREATE FUNCTION public.ok(p jsonb) RETURNS jsonb LANGUAGE sql AS 'SELECT p'")
+    plan.register_action(conn, "ok", "public.ok(jsonb)", "returns its args")
+    pid = plan.propose(conn, [{"action": "ok", "args": {"n": 1}}], "agent")
+    assert plan.approve(conn, pid, "alice") == "approved"
+    # break the outbox claim: every outbox sweep now fails
+    conn.execute("ALTER FUNCTION pgfence.outbox_claim(text, integer, text[], interval) RENAME TO outbox_claim_gone")
+    proc = Proc(db, ["--route", "hooks=noop", "--plans", "start", *FAST], tmp_path / "exec.log")
+    try:
+        wait_for(lambda: scalar(db, "SELECT status FROM pgfence.plan_get(%s)", (pid,)) == "executed",
+                 20, "the plan to run although the outbox module fails")
+    finally:
+        proc.terminate()
+    assert "outbox claim failed" in proc.output()

@@ -46,7 +46,7 @@ def deliver(transport: object, msg: Claimed) -> object:
 
 def test_webhook_2xx_is_sent_with_idempotency_key(webhook: WebhookReceiver) -> None:
     receipt = deliver(WebhookTransport(), message(7, f"{webhook.url}/ok", {"a": 1}, key="k-7"))
-    assert receipt == {"http_status": 200, "response": '{"received": "k-7", "seen": 1}'}
+    assert receipt == {"http_status": 200, "response_bytes": len('{"received": "k-7", "seen": 1}')}
     hit = webhook.hits[0]
     assert (hit.key, hit.message_id, hit.attempt, hit.body) == ("k-7", "7", "1", {"a": 1})
 
@@ -82,11 +82,6 @@ def test_webhook_timeout_is_retryable(webhook: WebhookReceiver) -> None:
 def test_webhook_rejects_a_non_http_recipient() -> None:
     with pytest.raises(PermanentError, match="not an http"):
         deliver(WebhookTransport(), message(1, "mailto:ada@example.com"))
-
-
-def test_webhook_fixed_url_sends_the_recipient_as_a_header(webhook: WebhookReceiver) -> None:
-    deliver(parse_route(f"webhook:{webhook.url}/ok"), message(3, "tenant-42"))
-    assert webhook.hits[0].path == "/ok"
 
 
 def test_smtp_message_id_is_stable_across_attempts() -> None:
@@ -146,3 +141,37 @@ def test_smtp_message_id_comes_from_the_idempotency_key() -> None:
     odd = transport.message_id(message(5, "a@b", key="order 5/<x>"))
     assert odd.startswith("<k-") and odd.endswith("@d.example>") and " " not in odd
     assert odd == transport.message_id(message(6, "a@b", key="order 5/<x>")), "same key, same id"
+
+
+def test_webhook_does_not_follow_redirects(webhook: WebhookReceiver) -> None:
+    with pytest.raises(PermanentError, match="302"):
+        deliver(WebhookTransport(), message(1, f"{webhook.url}/status/302"))
+    assert [h.path for h in webhook.hits] == ["/status/302"], "no second request was made"
+
+
+def test_webhook_bodies_stay_out_of_receipts_and_errors(webhook: WebhookReceiver) -> None:
+    receipt = deliver(WebhookTransport(), message(1, f"{webhook.url}/ok", key="secret-body"))
+    assert receipt == {"http_status": 200, "response_bytes": len('{"received": "secret-body", "seen": 1}')}
+    with pytest.raises(RetryableError) as err:
+        deliver(WebhookTransport(), message(2, f"{webhook.url}/status/503", key="k-503"))
+    assert "k-503" not in str(err.value) and "HTTP 503" in str(err.value)
+
+
+def test_webhook_allow_list(webhook: WebhookReceiver) -> None:
+    assert deliver(parse_route("webhook?allow=127.0.0.1"), message(1, f"{webhook.url}/ok"))
+    with pytest.raises(PermanentError, match="allow list"):
+        deliver(parse_route("webhook?allow=hooks.example.com,*.partner.example"),
+                message(2, f"{webhook.url}/ok"))
+    assert len(webhook.hits) == 1, "the refused host was never contacted"
+    assert WebhookTransport(allow_hosts=["*.partner.example"])._allowed("a.partner.example")
+
+
+def test_webhook_fixed_url_sends_the_recipient_header(webhook: WebhookReceiver) -> None:
+    async def go() -> None:
+        transport = parse_route(f"webhook:{webhook.url}/ok")
+        try:
+            await transport.deliver(message(3, "tenant-42"))
+        finally:
+            await transport.aclose()
+    asyncio.run(go())
+    assert (webhook.hits[-1].path, webhook.hits[-1].recipient) == ("/ok", "tenant-42")

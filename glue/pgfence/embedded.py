@@ -364,8 +364,11 @@ def load_dev_cluster() -> ClusterInfo | None:
         info = ClusterInfo(**json.loads(path.read_text()))
     except (ValueError, TypeError):
         return None
-    if not (Path(info.datadir) / "postmaster.pid").exists():
+    pidfile = Path(info.datadir) / "postmaster.pid"
+    if not pidfile.exists():
         return None
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        info.pid = int(pidfile.read_text().splitlines()[0])  # the server may have been restarted
     try:
         os.kill(info.pid, 0)
     except ProcessLookupError:

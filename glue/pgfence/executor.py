@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime as dt
+import json
 import logging
 import os
 import random
@@ -239,27 +240,39 @@ class Executor:
         while not self._stopping.is_set():
             self._wake.clear()
             timeout = cfg.poll_interval
-            try:
-                free = cfg.concurrency - len(self._inflight)
-                for module in self.modules:
-                    if free <= 0:
-                        break
+            free = cfg.concurrency - len(self._inflight)
+            failed = False
+            # Each module on its own: one module's failure (a database error, a poisoned row)
+            # must not stop the others from claiming.
+            for module in self.modules:
+                if free <= 0:
+                    break
+                try:
                     jobs = await module.claim(free)
-                    for job in jobs:
-                        self._spawn(job)
-                    free -= len(jobs)
-                self._saturated = free <= 0
-                if not self._saturated:
-                    for module in self.modules:
+                except Exception as exc:
+                    failed = True
+                    logger.warning("%s claim failed (%s: %s)", module.name, type(exc).__name__,
+                                   str(exc).strip().splitlines()[0] if str(exc) else "")
+                    continue
+                for job in jobs:
+                    self._spawn(job)
+                free -= len(jobs)
+            self._saturated = free <= 0
+            if not self._saturated:
+                for module in self.modules:
+                    try:
                         due = await module.next_due()
-                        if due is not None:
-                            timeout = min(timeout, max(due, 0.001))
-                failures = 0
-            except Exception as exc:
+                    except Exception:
+                        failed = True
+                        continue
+                    if due is not None:
+                        timeout = min(timeout, max(due, 0.001))
+            if failed:
                 failures += 1
-                timeout = min(cfg.reconnect_max, 0.1 * 2 ** min(failures - 1, 10))
-                logger.warning("claim failed (%s: %s); retrying in %.2fs", type(exc).__name__,
-                               str(exc).strip().splitlines()[0] if str(exc) else "", timeout)
+                timeout = min(timeout, cfg.reconnect_max, 0.1 * 2 ** min(failures - 1, 10))
+                logger.warning("retrying in %.2fs", timeout)
+            else:
+                failures = 0
             if self._saturated:
                 # a finishing job sets _wake; the timeout is only a safety net
                 timeout = cfg.poll_interval
@@ -343,6 +356,24 @@ class _SentItem:
     done: asyncio.Future[bool]
 
 
+def _storable(receipt: Any, message: Claimed) -> dict[str, Any] | None:
+    """The receipt as it will be stored: a JSON object, or a note saying why it could not be.
+
+    A transport that returns something unserialisable did deliver the message: that must still
+    be recorded as sent (not retried), so the receipt is replaced, never the outcome.
+    """
+    if receipt is None:
+        return None
+    stored: dict[str, Any] = receipt if isinstance(receipt, dict) else {"value": receipt}
+    try:
+        json.dumps(stored)
+    except (TypeError, ValueError) as exc:
+        logger.warning("outbox#%d: the transport's receipt is not JSON (%s); storing its repr",
+                       message.id, exc)
+        return {"unserialisable_receipt": repr(stored)[:500]}
+    return stored
+
+
 class OutboxModule(Module):
     """Delivers outbox messages through the transport routed for each channel.
 
@@ -423,8 +454,10 @@ class OutboxModule(Module):
         started = time.monotonic()
         # The lease is measured on the database clock; this local deadline only bounds our own
         # wait so that the outcome reaches the database before the lease can lapse.
-        deadline = started + message.lease.total_seconds()
-        budget = max(deadline - self.margin - started, 0.5)
+        lease_s = message.lease.total_seconds()
+        deadline = started + lease_s
+        # Leave `margin` seconds to record the outcome; with a very short lease, half of it.
+        budget = lease_s - self.margin if lease_s > 2 * self.margin else lease_s / 2
         transport = self._transport(message.channel)
         error: str | None = None
         retryable = True
@@ -433,7 +466,7 @@ class OutboxModule(Module):
         try:
             if transport is None:
                 raise PermanentError(f"no route for channel {message.channel!r}")
-            receipt = await asyncio.wait_for(transport.deliver(message), budget)
+            receipt = _storable(await asyncio.wait_for(transport.deliver(message), budget), message)
         except RetryableError as exc:
             error, retry_after = str(exc), exc.retry_after
         except PermanentError as exc:
@@ -505,14 +538,25 @@ class OutboxModule(Module):
         try:
             rows = await self.executor.fetch(sql.SQL_MARK_SENT_MANY, params, retry_until=deadline)
             return {int(r[0]) for r in rows}
-        except psycopg.errors.NoDataFound:
-            # A message vanished (purged by an operator): mark the others one by one.
+        except psycopg.OperationalError:
+            raise  # the database is gone past the deadline: every item's lease will lapse
+        except Exception as exc:
+            # E.g. a message purged meanwhile (P0002): record the others one by one, so that a
+            # single bad item does not send every message of the batch out again.
+            logger.warning("batch mark failed (%s); marking %d message(s) one by one",
+                           exc, len(items))
             marked: set[int] = set()
             for item in items:
-                with contextlib.suppress(psycopg.errors.NoDataFound):
+                try:
                     rows = await self.executor.fetch(
                         sql.SQL_MARK_SENT, (item.message.id, item.message.attempt,
-                                            Jsonb(item.receipt) if item.receipt else None))
-                    if rows and rows[0][0]:
-                        marked.add(item.message.id)
+                                            Jsonb(item.receipt) if item.receipt else None),
+                        retry_until=item.deadline)
+                except psycopg.OperationalError:
+                    raise
+                except Exception as one:
+                    logger.error("could not mark outbox#%d sent: %s", item.message.id, one)
+                    continue
+                if rows and rows[0][0]:
+                    marked.add(item.message.id)
             return marked

@@ -67,11 +67,14 @@ def apply_functions(conn: psycopg.Connection[Any]) -> list[str]:
     return [p.name for p in files]
 
 
-def migrate(dsn: str | None = None) -> MigrateResult:
+def migrate(dsn: str | None = None, *, lock_timeout: float = 120,
+            break_lock: bool = False) -> MigrateResult:
     """Bring the database to this package's schema; safe to run any number of times.
 
     Args:
         dsn: connection string; None = :func:`pgfence.db.resolve_dsn`.
+        lock_timeout: seconds to wait for a concurrent migrate's lock (yoyo's lock row).
+        break_lock: first delete a lock row left by a killed migrate.
 
     Returns:
         MigrateResult: ids of migrations applied now (empty when up to date), the functions
@@ -89,7 +92,9 @@ def migrate(dsn: str | None = None) -> MigrateResult:
         backend = get_backend(yoyo_uri(dsn), migration_table="_yoyo_migration")
         try:
             migrations = read_migrations(str(migrations_dir()))
-            with backend.lock(timeout=120):
+            if break_lock:
+                backend.break_lock()
+            with backend.lock(timeout=lock_timeout):
                 pending = backend.to_apply(migrations)
                 result.applied = [m.id for m in pending]
                 if pending:

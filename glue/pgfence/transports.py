@@ -13,7 +13,9 @@ delivery. Each transport says how the receiver can recognise the repeat:
 - ``webhook``: HTTP POST of the payload as JSON, with ``Idempotency-Key`` = the message's
   idempotency key, or ``pgfence-outbox-<id>`` when it has none (stable across attempts);
   2xx = sent; 408, 425, 429, 5xx, timeouts and connection errors = retryable (``Retry-After``
-  honoured); other statuses = permanent.
+  honoured); 3xx (redirects are not followed) and other 4xx = permanent. Receipts and errors
+  never contain the response body (clients can read them); ``webhook?allow=…`` limits the hosts
+  a client-chosen recipient URL may name, ``webhook:<url>`` fixes the endpoint.
 - ``smtp``: an e-mail whose ``Message-ID`` is derived from the idempotency key only
   (``<key@domain>``, e.g. ``<pgfence-outbox-42@domain>``), so a repeat is the same message to
   the receiving MTA;
@@ -37,6 +39,7 @@ import json
 import logging
 import re
 import socket
+import threading
 from collections.abc import Awaitable, Callable
 from email.message import EmailMessage
 from typing import Any, Protocol
@@ -143,11 +146,20 @@ class WebhookTransport:
     name = "webhook"
 
     def __init__(self, url: str | None = None, *, timeout: float = 10.0,
-                 headers: dict[str, str] | None = None) -> None:
+                 headers: dict[str, str] | None = None,
+                 allow_hosts: list[str] | None = None) -> None:
         self.url = url
         self.timeout = aiohttp.ClientTimeout(total=timeout)
         self.headers = dict(headers or {})
+        self.allow_hosts = [h.lower() for h in allow_hosts] if allow_hosts else None
         self._session: aiohttp.ClientSession | None = None
+
+    def _allowed(self, host: str | None) -> bool:
+        if self.allow_hosts is None:
+            return True
+        host = (host or "").lower()
+        return any(host == pat or (pat.startswith("*.") and host.endswith(pat[1:]))
+                   for pat in self.allow_hosts)
 
     def _client(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
@@ -157,8 +169,11 @@ class WebhookTransport:
 
     async def deliver(self, message: Claimed) -> Receipt:
         target = self.url or message.recipient
-        if urlparse(target).scheme not in ("http", "https"):
+        parsed = urlparse(target)
+        if parsed.scheme not in ("http", "https"):
             raise PermanentError(f"webhook recipient is not an http(s) URL: {target!r}")
+        if not self._allowed(parsed.hostname):
+            raise PermanentError(f"webhook host {parsed.hostname!r} is not in this route's allow list")
         headers = {
             **self.headers,
             "Content-Type": "application/json",
@@ -170,16 +185,29 @@ class WebhookTransport:
         if self.url:
             headers["Pgfence-Recipient"] = message.recipient
         try:
+            # Redirects are not followed: a 3xx is not an acceptance, and following one would
+            # turn the POST into a GET of whatever the Location names.
             async with self._client().post(target, data=json.dumps(message.payload),
-                                           headers=headers) as resp:
+                                           headers=headers, allow_redirects=False) as resp:
                 body = await resp.text()
                 status = resp.status
                 retry_after = _retry_after(resp.headers.get("Retry-After"))
+                location = resp.headers.get("Location")
+                request_id = resp.headers.get("X-Request-Id") or resp.headers.get("Request-Id")
         except (TimeoutError, aiohttp.ClientError, OSError) as exc:
             raise RetryableError(f"webhook {target}: {type(exc).__name__}: {exc}") from exc
+        # The response body is logged for operators but never stored in the receipt or the
+        # error: clients can read those (outbox_get), and a recipient URL chosen by a client
+        # must not become a way to read internal services.
         if 200 <= status < 300:
-            return {"http_status": status, "response": body[:500]}
-        detail = f"webhook {target}: HTTP {status} {body[:200]!r}"
+            receipt: dict[str, Any] = {"http_status": status, "response_bytes": len(body)}
+            if request_id:
+                receipt["request_id"] = request_id[:200]
+            return receipt
+        logger.info("webhook %s answered HTTP %d: %.300r", target, status, body)
+        detail = f"webhook {target}: HTTP {status}"
+        if 300 <= status < 400:
+            raise PermanentError(f"{detail}: redirect to {location!r} not followed")
         if status in _RETRYABLE_HTTP or status >= 500:
             raise RetryableError(detail, retry_after=retry_after)
         raise PermanentError(detail)
@@ -271,12 +299,36 @@ class CallableTransport:
             result = self.func(message)
             assert inspect.isawaitable(result)
             return await result
-        out = await asyncio.to_thread(self.func, message)
+        # A daemon thread per call, not the loop's default executor: a sync handler that never
+        # returns must not keep the process alive after SIGTERM and the grace period (the
+        # default executor is joined at interpreter exit).
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[Receipt] = loop.create_future()
+
+        def work() -> None:
+            try:
+                out = self.func(message)
+            except BaseException as exc:  # handed to the awaiting task, not lost in the thread
+                loop.call_soon_threadsafe(_settle, fut, None, exc)
+            else:
+                loop.call_soon_threadsafe(_settle, fut, out, None)  # type: ignore[arg-type]
+
+        threading.Thread(target=work, name=f"pgfence-handler-{message.id}", daemon=True).start()
+        out = await fut
         assert not inspect.isawaitable(out)
         return out
 
     async def aclose(self) -> None:
         return None
+
+
+def _settle(fut: asyncio.Future[Receipt], value: Receipt, exc: BaseException | None) -> None:
+    if fut.done():  # the awaiting task was cancelled (timeout, shutdown)
+        return
+    if exc is not None:
+        fut.set_exception(exc)
+    else:
+        fut.set_result(value)
 
 
 def load_callable(path: str) -> Callable[[Claimed], Any]:
@@ -298,7 +350,8 @@ def load_callable(path: str) -> Callable[[Claimed], Any]:
 def parse_route(spec: str) -> Transport:
     """Build a transport from its route spelling.
 
-    ``log`` · ``noop`` · ``webhook`` (recipient is the URL) · ``webhook:<url>`` (fixed URL) ·
+    ``log`` · ``noop`` · ``webhook`` (recipient is the URL) · ``webhook?allow=h1,*.example.com``
+    (recipient is the URL, its host must be listed) · ``webhook:<url>`` (fixed URL) ·
     ``smtp://host:port?from=addr[&domain=d][&tls=none|starttls|ssl][&timeout=s]`` ·
     ``python:module:function``.
 
@@ -311,6 +364,11 @@ def parse_route(spec: str) -> Transport:
         return NoopTransport()
     if spec == "webhook":
         return WebhookTransport()
+    if spec.startswith("webhook?"):
+        q = {k: v[-1] for k, v in parse_qs(spec.removeprefix("webhook?")).items()}
+        if "allow" not in q:
+            raise ValueError("webhook?allow=host1,*.example.com is the only webhook option")
+        return WebhookTransport(allow_hosts=[h.strip() for h in q["allow"].split(",") if h.strip()])
     if spec.startswith("webhook:"):
         return WebhookTransport(spec.removeprefix("webhook:"))
     if spec.startswith("smtp://"):
@@ -325,6 +383,6 @@ def parse_route(spec: str) -> Transport:
         path = spec.removeprefix("python:")
         return CallableTransport(load_callable(path), label=path)
     raise ValueError(
-        f"unknown transport {spec!r}: use log, noop, webhook, webhook:<url>, "
+        f"unknown transport {spec!r}: use log, noop, webhook, webhook?allow=<hosts>, webhook:<url>, "
         "smtp://host:port?from=addr or python:module:function"
     )

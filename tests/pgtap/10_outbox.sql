@@ -2,7 +2,7 @@
 -- documented SQLSTATE. Concurrency cells use real second sessions (dblink, see helpers/).
 BEGIN;
 \ir helpers/setup.sql
-SELECT plan(139);
+SELECT plan(150);
 
 -- =============================================================================================
 -- Catalog: signatures, definer, volatility, privileges
@@ -88,7 +88,7 @@ SELECT throws_ok($$SELECT pgfence.outbox_enqueue('tap-a', 'r', '{}', NULL, NULL,
 
 -- enqueue_many
 CREATE TEMP TABLE many AS
-SELECT row_number() OVER () AS i, id FROM pgfence.outbox_enqueue_many('tap-many', ARRAY['a','b','c','d'],
+SELECT row_number() OVER () AS i, id FROM pgfence.outbox_enqueue_many('tap-many', ARRAY['a','b','a','d'],
   ARRAY['{"i":1}','{"i":2}','{"i":3}','{"i":4}']::jsonb[], ARRAY['tap-mk-1', NULL, 'tap-mk-1', 'tap-key-x']) AS id;
 SELECT is((SELECT count(*)::int FROM many), 4, 'enqueue_many returns one id per input element');
 SELECT is((SELECT id FROM many WHERE i = 1), (SELECT id FROM many WHERE i = 3), 'a key repeated inside one call yields the same id');
@@ -291,6 +291,26 @@ SELECT pgfence.outbox_requeue((SELECT id FROM ids WHERE name = 'crashy'));
 SELECT is((SELECT count(*)::int FROM pgfence.event WHERE item_id = (SELECT id FROM ids WHERE name = 'crashy') AND to_status = 'pending' AND from_status = 'dead'), 1, 'requeue is logged inside its transaction ...');
 ROLLBACK TO SAVEPOINT before_rollback;
 SELECT is((SELECT count(*)::int FROM pgfence.event WHERE item_id = (SELECT id FROM ids WHERE name = 'crashy') AND from_status = 'dead'), 0, '... and a rolled-back transition leaves no event');
+
+-- =============================================================================================
+-- Review findings: no poisoned rows, bounded settings, finite times, keys within one call
+-- =============================================================================================
+SELECT throws_ok($$UPDATE pgfence.outbox SET status = 'pending', finished_at = NULL WHERE id = (SELECT id FROM ids WHERE name = 'crashy')$$, 'PF001', NULL,
+  'a dead message with no attempt left cannot be put back to pending by hand (it would poison every claim)');
+INSERT INTO ids SELECT 'extra', pgfence.outbox_enqueue('tap-a', 'r', '{}', NULL, now() + interval '1 hour', 2);
+SELECT is(pgfence.outbox_requeue((SELECT id FROM ids WHERE name = 'extra'), 3), true, 'requeue a pending message with extra attempts');
+SELECT results_eq($$SELECT max_attempts, next_attempt_at <= now() FROM pgfence.outbox WHERE id = (SELECT id FROM ids WHERE name = 'extra')$$,
+  $$VALUES (5, true)$$, '... it gets them and is due now');
+SELECT throws_ok($$SELECT pgfence.outbox_configure_channel('tap-a', p_lease => interval '300000 years')$$, '22023', NULL, 'configure: a lease beyond 1 day is 22023');
+SELECT throws_ok($$SELECT pgfence.outbox_configure_channel('tap-a', p_backoff_cap => interval '1 year')$$, '22023', NULL, 'configure: a backoff cap beyond 30 days is 22023');
+SELECT throws_ok($$SELECT pgfence.outbox_enqueue('tap-a', 'r', '{}', NULL, 'infinity')$$, '22023', NULL, 'enqueue: deliver_at infinity is 22023');
+SELECT throws_ok($$SELECT pgfence.outbox_enqueue('tap-a', 'r', '{}', NULL, '-infinity')$$, '22023', NULL, 'enqueue: deliver_at -infinity is 22023');
+SELECT throws_ok($$SELECT * FROM pgfence.outbox_enqueue_many('tap-a', ARRAY['r'], ARRAY['{}']::jsonb[], NULL, 'infinity')$$, '22023', NULL, 'enqueue_many: deliver_at infinity is 22023');
+SELECT throws_ok($$SELECT * FROM pgfence.outbox_enqueue_many('tap-dup', ARRAY['alice', 'bob'], ARRAY['{"to":"alice"}', '{"to":"bob"}']::jsonb[], ARRAY['same-key', 'same-key'])$$,
+  'PF003', NULL, 'enqueue_many: one key for two recipients within a call is PF003');
+SELECT is((SELECT count(*)::int FROM pgfence.outbox WHERE channel = 'tap-dup'), 0, '... and nothing is enqueued');
+SELECT is((SELECT oldest_due_age FROM pgfence.outbox_summary WHERE channel = 'tap-tz' AND status = 'pending'), NULL::interval,
+  'outbox_summary: oldest_due_age is NULL when nothing pending is due yet');
 
 SELECT * FROM finish();
 ROLLBACK;

@@ -12,12 +12,30 @@ import sys
 
 import click
 import psycopg
+from yoyo.exceptions import LockTimeout
 
 from .. import __version__
 from ..db import NoDatabase
 from ..embedded import PostgresNotFound
 from ..errors import PgfenceError
 from ._common import CliState
+
+_ROLE_HINT = ("this database login lacks the pgfence role for that command (pgfence_client, "
+              "pgfence_executor or pgfence_admin)")
+
+
+def _fail(message: str, sqlstate: str | None, detail: str | None, hint: str | None) -> None:
+    msg = f"pgfence: {message}"
+    if sqlstate:
+        msg += f" [{sqlstate}]"
+    if detail:
+        msg += f"\n  detail: {detail}"
+    if sqlstate == "42501":
+        hint = _ROLE_HINT
+    if hint:
+        msg += f"\n  hint: {hint}"
+    click.echo(msg, err=True)
+    sys.exit(1)
 
 
 class _Group(click.Group):
@@ -29,20 +47,20 @@ class _Group(click.Group):
         except (NoDatabase, PostgresNotFound) as exc:
             click.echo(f"pgfence: {exc}", err=True)
             sys.exit(1)
+        except PgfenceError as exc:
+            _fail(str(exc), exc.sqlstate, exc.detail, exc.hint)
         except psycopg.OperationalError as exc:
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             click.echo(f"pgfence: cannot reach the database: {first}", err=True)
             sys.exit(1)
-        except PgfenceError as exc:
-            msg = f"pgfence: {exc}"
-            if exc.sqlstate:
-                msg += f" [{exc.sqlstate}]"
-            if exc.detail:
-                msg += f"\n  detail: {exc.detail}"
-            if exc.hint:
-                msg += f"\n  hint: {exc.hint}"
-            click.echo(msg, err=True)
+        except psycopg.Error as exc:
+            _fail(exc.diag.message_primary or str(exc).strip(), exc.sqlstate,
+                  exc.diag.message_detail, exc.diag.message_hint)
+        except LockTimeout as exc:
+            click.echo(f"pgfence: {exc}\n  hint: if no `pgfence migrate` is running, remove the "
+                       "stale lock with `pgfence migrate --break-lock`", err=True)
             sys.exit(1)
+        return None
 
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})

@@ -100,6 +100,9 @@ def executor_cmd(state: CliState, routes: tuple[str, ...], config_path: Path | N
     SIGTERM stops claiming and lets in-flight deliveries finish within --grace seconds.
     """
     conf = _load_config(config_path)
+    if extra := set(conf) - {"executor", "routes", "operations"}:
+        raise click.BadParameter(f"unknown table(s) {', '.join(sorted(extra))}; expected "
+                                 "[executor], [routes], [operations]", param_hint="--config")
     section = conf.get("executor", {})
     route_specs: dict[str, str] = dict(conf.get("routes", {}))
     for item in routes:
@@ -107,7 +110,15 @@ def executor_cmd(state: CliState, routes: tuple[str, ...], config_path: Path | N
         if not sep or not channel or not spec:
             raise click.BadParameter(f"expected CHANNEL=TRANSPORT, got {item!r}", param_hint="--route")
         route_specs[channel] = spec
-    plans_mode = plans or str(section.get("plans", "off"))
+    plans_mode = plans or section.get("plans", "off")
+    if plans_mode not in ("start", "external", "off"):
+        raise click.BadParameter(f"plans must be start, external or off, got {plans_mode!r}",
+                                 param_hint="[executor] plans")
+    unknown = set(section) - {"concurrency", "batch", "poll_interval", "reap_interval", "grace",
+                              "worker_id", "lease", "plans", "plan_heartbeat", "op_lease"}
+    if unknown:
+        raise click.BadParameter(f"unknown setting(s) {', '.join(sorted(unknown))}",
+                                 param_hint="[executor]")
     op_specs: dict[str, str] = dict(conf.get("operations", {}))
     for item in op_kinds:
         kind, sep, spec = item.partition("=")

@@ -9,13 +9,17 @@ from ._common import CliState, pass_state
 
 
 @click.command("migrate")
+@click.option("--lock-timeout", type=click.FloatRange(1, 3600), default=120, show_default=True,
+              help="Seconds to wait for another migrate holding the migration lock.")
+@click.option("--break-lock", is_flag=True,
+              help="Remove a migration lock left by a migrate that was killed, then migrate.")
 @pass_state
-def migrate_cmd(state: CliState) -> None:
+def migrate_cmd(state: CliState, lock_timeout: float, break_lock: bool) -> None:
     """Install or upgrade schema pgfence: pending table migrations, then every function.
 
     Safe to run any number of times; a second run in a row changes nothing.
     """
-    result = migrate(state.dsn)
+    result = migrate(state.dsn, lock_timeout=lock_timeout, break_lock=break_lock)
     if result.applied:
         click.echo(f"applied migrations: {', '.join(result.applied)}")
     else:

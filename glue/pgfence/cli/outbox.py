@@ -20,7 +20,8 @@ def outbox() -> None:
 @click.option("--channel", required=True, help="Channel name (routes to a transport).")
 @click.option("--recipient", required=True, help="Where to deliver: URL, e-mail address, ...")
 @click.option("--key", "idempotency_key", help="Idempotency key: a repeat returns the same id.")
-@click.option("--delay", type=click.FloatRange(0), help="Deliver no earlier than N seconds from now.")
+@click.option("--delay", type=click.FloatRange(0, 10 * 366 * 86400),
+              help="Deliver no earlier than N seconds from now (at most 10 years).")
 @click.option("--max-attempts", type=click.IntRange(1, 1000), help="Default: the channel's.")
 @click.argument("payload")
 @pass_state
@@ -57,7 +58,7 @@ def list_(state: CliState, channel: str | None, status: str | None, limit: int,
 
 
 @outbox.command()
-@click.argument("message_id", type=int)
+@click.argument("message_id", type=click.IntRange(1, 2**63 - 1))
 @json_option
 @pass_state
 def show(state: CliState, message_id: int, as_json: bool) -> None:
@@ -67,7 +68,7 @@ def show(state: CliState, message_id: int, as_json: bool) -> None:
 
 
 @outbox.command()
-@click.argument("message_id", type=int)
+@click.argument("message_id", type=click.IntRange(1, 2**63 - 1))
 @click.option("--extra-attempts", type=click.IntRange(1, 1000),
               help="Attempts to grant (default: the channel's max_attempts).")
 @pass_state

@@ -46,6 +46,7 @@ class Hit:
     body: Any
     at: float = field(default_factory=time.time)
     status: int | None = None
+    recipient: str = ""
 
 
 class _LoopThread:
@@ -91,7 +92,8 @@ class WebhookReceiver:
             body = await request.text()
         key = request.headers.get("Idempotency-Key", "")
         hit = Hit(request.path, key, request.headers.get("Pgfence-Message-Id", ""),
-                  request.headers.get("Pgfence-Attempt", ""), body)
+                  request.headers.get("Pgfence-Attempt", ""), body,
+                  recipient=request.headers.get("Pgfence-Recipient", ""))
         with self._lock:
             self.hits.append(hit)
             self._attempts[key] += 1
