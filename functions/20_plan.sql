@@ -28,6 +28,22 @@
 -- database clock. An owner may release the run between steps (worker = NULL, e.g. to hand an
 -- external step to an executor); another worker must take it over before the heartbeat lapses.
 --
+-- What was approved is what runs, and who approved it is another login:
+--   * each sql step records, at proposal, the md5 of its function's definition
+--     (pg_get_functiondef); a step whose function was replaced since does not run: its receipt
+--     is an error PF108 and the plan fails (a dropped function: 42883; a retired action: PF101);
+--   * plan_approve refuses (PF103) the approver name of the proposer, and the database login
+--     (session_user) that proposed (plan.proposed_db_user), unless that login is a superuser;
+--     every event records its login (event.db_user) next to the actor name it was given.
+-- SQL receipts: _plan_step_begin stamps the step it hands out and the current transaction on the
+-- plan row (step_begun, step_begun_xact); _plan_step_finish writes a receipt only for that step
+-- in that transaction (PF107). Remaining trust: the action runs with the caller's privileges, so
+-- a role granted both helpers (pgfence_executor, pgfence_admin) can still begin a step and write
+-- its ok receipt in one transaction without running the action; grant pgfence_executor only to
+-- executor logins trusted to run what plans say.
+-- Rows: a hand-written INSERT must be a fresh proposal (PF001); plans, steps and receipts are
+-- deleted only by the purge (PF002 otherwise, see tg_purge_only).
+--
 -- Actions run with search_path = pg_catalog, pgfence, pg_temp: write them with qualified names
 -- or give them their own SET search_path.
 -- Errors: functions/ERRORS.md (PF1xx are this module's).
@@ -41,14 +57,20 @@ LANGUAGE plpgsql
 SET search_path = pg_catalog, pgfence, pg_temp
 AS $$
 BEGIN
+  IF TG_OP = 'INSERT' THEN
+    -- Reached only through the WHEN condition of plan_insert_guard: the row is not a proposal.
+    RAISE EXCEPTION 'plan: a new plan starts pending at step 1, proposed by this login (%), without approval, rejection, owner, heartbeat, failure or finish', session_user
+      USING ERRCODE = 'PF001', HINT = 'Use pgfence.plan_propose(); a plan reaches any other state only through the plan_* functions.';
+  END IF;
   IF NEW.id IS DISTINCT FROM OLD.id
      OR NEW.step_count IS DISTINCT FROM OLD.step_count
      OR NEW.proposed_by IS DISTINCT FROM OLD.proposed_by
+     OR NEW.proposed_db_user IS DISTINCT FROM OLD.proposed_db_user
      OR NEW.proposed_at IS DISTINCT FROM OLD.proposed_at
      OR NEW.expires_at IS DISTINCT FROM OLD.expires_at
      OR NEW.idempotency_key IS DISTINCT FROM OLD.idempotency_key
      OR NEW.compensates IS DISTINCT FROM OLD.compensates THEN
-    RAISE EXCEPTION 'plan % is immutable: its step count, proposer, expiry, idempotency key and the plan it compensates never change', OLD.id
+    RAISE EXCEPTION 'plan % is immutable: its step count, proposer (name and login), expiry, idempotency key and the plan it compensates never change', OLD.id
       USING ERRCODE = 'PF002', HINT = 'Propose a new plan instead.';
   END IF;
   IF (OLD.approved_by IS NOT NULL AND (NEW.approved_by, NEW.approved_at) IS DISTINCT FROM (OLD.approved_by, OLD.approved_at))
@@ -97,11 +119,31 @@ END
 $$;
 REVOKE ALL ON FUNCTION pgfence.tg_plan_guard() FROM PUBLIC;
 COMMENT ON FUNCTION pgfence.tg_plan_guard() IS
-  'BEFORE UPDATE trigger on pgfence.plan: refuses any transition outside the plan machine, a step advancing without its ok receipt, and a hand-over between two owners without a release (PF001); refuses changes to the frozen plan (step count, proposer, expiry, key, compensated plan, approver, start) and next_step going back (PF002) — even from a hand-written UPDATE.';
+  'BEFORE UPDATE trigger on pgfence.plan: refuses any transition outside the plan machine, a step advancing without its ok receipt, and a hand-over between two owners without a release (PF001); refuses changes to the frozen plan (step count, proposer name and login, expiry, key, compensated plan, approver, start) and next_step going back (PF002) — even from a hand-written UPDATE. Also BEFORE INSERT, filtered by a WHEN condition: a new row that is not a fresh proposal (pending, step 1, proposed by session_user, no approval / rejection / owner / heartbeat / failure / finish) is refused (PF001).';
 
 CREATE OR REPLACE TRIGGER plan_guard
   BEFORE UPDATE ON pgfence.plan
   FOR EACH ROW EXECUTE FUNCTION pgfence.tg_plan_guard();
+-- A hand-written INSERT must be a fresh proposal. The WHEN condition is evaluated without a
+-- function call, so plan_propose's insert runs no PL/pgSQL here.
+CREATE OR REPLACE TRIGGER plan_insert_guard
+  BEFORE INSERT ON pgfence.plan
+  FOR EACH ROW
+  WHEN (NEW.status <> 'pending' OR NEW.next_step <> 1
+        OR NEW.proposed_db_user IS DISTINCT FROM session_user::text
+        OR NEW.approved_by IS NOT NULL OR NEW.approved_at IS NOT NULL
+        OR NEW.rejected_by IS NOT NULL OR NEW.rejected_at IS NOT NULL OR NEW.reject_reason IS NOT NULL
+        OR NEW.worker IS NOT NULL OR NEW.started_at IS NOT NULL OR NEW.heartbeat_interval IS NOT NULL
+        OR NEW.heartbeat_at IS NOT NULL OR NEW.heartbeat_expires_at IS NOT NULL
+        OR NEW.external_started_at IS NOT NULL OR NEW.step_begun IS NOT NULL OR NEW.step_begun_xact IS NOT NULL
+        OR NEW.failure IS NOT NULL OR NEW.finished_at IS NOT NULL)
+  EXECUTE FUNCTION pgfence.tg_plan_guard();
+-- Plans, steps and receipts are deleted only by a purge (tg_purge_only, functions/00_core.sql).
+CREATE OR REPLACE TRIGGER plan_purge_only
+  BEFORE DELETE ON pgfence.plan
+  FOR EACH STATEMENT
+  WHEN (current_setting('pgfence.purging', true) IS DISTINCT FROM 'on')
+  EXECUTE FUNCTION pgfence.tg_purge_only();
 
 CREATE OR REPLACE FUNCTION pgfence.tg_plan_step_guard()
 RETURNS trigger
@@ -111,14 +153,6 @@ AS $$
 DECLARE
   v_plan pgfence.plan;
 BEGIN
-  IF TG_OP = 'DELETE' THEN
-    -- Only as part of deleting the plan itself (ON DELETE CASCADE: the plan row is gone).
-    IF EXISTS (SELECT 1 FROM pgfence.plan p WHERE p.id = OLD.plan_id) THEN
-      RAISE EXCEPTION 'plan %: step % cannot be deleted: steps and receipts are immutable', OLD.plan_id, OLD.step_index
-        USING ERRCODE = 'PF002', HINT = 'Propose a new plan instead.';
-    END IF;
-    RETURN OLD;
-  END IF;
   SELECT * INTO v_plan FROM pgfence.plan p WHERE p.id = NEW.plan_id;
   IF TG_OP = 'INSERT' THEN
     IF v_plan.status IS DISTINCT FROM 'pending' OR NEW.step_index > v_plan.step_count OR NEW.outcome IS NOT NULL THEN
@@ -149,11 +183,18 @@ END
 $$;
 REVOKE ALL ON FUNCTION pgfence.tg_plan_step_guard() FROM PUBLIC;
 COMMENT ON FUNCTION pgfence.tg_plan_step_guard() IS
-  'BEFORE INSERT / UPDATE / DELETE trigger on pgfence.plan_step: steps are inserted only with their pending plan and never change or disappear except with the plan (PF002); a receipt is written once, only for the next step of an executing plan, by its owner (PF001), and never changes (PF002).';
+  'BEFORE INSERT / UPDATE trigger on pgfence.plan_step: steps are inserted only with their pending plan, without a receipt (PF001), and never change (PF002); a receipt is written once, only for the next step of an executing plan, by its owner (PF001), and never changes (PF002). Deletes: see plan_step_purge_only (tg_purge_only: only in a purge, with the plan).';
 
 CREATE OR REPLACE TRIGGER plan_step_guard
-  BEFORE INSERT OR UPDATE OR DELETE ON pgfence.plan_step
+  BEFORE INSERT OR UPDATE ON pgfence.plan_step
   FOR EACH ROW EXECUTE FUNCTION pgfence.tg_plan_step_guard();
+-- A statement trigger, so that the purge's cascade from plan to its (up to 10000) steps pays
+-- nothing per row: its WHEN condition is false while pgfence.purging is on.
+CREATE OR REPLACE TRIGGER plan_step_purge_only
+  BEFORE DELETE ON pgfence.plan_step
+  FOR EACH STATEMENT
+  WHEN (current_setting('pgfence.purging', true) IS DISTINCT FROM 'on')
+  EXECUTE FUNCTION pgfence.tg_purge_only();
 
 -- ---------------------------------------------------------------------------------------------
 -- Event log and NOTIFY
@@ -344,6 +385,7 @@ BEGIN
     UPDATE pgfence.plan p
     SET status = CASE WHEN p.status = 'pending' THEN 'expired' ELSE 'failed' END,
         failure = CASE WHEN p.status = 'executing' THEN 'interrupted' END,
+        step_begun = NULL, step_begun_xact = NULL,
         finished_at = now()
     FROM stale
     WHERE p.id = stale.id
@@ -378,7 +420,8 @@ BEGIN
   END IF;
   IF v.status = 'executing' AND v.heartbeat_expires_at < now() THEN
     UPDATE pgfence.plan p
-    SET status = 'failed', failure = 'interrupted', finished_at = now()
+    SET status = 'failed', failure = 'interrupted', finished_at = now(),
+        step_begun = NULL, step_begun_xact = NULL
     WHERE p.id = p_id
     RETURNING * INTO v;
   END IF;
@@ -420,6 +463,7 @@ BEGIN
       failure = CASE WHEN NOT p_ok THEN 'step_error' END,
       next_step = CASE WHEN p_ok THEN p.next_step + 1 ELSE p.next_step END,
       external_started_at = NULL,
+      step_begun = NULL, step_begun_xact = NULL,
       heartbeat_at = clock_timestamp(),
       heartbeat_expires_at = clock_timestamp() + p.heartbeat_interval,
       finished_at = CASE WHEN NOT p_ok OR p.next_step = p.step_count THEN clock_timestamp() END
@@ -491,6 +535,18 @@ BEGIN
             DETAIL = 'A plan can call only actions registered with pgfence.plan_register_action and not retired.',
             HINT = 'See the view pgfence.plan_actions for what is allowed; an administrator registers new actions.';
   END IF;
+  SELECT e.i, e.step ->> 'action' AS action, a.function::text AS function INTO v_bad
+  FROM jsonb_array_elements(p_steps) WITH ORDINALITY AS e(step, i)
+  JOIN pgfence.plan_action a ON a.name = e.step ->> 'action' AND a.kind = 'sql'
+  WHERE NOT EXISTS (SELECT 1 FROM pg_catalog.pg_proc pr WHERE pr.oid = a.function)
+  ORDER BY e.i
+  LIMIT 1;
+  IF FOUND THEN
+    RAISE EXCEPTION 'plan: step % names action "%", whose function no longer exists', v_bad.i, v_bad.action
+      USING ERRCODE = '42883',
+            DETAIL = format('The action was registered with function %s, which was dropped since.', v_bad.function),
+            HINT = 'An administrator re-creates the function and registers the action again (pgfence.plan_register_action), or retires it.';
+  END IF;
   SELECT e.i, CASE
       WHEN jsonb_typeof(e.step -> 'args' -> 'recipient') IS DISTINCT FROM 'string'
            OR e.step -> 'args' ->> 'recipient' = '' OR length(e.step -> 'args' ->> 'recipient') > 2048
@@ -532,7 +588,7 @@ END
 $$;
 REVOKE ALL ON FUNCTION pgfence._plan_normalize_steps(jsonb) FROM PUBLIC;
 COMMENT ON FUNCTION pgfence._plan_normalize_steps(jsonb) IS
-  'Private: validates proposed steps up front (22004, 22023, PF101 for an action not on the allow-list) and returns them normalised with each action''s kind and function frozen in.';
+  'Private: validates proposed steps up front (22004, 22023, PF101 for an action not on the allow-list, 42883 for a sql action whose function was dropped) and returns them normalised with each action''s kind and function frozen in.';
 
 CREATE OR REPLACE FUNCTION pgfence._plan_steps_json(p_id bigint)
 RETURNS jsonb
@@ -707,10 +763,18 @@ BEGIN
   ON CONFLICT (idempotency_key) DO NOTHING
   RETURNING p.id INTO v_id;
   IF v_id IS NOT NULL THEN
-    INSERT INTO pgfence.plan_step (plan_id, step_index, action, kind, function, args, note)
-    SELECT v_id, e.i, e.step ->> 'action', e.step ->> 'kind', e.step ->> 'function', e.step -> 'args',
-           e.step ->> 'note'
-    FROM jsonb_array_elements(v_steps) WITH ORDINALITY AS e(step, i);
+    -- Each sql step keeps a fingerprint of its function's definition (once per action, not per
+    -- step): a step whose function was replaced after the approval does not run (PF108).
+    WITH fp AS MATERIALIZED (
+      SELECT a.name, md5(pg_catalog.pg_get_functiondef(a.function)) AS function_md5
+      FROM pgfence.plan_action a
+      WHERE a.kind = 'sql' AND a.name IN (SELECT DISTINCT x ->> 'action' FROM jsonb_array_elements(v_steps) AS x)
+    )
+    INSERT INTO pgfence.plan_step (plan_id, step_index, action, kind, function, function_md5, args, note)
+    SELECT v_id, e.i, e.step ->> 'action', e.step ->> 'kind', e.step ->> 'function', fp.function_md5,
+           e.step -> 'args', e.step ->> 'note'
+    FROM jsonb_array_elements(v_steps) WITH ORDINALITY AS e(step, i)
+    LEFT JOIN fp ON fp.name = e.step ->> 'action';
     RETURN v_id;
   END IF;
   SELECT p.id, pgfence._plan_steps_json(p.id) AS steps, p.proposed_by, p.compensates INTO v_old
@@ -730,7 +794,7 @@ $$;
 REVOKE ALL ON FUNCTION pgfence.plan_propose(jsonb, text, interval, text, bigint) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION pgfence.plan_propose(jsonb, text, interval, text, bigint) TO pgfence_client, pgfence_admin;
 COMMENT ON FUNCTION pgfence.plan_propose(jsonb, text, interval, text, bigint) IS
-  'Propose a plan: p_steps is a JSON array of {"action", "args", "note"} (1..10000 steps, numbered from 1), every action on the allow-list; all steps are validated up front and frozen (normalised with each action''s kind and function). It waits for approval until now() + ttl. A repeated idempotency key returns the existing plan and inserts nothing. compensates = the executed or failed plan this one undoes (plan_compensate). Returns the plan id; NOTIFY pgfence_plan at commit. Errors: 22004 (missing steps/proposer/ttl), 22023 (malformed steps, ttl outside (0, 366 days], bad key), PF101 (an action not on the allow-list), P0002 (unknown plan to compensate), PF106 (that plan is not executed or failed), PF003 (key already names another plan), 40001 (key held by an invisible transaction: retry).';
+  'Propose a plan: p_steps is a JSON array of {"action", "args", "note"} (1..10000 steps, numbered from 1), every action on the allow-list; all steps are validated up front and frozen (normalised with each action''s kind and function). It waits for approval until now() + ttl. A repeated idempotency key returns the existing plan and inserts nothing. compensates = the executed or failed plan this one undoes (plan_compensate). The proposing database login (session_user) is recorded with the plan: that login cannot approve it (plan_approve). Each sql step records the md5 of its function''s definition (pg_get_functiondef): if the function is replaced before the step runs, the step is not run (PF108). Returns the plan id; NOTIFY pgfence_plan at commit. Errors: 22004 (missing steps/proposer/ttl), 22023 (malformed steps, ttl outside (0, 366 days], bad key), PF101 (an action not on the allow-list), 42883 (a sql action whose function was dropped), P0002 (unknown plan to compensate), PF106 (that plan is not executed or failed), PF003 (key already names another plan), 40001 (key held by an invisible transaction: retry).';
 
 CREATE OR REPLACE FUNCTION pgfence.plan_compensate(
   p_id              bigint,
@@ -764,6 +828,10 @@ AS $$
 DECLARE
   v_status   text;
   v_proposer text;
+  v_login    text;
+  -- Four eyes are two logins: the names passed in are whatever the caller says. A superuser
+  -- login is exempt (it could change the tables or the function anyway).
+  v_super    boolean := coalesce((SELECT r.rolsuper FROM pg_catalog.pg_roles r WHERE r.rolname = session_user), false);
 BEGIN
   PERFORM pgfence._plan_check_name(p_by, 'approver');
   PERFORM pgfence._set_actor(p_by);
@@ -773,15 +841,22 @@ BEGIN
       approved_at = CASE WHEN p.expires_at > now() THEN now() END,
       finished_at = CASE WHEN p.expires_at <= now() THEN now() END
   WHERE p.id = p_id AND p.status = 'pending' AND p.proposed_by <> p_by
+    AND (v_super OR p.proposed_db_user <> session_user::text)
   RETURNING p.status INTO v_status;
   IF v_status IS NOT NULL THEN
     RETURN v_status;
   END IF;
   PERFORM pgfence._plan_require(p_id);
-  SELECT p.status, p.proposed_by INTO v_status, v_proposer FROM pgfence.plan p WHERE p.id = p_id;
+  SELECT p.status, p.proposed_by, p.proposed_db_user INTO v_status, v_proposer, v_login FROM pgfence.plan p WHERE p.id = p_id;
   IF v_status = 'pending' AND v_proposer = p_by THEN
     RAISE EXCEPTION 'plan_approve: % proposed plan % and cannot approve it too', p_by, p_id
       USING ERRCODE = 'PF103', HINT = 'Another person must approve it (four eyes).';
+  END IF;
+  IF v_status = 'pending' AND v_login = session_user::text AND NOT v_super THEN
+    RAISE EXCEPTION 'plan_approve: database login % proposed plan % (as %) and cannot approve it too (as %)', v_login, p_id, v_proposer, p_by
+      USING ERRCODE = 'PF103',
+            DETAIL = 'Four eyes are two database logins: the approver''s name is whatever the caller passes.',
+            HINT = 'Another person approves it from their own login (pgfence_admin).';
   END IF;
   RETURN NULL;
 END
@@ -789,7 +864,7 @@ $$;
 REVOKE ALL ON FUNCTION pgfence.plan_approve(bigint, text) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION pgfence.plan_approve(bigint, text) TO pgfence_admin;
 COMMENT ON FUNCTION pgfence.plan_approve(bigint, text) IS
-  'Approve a pending plan (one conditional UPDATE): returns ''approved'', or ''expired'' when called after its expires_at (the plan moves to expired and can never run), or NULL when the plan is no longer pending (already decided: a lost race, nothing changed). At commit NOTIFY pgfence_plan wakes executors. Errors: 22004/22023 (approver name), P0002 (unknown plan), PF103 (the approver is the proposer).';
+  'Approve a pending plan (one conditional UPDATE): returns ''approved'', or ''expired'' when called after its expires_at (the plan moves to expired and can never run), or NULL when the plan is no longer pending (already decided: a lost race, nothing changed). At commit NOTIFY pgfence_plan wakes executors. Four eyes: refused when the approver name is the proposer name, and when the approving database login (session_user) is the one that proposed (plan.proposed_db_user), whatever names are passed, unless that login is a superuser. Errors: 22004/22023 (approver name), P0002 (unknown plan), PF103 (the approver is the proposer, by name or by login).';
 
 CREATE OR REPLACE FUNCTION pgfence.plan_reject(p_id bigint, p_by text, p_reason text)
 RETURNS boolean
@@ -938,7 +1013,7 @@ BEGIN
     RETURN false;
   END IF;
   UPDATE pgfence.plan p
-  SET worker = NULL, external_started_at = NULL,
+  SET worker = NULL, external_started_at = NULL, step_begun = NULL, step_begun_xact = NULL,
       heartbeat_at = now(), heartbeat_expires_at = now() + p.heartbeat_interval
   WHERE p.id = p_id;
   RETURN true;
@@ -986,6 +1061,8 @@ CREATE OR REPLACE FUNCTION pgfence._plan_step_begin(
   OUT fn_schema  text,
   OUT fn_name    text,
   OUT retired    boolean,
+  OUT fn_md5     text,
+  OUT fn_md5_now text,
   OUT args       jsonb,
   OUT status     text
 )
@@ -995,41 +1072,55 @@ SET pgfence.actor = ''
 AS $$
 #variable_conflict use_column
 DECLARE
-  v        pgfence.plan;
-  v_step   pgfence.plan_step;
-  v_action text;
+  v      pgfence.plan;
+  v_step record;
 BEGIN
   PERFORM pgfence._plan_check_name(p_worker, 'worker');
   PERFORM pgfence._set_actor(p_worker);
-  v := pgfence._plan_lock(p_id);
-  status := v.status;
-  IF v.status <> 'executing' OR v.worker IS DISTINCT FROM p_worker THEN
-    RETURN;  -- refused: step_index NULL
-  END IF;
-  SELECT * INTO v_step FROM pgfence.plan_step s WHERE s.plan_id = p_id AND s.step_index = v.next_step;
-  step_index := v.next_step;
-  v_action := v_step.action;
-  action := v_action;
-  kind := v_step.kind;
-  args := v_step.args;
-  IF kind = 'external' THEN
-    UPDATE pgfence.plan p
-    SET external_started_at = coalesce(p.external_started_at, now()),
-        heartbeat_at = now(), heartbeat_expires_at = now() + p.heartbeat_interval
-    WHERE p.id = p_id;
+  -- The usual case, in one statement: lock the run if p_worker owns it with a live heartbeat,
+  -- and stamp the step handed out. A SQL step: the step and this transaction (step_begun,
+  -- step_begun_xact), the only receipt _plan_step_finish will write. An external step: in
+  -- flight since (external_started_at), with a fresh heartbeat.
+  UPDATE pgfence.plan p
+  SET step_begun = CASE WHEN s.kind = 'sql' THEN p.next_step END,
+      step_begun_xact = CASE WHEN s.kind = 'sql' THEN pg_catalog.pg_current_xact_id() END,
+      external_started_at = CASE WHEN s.kind = 'external' THEN coalesce(p.external_started_at, now())
+                                 ELSE p.external_started_at END,
+      heartbeat_at = CASE WHEN s.kind = 'external' THEN now() ELSE p.heartbeat_at END,
+      heartbeat_expires_at = CASE WHEN s.kind = 'external' THEN now() + p.heartbeat_interval
+                                  ELSE p.heartbeat_expires_at END
+  FROM pgfence.plan_step s
+  WHERE p.id = p_id AND p.status = 'executing' AND p.worker = p_worker AND p.heartbeat_expires_at >= now()
+    AND s.plan_id = p.id AND s.step_index = p.next_step
+  RETURNING p.status, p.next_step, s.action, s.kind, s.args, s.function_md5 INTO v_step;
+  IF NOT FOUND THEN
+    -- Refused (step_index NULL): not executing, not by this worker, or its heartbeat lapsed.
+    -- _plan_lock raises 22004 / P0002 and marks a lapsed run failed (interrupted).
+    v := pgfence._plan_lock(p_id);
+    status := v.status;
     RETURN;
   END IF;
-  SELECT a.retired_at IS NOT NULL, n.nspname, pr.proname INTO retired, fn_schema, fn_name
+  status := v_step.status;
+  step_index := v_step.next_step;
+  action := v_step.action;
+  kind := v_step.kind;
+  args := v_step.args;
+  IF v_step.kind = 'external' THEN
+    RETURN;
+  END IF;
+  fn_md5 := v_step.function_md5;
+  SELECT a.retired_at IS NOT NULL, n.nspname, pr.proname, md5(pg_catalog.pg_get_functiondef(pr.oid))
+    INTO retired, fn_schema, fn_name, fn_md5_now
   FROM pgfence.plan_action a
   LEFT JOIN pg_catalog.pg_proc pr ON pr.oid = a.function
   LEFT JOIN pg_catalog.pg_namespace n ON n.oid = pr.pronamespace
-  WHERE a.name = v_action;
+  WHERE a.name = v_step.action;
 END
 $$;
 REVOKE ALL ON FUNCTION pgfence._plan_step_begin(bigint, text) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION pgfence._plan_step_begin(bigint, text) TO pgfence_executor, pgfence_admin;
 COMMENT ON FUNCTION pgfence._plan_step_begin(bigint, text) IS
-  'Bookkeeping for plan_run_step (security definer, so that plan_run_step itself need not be): locks the plan row for the rest of the transaction, heals a lapsed heartbeat, and returns the next step (action, kind, the function to call, args) if p_worker owns the executing run; otherwise only the status (refused). For an external step it stamps external_started_at. Not for direct use.';
+  'Bookkeeping for plan_run_step (security definer, so that plan_run_step itself need not be): locks the plan row for the rest of the transaction, heals a lapsed heartbeat, and returns the next step (action, kind, the function to call, whether the action was retired, the md5 of the function''s definition at proposal and now, args) if p_worker owns the executing run; otherwise only the status (refused). For an external step it stamps external_started_at; for a SQL step it stamps the step and the current transaction on the plan row (step_begun, step_begun_xact), the only step _plan_step_finish will then receipt. Not for direct use. Trust: granted to pgfence_executor because plan_run_step runs with the caller''s privileges; see _plan_step_finish for what that role is trusted with.';
 
 CREATE OR REPLACE FUNCTION pgfence._plan_step_finish(
   p_id     bigint,
@@ -1045,7 +1136,8 @@ SET search_path = pg_catalog, pgfence, pg_temp
 SET pgfence.actor = ''
 AS $$
 DECLARE
-  v pgfence.plan;
+  v      pgfence.plan;
+  v_step record;
 BEGIN
   IF p_ok IS NULL OR p_step IS NULL OR (NOT p_ok AND p_error IS NULL) THEN
     RAISE EXCEPTION '_plan_step_finish: step, ok and (for an error) error are required' USING ERRCODE = '22004';
@@ -1053,10 +1145,43 @@ BEGIN
   PERFORM pgfence._set_actor(p_worker);
   -- Same transaction as _plan_step_begin: the row lock is ours already, nobody healed it since.
   SELECT * INTO v FROM pgfence.plan p WHERE p.id = p_id FOR UPDATE;
-  IF v.status IS DISTINCT FROM 'executing' OR v.worker IS DISTINCT FROM p_worker
-     OR v.next_step <> p_step
-     OR NOT EXISTS (SELECT 1 FROM pgfence.plan_step s WHERE s.plan_id = p_id AND s.step_index = p_step AND s.kind = 'sql') THEN
+  IF v.status IS DISTINCT FROM 'executing' OR v.worker IS DISTINCT FROM p_worker THEN
     RETURN NULL;
+  END IF;
+  IF v.step_begun IS DISTINCT FROM p_step OR v.step_begun_xact IS DISTINCT FROM pg_catalog.pg_current_xact_id() THEN
+    RAISE EXCEPTION '_plan_step_finish: plan % step % was not begun in this transaction', p_id, p_step
+      USING ERRCODE = 'PF107',
+            DETAIL = format('Begun: step %s in transaction %s; this is transaction %s.',
+                            coalesce(v.step_begun::text, 'none'), coalesce(v.step_begun_xact::text, 'none'), pg_catalog.pg_current_xact_id()),
+            HINT = 'Run SQL steps with pgfence.plan_run_step or CALL pgfence.plan_execute: a receipt is written only in the transaction that ran the step.';
+  END IF;
+  IF v.next_step <> p_step THEN
+    RETURN NULL;
+  END IF;
+  SELECT s.kind, s.action, s.function_md5, a.retired_at, a.function::text AS function,
+         md5(pg_catalog.pg_get_functiondef(a.function)) AS md5_now
+    INTO v_step
+  FROM pgfence.plan_step s
+  LEFT JOIN pgfence.plan_action a ON a.name = s.action
+  WHERE s.plan_id = p_id AND s.step_index = p_step;
+  IF v_step.kind IS DISTINCT FROM 'sql' THEN
+    RETURN NULL;
+  END IF;
+  -- An ok receipt only for a step that plan_run_step would have run: checked again here (also
+  -- closes the window between begin and the call, when a function is replaced meanwhile).
+  IF p_ok AND v_step.retired_at IS NOT NULL THEN
+    RAISE EXCEPTION '_plan_step_finish: action "%" is retired: step % cannot succeed', v_step.action, p_step
+      USING ERRCODE = 'PF101', HINT = 'plan_run_step records an error receipt for it.';
+  END IF;
+  IF p_ok AND v_step.md5_now IS NULL THEN
+    RAISE EXCEPTION '_plan_step_finish: the function of action "%" no longer exists: step % cannot succeed', v_step.action, p_step
+      USING ERRCODE = '42883', HINT = 'plan_run_step records an error receipt for it.';
+  END IF;
+  IF p_ok AND v_step.md5_now IS DISTINCT FROM v_step.function_md5 THEN
+    RAISE EXCEPTION '_plan_step_finish: the function of action "%" changed since plan % was proposed: step % cannot succeed', v_step.action, p_id, p_step
+      USING ERRCODE = 'PF108',
+            DETAIL = format('%s: definition md5 %s at proposal, %s now.', v_step.function, v_step.function_md5, v_step.md5_now),
+            HINT = 'Nothing was committed for this step; run it again with plan_run_step, which records the error receipt.';
   END IF;
   RETURN pgfence._plan_commit_step(v, p_ok, p_output, p_error);
 END
@@ -1064,7 +1189,7 @@ $$;
 REVOKE ALL ON FUNCTION pgfence._plan_step_finish(bigint, text, integer, boolean, jsonb, jsonb) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION pgfence._plan_step_finish(bigint, text, integer, boolean, jsonb, jsonb) TO pgfence_executor, pgfence_admin;
 COMMENT ON FUNCTION pgfence._plan_step_finish(bigint, text, integer, boolean, jsonb, jsonb) IS
-  'Bookkeeping for plan_run_step (security definer): writes the receipt of SQL step p_step in the step''s own transaction and moves the plan on (next step, executed, or failed on an error). Returns the plan''s new status, or NULL if the step is not the owner''s next SQL step. Not for direct use.';
+  'Bookkeeping for plan_run_step (security definer): writes the receipt of SQL step p_step in the step''s own transaction and moves the plan on (next step, executed, or failed on an error). Only for the step that _plan_step_begin handed out in this same transaction (PF107 otherwise: no receipt for a step that was not run here). An ok receipt is refused for a step whose action was retired (PF101), whose function was dropped (42883) or whose function''s definition differs from the one fingerprinted at proposal (PF108): the whole transaction, with the step''s effects, rolls back. Returns the plan''s new status, or NULL if p_worker does not own the executing run or the step is not its next SQL step. Not for direct use. Trust level: the action runs inside plan_run_step with the caller''s privileges (it is not security definer, by design), so a role granted both helpers (pgfence_executor, pgfence_admin) can still, in one transaction, call _plan_step_begin and then this function without running the action in between, and write an ok receipt with an output of its choosing for an unchanged, unretired action. Grant pgfence_executor only to executor logins that you trust to run what plans say; what these checks guarantee is that no receipt is written outside the transaction that began the step, for another step, or for a changed action.';
 
 CREATE OR REPLACE FUNCTION pgfence.plan_run_step(
   p_id            bigint,
@@ -1122,6 +1247,12 @@ BEGIN
       RAISE EXCEPTION 'the function of action "%" no longer exists', v.action
         USING ERRCODE = '42883', HINT = 'An administrator re-registers the action once its function is back.';
     END IF;
+    IF v.fn_md5_now IS DISTINCT FROM v.fn_md5 THEN
+      RAISE EXCEPTION 'the function of action "%" changed since the plan was proposed', v.action
+        USING ERRCODE = 'PF108',
+              DETAIL = format('%I.%I: definition md5 %s at proposal, %s now.', v.fn_schema, v.fn_name, v.fn_md5, v.fn_md5_now),
+              HINT = 'Nothing ran. Propose the plan again, so that an approver approves the new definition, or restore the approved definition before running other plans that use it.';
+    END IF;
     EXECUTE format('SELECT %I.%I($1)', v.fn_schema, v.fn_name) INTO output USING v.args;
     outcome := 'ok';
   EXCEPTION WHEN OTHERS OR query_canceled OR assert_failure THEN
@@ -1140,7 +1271,7 @@ $$;
 REVOKE ALL ON FUNCTION pgfence.plan_run_step(bigint, text, boolean) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION pgfence.plan_run_step(bigint, text, boolean) TO pgfence_executor, pgfence_admin;
 COMMENT ON FUNCTION pgfence.plan_run_step(bigint, text, boolean) IS
-  'Run the next step of a run p_worker owns, in the caller''s transaction (one step per transaction): lock the plan row and refuse unless it is still executing by p_worker with a live heartbeat; run the SQL action with the privileges of the calling role (this function is NOT security definer) inside a subtransaction; write the receipt in the same transaction — ok with the action''s output, or error with SQLSTATE and message (the action''s effects rolled back, the plan failed, earlier steps stay committed). After the last ok step the plan is executed. For an external step nothing runs: outcome ''external'' with its args and idempotency key, for the executor to perform and report with plan_record_step. p_external_only (an executor that runs no SQL actions): at a SQL step nothing runs and the run is released for a SQL runner (outcome ''released''). Returns (step_index, action, outcome ok|error|external|released, status, output, error, args, idempotency_key); outcome NULL = refused (lost race, stale worker, terminal plan): nothing ran. Errors: 22004/22023 (worker), P0002 (unknown plan).';
+  'Run the next step of a run p_worker owns, in the caller''s transaction (one step per transaction): lock the plan row and refuse unless it is still executing by p_worker with a live heartbeat; run the SQL action with the privileges of the calling role (this function is NOT security definer) inside a subtransaction; write the receipt in the same transaction — ok with the action''s output, or error with SQLSTATE and message (the action''s effects rolled back, the plan failed, earlier steps stay committed). After the last ok step the plan is executed. A step whose action was retired (PF101), whose function was dropped (42883) or replaced since the proposal (PF108: the md5 of its definition differs) does not run: its receipt is that error. For an external step nothing runs: outcome ''external'' with its args and idempotency key, for the executor to perform and report with plan_record_step. p_external_only (an executor that runs no SQL actions): at a SQL step nothing runs and the run is released for a SQL runner (outcome ''released''). Returns (step_index, action, outcome ok|error|external|released, status, output, error, args, idempotency_key); outcome NULL = refused (lost race, stale worker, terminal plan): nothing ran. Errors: 22004/22023 (worker), P0002 (unknown plan).';
 
 CREATE OR REPLACE FUNCTION pgfence.plan_record_step(
   p_id         bigint,

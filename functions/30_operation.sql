@@ -21,6 +21,12 @@
 -- A new owner that finds a reference only polls (begin_issue answers 'poll'). One that finds an
 -- intent without a reference re-issues only if both the first call and its own pass the
 -- idempotency key; otherwise the operation fails as "outcome unknown" for a person to check.
+-- A pending cancel request does not change that rule (the key finds what the first call may
+-- have started, and its reference is what lets the owner cancel it), but the reissue event and
+-- the outcome-unknown result say cancel_pending. With a cancel request and no call ever started,
+-- begin_issue cancels the operation ('canceled') and nothing is called.
+-- Rows: a hand-written INSERT must be a fresh request (PF001); operations are deleted only by the
+-- purge (PF002 otherwise, see tg_purge_only).
 --
 -- Fence: `fence` is bumped by every claim; owner writes match `fence = p_fence AND status =
 -- 'running'` under a row lock, so an owner that was replaced changes nothing (NULL / false).
@@ -36,6 +42,11 @@ LANGUAGE plpgsql
 SET search_path = pg_catalog, pgfence, pg_temp
 AS $$
 BEGIN
+  IF TG_OP = 'INSERT' THEN
+    -- Reached only through the WHEN condition of operation_insert_guard: not a fresh request.
+    RAISE EXCEPTION 'operation: a new operation starts queued with fence 0, no owner, no lease, nothing issued, polled, canceled or finished'
+      USING ERRCODE = 'PF001', HINT = 'Use pgfence.operation_request(); an operation reaches any other state only through the operation_* functions.';
+  END IF;
   IF NEW.id IS DISTINCT FROM OLD.id
      OR NEW.kind IS DISTINCT FROM OLD.kind
      OR NEW.target IS DISTINCT FROM OLD.target
@@ -85,11 +96,34 @@ END
 $$;
 REVOKE ALL ON FUNCTION pgfence.tg_operation_guard() FROM PUBLIC;
 COMMENT ON FUNCTION pgfence.tg_operation_guard() IS
-  'BEFORE UPDATE trigger on pgfence.operation: refuses any status move outside the operation machine (PF001) and any change to the request, a lowered fence, or a rewritten intent / external reference / cancel request (PF002), even from a hand-written UPDATE.';
+  'BEFORE UPDATE trigger on pgfence.operation: refuses any status move outside the operation machine (PF001) and any change to the request, a lowered fence, or a rewritten intent / external reference / cancel request (PF002), even from a hand-written UPDATE. Also BEFORE INSERT, filtered by a WHEN condition: a new row that is not a fresh request (queued, fence 0, no owner, lease, intent, reference, polled state, cancel request, result, error, start or finish) is refused (PF001).';
 
 CREATE OR REPLACE TRIGGER operation_guard
   BEFORE UPDATE ON pgfence.operation
   FOR EACH ROW EXECUTE FUNCTION pgfence.tg_operation_guard();
+-- A hand-written INSERT must be a fresh request. The WHEN condition is evaluated without a
+-- function call, so operation_request's insert runs no PL/pgSQL here.
+CREATE OR REPLACE TRIGGER operation_insert_guard
+  BEFORE INSERT ON pgfence.operation
+  FOR EACH ROW
+  WHEN (NEW.status <> 'queued' OR NEW.fence <> 0
+        OR NEW.locked_by IS NOT NULL OR NEW.claimed_at IS NOT NULL
+        OR NEW.lease IS NOT NULL OR NEW.lease_expires_at IS NOT NULL
+        OR NEW.issue_started_at IS NOT NULL OR NEW.issued_by IS NOT NULL OR NEW.issue_count <> 0
+        OR NEW.last_issue_at IS NOT NULL OR NEW.issue_idempotent IS NOT NULL
+        OR NEW.external_ref IS NOT NULL OR NEW.external_recorded_at IS NOT NULL OR NEW.external_detail IS NOT NULL
+        OR NEW.external_state IS NOT NULL OR NEW.polled_at IS NOT NULL OR NEW.poll_count <> 0
+        OR NEW.poll_history <> '[]'::jsonb
+        OR NEW.cancel_requested_at IS NOT NULL OR NEW.cancel_requested_by IS NOT NULL
+        OR NEW.result IS NOT NULL OR NEW.error IS NOT NULL
+        OR NEW.started_at IS NOT NULL OR NEW.finished_at IS NOT NULL)
+  EXECUTE FUNCTION pgfence.tg_operation_guard();
+-- Operations are deleted only by a purge (tg_purge_only, functions/00_core.sql).
+CREATE OR REPLACE TRIGGER operation_purge_only
+  BEFORE DELETE ON pgfence.operation
+  FOR EACH STATEMENT
+  WHEN (current_setting('pgfence.purging', true) IS DISTINCT FROM 'on')
+  EXECUTE FUNCTION pgfence.tg_purge_only();
 
 -- Timestamps inside JSON (history, event details) in UTC, whatever the session TimeZone.
 CREATE OR REPLACE FUNCTION pgfence._operation_ts(p_at timestamptz)
@@ -134,8 +168,13 @@ BEGIN
   IF NEW.issue_count > OLD.issue_count THEN
     PERFORM pgfence._event('operation', NEW.id, CASE WHEN NEW.issue_count = 1 THEN 'issue' ELSE 'reissue' END,
       OLD.status, NEW.status, NEW.fence,
-      jsonb_build_object('issue', NEW.issue_count, 'idempotent', NEW.issue_idempotent,
-                         'idempotency_key', coalesce(NEW.idempotency_key, 'pgfence-operation-' || NEW.id)),
+      jsonb_strip_nulls(jsonb_build_object(
+        'issue', NEW.issue_count, 'idempotent', NEW.issue_idempotent,
+        'idempotency_key', coalesce(NEW.idempotency_key, 'pgfence-operation-' || NEW.id),
+        -- re-issued although a cancel was requested: the key finds the first call's operation,
+        -- whose reference the owner then records, polls, and cancels
+        'cancel_pending', CASE WHEN NEW.cancel_requested_at IS NOT NULL THEN true END,
+        'cancel_requested_by', NEW.cancel_requested_by)),
       v_actor);
   END IF;
   IF NEW.external_ref IS DISTINCT FROM OLD.external_ref THEN
@@ -463,6 +502,16 @@ BEGIN
     RETURN 'poll';
   END IF;
 
+  IF v_row.issue_started_at IS NULL AND v_row.cancel_requested_at IS NOT NULL THEN
+    -- A cancel request and no call ever started: cancel, do not call. (operation_cancel itself
+    -- cancels such an operation at once; this covers a request recorded any other way.)
+    UPDATE pgfence.operation o
+    SET status = 'canceled', finished_at = now(), lease_expires_at = NULL,
+        error = format('canceled at the request of %s before the external call was issued', o.cancel_requested_by)
+    WHERE o.id = p_id;
+    RETURN 'canceled';
+  END IF;
+
   IF v_row.issue_started_at IS NULL THEN
     -- (A cancel before any call ends the operation at once, see operation_cancel.)
     UPDATE pgfence.operation o
@@ -474,6 +523,10 @@ BEGIN
   END IF;
 
   -- An intent without a reference: an earlier call may or may not have started the operation.
+  -- The same rule with a cancel request pending: a re-issue with the key only finds the
+  -- operation the first call may have started, and its reference is what lets the owner poll it
+  -- and cancel it; without the key the outcome is unknown either way. The event log and the
+  -- result record that a cancel was pending (tg_operation_event, below).
   IF p_idempotent AND v_row.issue_idempotent AND v_row.issue_count < c_max_issues THEN
     UPDATE pgfence.operation o
     SET issue_count = o.issue_count + 1, last_issue_at = now(),
@@ -487,10 +540,16 @@ BEGIN
     ELSE format('it was issued %s times without a reference being recorded', v_row.issue_count) END;
   UPDATE pgfence.operation o
   SET status = 'failed', finished_at = now(), lease_expires_at = NULL,
-      result = jsonb_build_object('reason', 'outcome_unknown', 'intent_at', pgfence._operation_ts(o.issue_started_at),
-                                  'issued_by', o.issued_by, 'issues', o.issue_count),
-      error = format('outcome unknown: %s started the external %s call for %s at %s, but no external reference was recorded; %s, so calling again could start a second operation. Check %s in the external system by hand.',
-                     o.issued_by, o.kind, o.target, pgfence._operation_ts(o.last_issue_at), v_reason, o.target)
+      result = jsonb_strip_nulls(jsonb_build_object(
+                 'reason', 'outcome_unknown', 'intent_at', pgfence._operation_ts(o.issue_started_at),
+                 'issued_by', o.issued_by, 'issues', o.issue_count,
+                 'cancel_pending', CASE WHEN o.cancel_requested_at IS NOT NULL THEN true END,
+                 'cancel_requested_by', o.cancel_requested_by)),
+      error = format('outcome unknown: %s started the external %s call for %s at %s, but no external reference was recorded; %s, so calling again could start a second operation.%s Check %s in the external system by hand.',
+                     o.issued_by, o.kind, o.target, pgfence._operation_ts(o.last_issue_at), v_reason,
+                     CASE WHEN o.cancel_requested_at IS NOT NULL
+                          THEN format(' %s had asked to cancel it; cancel it there if it exists.', o.cancel_requested_by) ELSE '' END,
+                     o.target)
   WHERE o.id = p_id;
   RETURN 'failed';
 END
@@ -498,7 +557,7 @@ $$;
 REVOKE ALL ON FUNCTION pgfence.operation_begin_issue(bigint, integer, boolean, interval) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION pgfence.operation_begin_issue(bigint, integer, boolean, interval) TO pgfence_executor, pgfence_admin;
 COMMENT ON FUNCTION pgfence.operation_begin_issue(bigint, integer, boolean, interval) IS
-  'Owner, before calling the external API: record the intent and decide whether to call. Returns ''issue'' (first call: go ahead), ''reissue'' (an earlier call left no reference; both it and yours pass the idempotency key, so calling again is safe), ''poll'' (a reference exists: do not call, poll it), ''failed'' (an earlier call left no reference and a repeat could start a second operation: the operation is now failed as "outcome unknown" for a person to check), or NULL (you are not the owner any more, or your lease lapsed: do not call). p_idempotent: your call passes the idempotency key and the API starts at most one operation per key. Extends the lease (p_lease, NULL = the current lease length). Errors: 22004 (id/fence/idempotent NULL), 22023 (bad lease), P0002 (unknown id).';
+  'Owner, before calling the external API: record the intent and decide whether to call. Returns ''issue'' (first call: go ahead), ''reissue'' (an earlier call left no reference; both it and yours pass the idempotency key, so calling again is safe — also when a cancel was requested meanwhile: the key finds the operation the first call may have started, the reissue event says cancel_pending, and the next poll answers ''cancel''), ''poll'' (a reference exists: do not call, poll it), ''canceled'' (a cancel was requested and no call was ever started: the operation is now canceled; do not call), ''failed'' (an earlier call left no reference and a repeat could start a second operation: the operation is now failed as "outcome unknown" for a person to check; its result says cancel_pending if a cancel had been requested), or NULL (you are not the owner any more, or your lease lapsed: do not call). p_idempotent: your call passes the idempotency key and the API starts at most one operation per key. Extends the lease (p_lease, NULL = the current lease length). Errors: 22004 (id/fence/idempotent NULL), 22023 (bad lease), P0002 (unknown id).';
 
 CREATE OR REPLACE FUNCTION pgfence.operation_record_external(
   p_id           bigint,

@@ -385,7 +385,8 @@ RETURNS TABLE (
   to_status   text,
   actor       text,
   fence       bigint,
-  detail      jsonb
+  detail      jsonb,
+  db_user     text
 )
 LANGUAGE plpgsql STABLE SECURITY DEFINER
 SET search_path = pg_catalog, pgfence, pg_temp
@@ -402,7 +403,7 @@ BEGIN
     logged AS (SELECT EXISTS (SELECT 1 FROM ev) AS yes),
     t AS (
       SELECT e.at, 'event'::text AS source, e.event, e.from_status, e.to_status, e.actor, e.fence,
-             e.detail, 1 AS grp, e.id AS ord
+             e.detail, e.db_user, 1 AS grp, e.id AS ord
       FROM ev e
       UNION ALL
       -- Without the event log: what the row and the reaper's lapse receipts tell.
@@ -410,30 +411,30 @@ BEGIN
              jsonb_strip_nulls(jsonb_build_object('channel', m.channel, 'recipient', m.recipient,
                                                   'idempotency_key', m.idempotency_key,
                                                   'max_attempts', m.max_attempts)),
-             1, 0::bigint
+             NULL::text, 1, 0::bigint
       FROM m WHERE NOT (SELECT yes FROM logged)
       UNION ALL
       SELECT l.reclaimed_at, 'lapse', 'lease_lapsed', 'processing', l.outcome, 'reaper', l.attempt::bigint,
              jsonb_build_object('worker', l.worker, 'claimed_at', pgfence._audit_ts(l.claimed_at),
                                 'lease_expired_at', pgfence._audit_ts(l.lease_expires_at),
                                 'note', 'the worker may have delivered this attempt'),
-             1, l.attempt * 10 + 2
+             NULL, 1, l.attempt * 10 + 2
       FROM pgfence.outbox_lapse l WHERE l.message_id = p_id AND NOT (SELECT yes FROM logged)
       UNION ALL
       SELECT m.claimed_at, 'row', 'claim', 'pending', 'processing', m.locked_by, m.attempts::bigint,
              jsonb_build_object('attempt', m.attempts, 'max_attempts', m.max_attempts,
                                 'note', 'the latest claim; earlier claims are not kept on the row'),
-             1, m.attempts * 10 + 1
+             NULL, 1, m.attempts * 10 + 1
       FROM m WHERE NOT (SELECT yes FROM logged) AND m.claimed_at IS NOT NULL
       UNION ALL
       SELECT m.finished_at, 'row', 'finish', 'processing', m.status, NULL, m.attempts::bigint,
              jsonb_strip_nulls(jsonb_build_object('receipt', m.receipt, 'error', m.last_error)),
-             1, m.attempts * 10 + 3
+             NULL, 1, m.attempts * 10 + 3
       FROM m WHERE NOT (SELECT yes FROM logged) AND m.finished_at IS NOT NULL
       UNION ALL
       SELECT m.updated_at, 'row', 'retry', NULL, 'pending', NULL, m.attempts::bigint,
              jsonb_build_object('error', m.last_error, 'next_attempt_at', pgfence._audit_ts(m.next_attempt_at)),
-             1, m.attempts * 10 + 3
+             NULL, 1, m.attempts * 10 + 3
       FROM m WHERE NOT (SELECT yes FROM logged) AND m.status = 'pending' AND m.attempts > 0
       UNION ALL
       SELECT now(), 'row', 'current', NULL, m.status, m.locked_by, m.attempts::bigint,
@@ -445,9 +446,9 @@ BEGIN
                'last_error', m.last_error, 'receipt', m.receipt, 'log_events', m.log_events,
                'lapsed_attempts', (SELECT array_agg(l.attempt ORDER BY l.attempt) FROM pgfence.outbox_lapse l
                                    WHERE l.message_id = m.id))),
-             2, 0
+             NULL, 2, 0
       FROM m)
-    SELECT t.at, t.source, t.event, t.from_status, t.to_status, t.actor, t.fence, t.detail
+    SELECT t.at, t.source, t.event, t.from_status, t.to_status, t.actor, t.fence, t.detail, t.db_user
     FROM t ORDER BY t.grp, t.at, t.ord;
 
   ELSIF p_module = 'plan' THEN
@@ -457,7 +458,7 @@ BEGIN
       -- Receipts come from the steps themselves (complete outputs and errors), not from the
       -- 'receipt' events that mirror them.
       SELECT e.at, 'event'::text AS source, e.event, e.from_status, e.to_status, e.actor, e.fence,
-             e.detail, 1 AS grp, e.id AS ord
+             e.detail, e.db_user, 1 AS grp, e.id AS ord
       FROM pgfence.event e
       WHERE e.module = 'plan' AND e.item_id = p_id AND e.event <> 'receipt'
       UNION ALL
@@ -467,6 +468,10 @@ BEGIN
                'sqlstate', s.error ->> 'sqlstate', 'message', s.error ->> 'message', 'error', s.error,
                'output', s.output, 'started_at', pgfence._audit_ts(s.started_at),
                'idempotency_key', CASE WHEN s.kind = 'external' THEN 'pgfence-plan-' || s.plan_id || '-step-' || s.step_index END)),
+             -- the login that wrote the receipt: from the receipt's event (same transaction)
+             (SELECT e.db_user FROM pgfence.event e
+              WHERE e.module = 'plan' AND e.item_id = s.plan_id AND e.event = 'receipt' AND e.fence = s.step_index
+              ORDER BY e.id DESC LIMIT 1),
              1, 0
       FROM pgfence.plan_step s
       WHERE s.plan_id = p_id AND s.outcome IS NOT NULL
@@ -480,7 +485,7 @@ BEGIN
                'note', CASE WHEN p.status = 'executing' AND p.heartbeat_expires_at >= now()
                          THEN 'handed to the executor; its receipt is not written yet'
                          ELSE 'the run was interrupted before this external step was recorded: it may have happened' END)),
-             1, 0
+             NULL, 1, 0
       FROM p JOIN pgfence.plan_step s ON s.plan_id = p.id AND s.step_index = p.next_step
       WHERE p.external_started_at IS NOT NULL
       UNION ALL
@@ -492,16 +497,16 @@ BEGIN
                'heartbeat_lapsed', CASE WHEN p.status = 'executing' THEN p.heartbeat_expires_at < now() END,
                'compensates', p.compensates,
                'compensated_by', (SELECT array_agg(c.id ORDER BY c.id) FROM pgfence.plan c WHERE c.compensates = p.id))),
-             2, 0
+             NULL, 2, 0
       FROM p)
-    SELECT t.at, t.source, t.event, t.from_status, t.to_status, t.actor, t.fence, t.detail
+    SELECT t.at, t.source, t.event, t.from_status, t.to_status, t.actor, t.fence, t.detail, t.db_user
     FROM t ORDER BY t.grp, t.at, t.ord;
 
   ELSIF p_module = 'operation' THEN
     RETURN QUERY
     WITH t AS (
       SELECT e.at, 'event'::text AS source, e.event, e.from_status, e.to_status, e.actor, e.fence,
-             e.detail, 1 AS grp, e.id AS ord
+             e.detail, e.db_user, 1 AS grp, e.id AS ord
       FROM pgfence.event e
       WHERE e.module = 'operation' AND e.item_id = p_id
       UNION ALL
@@ -514,16 +519,16 @@ BEGIN
                'external_state', o.external_state, 'polled_at', pgfence._audit_ts(o.polled_at),
                'poll_count', o.poll_count,
                'cancel_requested_by', o.cancel_requested_by, 'result', o.result, 'error', o.error)),
-             2, 0
+             NULL, 2, 0
       FROM pgfence.operation o WHERE o.id = p_id)
-    SELECT t.at, t.source, t.event, t.from_status, t.to_status, t.actor, t.fence, t.detail
+    SELECT t.at, t.source, t.event, t.from_status, t.to_status, t.actor, t.fence, t.detail, t.db_user
     FROM t ORDER BY t.grp, t.at, t.ord;
 
   ELSE
     RETURN QUERY
     WITH t AS (
       SELECT e.at, 'event'::text AS source, e.event, e.from_status, e.to_status, e.actor, e.fence,
-             e.detail, 1 AS grp, e.id AS ord
+             e.detail, e.db_user, 1 AS grp, e.id AS ord
       FROM pgfence.event e
       WHERE e.module = 'document' AND e.item_id = p_id
       UNION ALL
@@ -531,9 +536,9 @@ BEGIN
              jsonb_strip_nulls(jsonb_build_object('kind', d.kind, 'version', d.version,
                                                   'saved_at', pgfence._audit_ts(d.saved_at),
                                                   'created_by', d.created_by, 'save_id', d.save_id)),
-             2, 0
+             NULL, 2, 0
       FROM pgfence.document d WHERE d.id = p_id)
-    SELECT t.at, t.source, t.event, t.from_status, t.to_status, t.actor, t.fence, t.detail
+    SELECT t.at, t.source, t.event, t.from_status, t.to_status, t.actor, t.fence, t.detail, t.db_user
     FROM t ORDER BY t.grp, t.at, t.ord;
   END IF;
   GET DIAGNOSTICS v_rows = ROW_COUNT;
@@ -546,7 +551,7 @@ $$;
 REVOKE ALL ON FUNCTION pgfence.audit_timeline(text, bigint) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION pgfence.audit_timeline(text, bigint) TO pgfence_admin, pg_monitor;
 COMMENT ON FUNCTION pgfence.audit_timeline(text, bigint) IS
-  'What did one item do: its timeline, oldest first, ending with its current state. module outbox | plan | operation | document (create, save, delete, conflict and replay events: who, under which version — the fence —, based on which version). source event = a row of pgfence.event (transitions with who made them — actor — and under which fence, errors with SQLSTATE in detail), written in the same transaction as the change; receipt = a plan step''s receipt (outcome, output, error SQLSTATE and message); lapse = the outbox reaper''s receipt of a lapsed lease; row = what the item''s row says (for outbox messages whose channel does not log events: enqueue, the latest claim, the finish with receipt or error, a scheduled retry; a plan''s external step in flight or in doubt; and always a last row event = current, at = now(), with the item''s state: attempts, lease, last error, receipt, polled external state, ...). Operation events include every polled external state change. Reads only. Errors: 22004 (module or id NULL), 22023 (unknown module), P0002 (no such item and no event for it).';
+  'What did one item do: its timeline, oldest first, ending with its current state. Columns at, source, event, from_status, to_status, actor, fence, detail, db_user (the database login whose transaction wrote an event or a plan receipt: actor is the name it passed, db_user who it really was; NULL for rows rebuilt from the item''s row). module outbox | plan | operation | document (create, save, delete, conflict and replay events: who, under which version — the fence —, based on which version). source event = a row of pgfence.event (transitions with who made them — actor — and under which fence, errors with SQLSTATE in detail), written in the same transaction as the change; receipt = a plan step''s receipt (outcome, output, error SQLSTATE and message); lapse = the outbox reaper''s receipt of a lapsed lease; row = what the item''s row says (for outbox messages whose channel does not log events: enqueue, the latest claim, the finish with receipt or error, a scheduled retry; a plan''s external step in flight or in doubt; and always a last row event = current, at = now(), with the item''s state: attempts, lease, last error, receipt, polled external state, ...). Operation events include every polled external state change. Reads only. Errors: 22004 (module or id NULL), 22023 (unknown module), P0002 (no such item and no event for it).';
 
 -- ---------------------------------------------------------------------------------------------
 -- Retention: purge terminal items (and their events) in short batches
@@ -562,6 +567,10 @@ CREATE OR REPLACE FUNCTION pgfence._audit_purge_batch(
 )
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pgfence, pg_temp
+-- The modules' tables refuse DELETE unless pgfence.purging is on (tg_purge_only). A SET clause
+-- rather than set_config(..., true): the setting is on for this call only and is restored when
+-- it returns, so it cannot leak into the rest of a caller's transaction.
+SET pgfence.purging = 'on'
 AS $$
 -- Walks the item table by primary key from p_after, p_batch rows at a time, so that every
 -- batch costs the same whatever the table size (no index on finished_at is needed, and none is
@@ -662,7 +671,7 @@ $$;
 REVOKE ALL ON FUNCTION pgfence._audit_purge_batch(text, timestamptz, bigint, integer) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION pgfence._audit_purge_batch(text, timestamptz, bigint, integer) TO pgfence_admin;
 COMMENT ON FUNCTION pgfence._audit_purge_batch(text, timestamptz, bigint, integer) IS
-  'Private, one purge batch (CALL pgfence.audit_purge calls it and COMMIT after each): looks at the next p_batch items of the module after id p_after and deletes those that are terminal (outbox sent | failed | dead; plan executed | failed | rejected | expired; operation succeeded | failed | canceled) and finished before p_cutoff, skipping rows locked right now and plans that a kept plan compensates, with their events (and outbox lapse receipts, plan steps). For module document it deletes document events older than p_cutoff. Returns the last id looked at, how many items (events for documents) it deleted, and whether the walk is done. Security definer for the procedure, which cannot be; granted to pgfence_admin.';
+  'Private, one purge batch (CALL pgfence.audit_purge calls it and COMMIT after each): looks at the next p_batch items of the module after id p_after and deletes those that are terminal (outbox sent | failed | dead; plan executed | failed | rejected | expired; operation succeeded | failed | canceled) and finished before p_cutoff, skipping rows locked right now and plans that a kept plan compensates, with their events (and outbox lapse receipts, plan steps). For module document it deletes document events older than p_cutoff. Returns the last id looked at, how many items (events for documents) it deleted, and whether the walk is done. Runs with pgfence.purging = on (a SET clause: only for the duration of the call), the one setting under which the modules'' delete guards let rows go. Security definer for the procedure, which cannot be; granted to pgfence_admin.';
 
 CREATE OR REPLACE FUNCTION pgfence._audit_check_purge(p_older_than interval, p_batch_size integer)
 RETURNS void

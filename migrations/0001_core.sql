@@ -39,7 +39,8 @@ INSERT INTO pgfence.meta (schema_version) VALUES (1);
 
 -- The event log: one row per transition (and per receipt / conflict where a module says so),
 -- written by the modules' triggers in the same transaction as the change it records, so a
--- rolled-back transition leaves no event. Append-only: only purge functions delete from it.
+-- rolled-back transition leaves no event. Append-only: triggers (functions/00_core.sql) refuse
+-- UPDATE always and DELETE outside a purge (pgfence.audit_purge).
 CREATE TABLE pgfence.event (
   id          bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
   module      text NOT NULL CHECK (module IN ('outbox', 'plan', 'operation', 'document')),
@@ -48,6 +49,7 @@ CREATE TABLE pgfence.event (
   from_status text,
   to_status   text,
   actor       text,
+  db_user     text NOT NULL DEFAULT session_user,
   fence       bigint,
   detail      jsonb,
   at          timestamptz NOT NULL DEFAULT clock_timestamp(),
@@ -57,6 +59,8 @@ COMMENT ON TABLE pgfence.event IS
   'Append-only event log of every module: transitions with who made them and under which fence token, receipts, errors with SQLSTATE, document save outcomes. Written by the modules'' triggers and functions in the same transaction as the change. Not an API: read it through the audit views.';
 COMMENT ON COLUMN pgfence.event.actor IS
   'Who made the change: the worker, approver or user passed to the pgfence function (via the transaction-local setting pgfence.actor), else the database session user.';
+COMMENT ON COLUMN pgfence.event.db_user IS
+  'The database login (session_user) whose transaction wrote the event, whatever name it passed as actor and whatever role it had SET: two actors with one db_user are one login. Filled by its default (the modules'' event writers never set it).';
 COMMENT ON COLUMN pgfence.event.fence IS
   'The fence token in force after the change (outbox attempts, operation fence), when the module has one.';
 CREATE INDEX event_item_idx ON pgfence.event (module, item_id, id);

@@ -28,6 +28,7 @@ CREATE TABLE pgfence.plan (
                                           'executing', 'executed', 'failed')),
   step_count            integer NOT NULL,
   proposed_by           text NOT NULL,
+  proposed_db_user      text NOT NULL DEFAULT session_user,
   proposed_at           timestamptz NOT NULL DEFAULT now(),
   expires_at            timestamptz NOT NULL,
   idempotency_key       text UNIQUE CHECK (idempotency_key <> '' AND length(idempotency_key) <= 255),
@@ -44,6 +45,8 @@ CREATE TABLE pgfence.plan (
   heartbeat_expires_at  timestamptz,
   next_step             integer NOT NULL DEFAULT 1,
   external_started_at   timestamptz,
+  step_begun            integer,
+  step_begun_xact       xid8,
   failure               text CHECK (failure IN ('step_error', 'interrupted')),
   finished_at           timestamptz,
   updated_at            timestamptz NOT NULL DEFAULT now(),
@@ -62,12 +65,17 @@ CREATE TABLE pgfence.plan (
   CONSTRAINT plan_failure_iff_failed CHECK ((status = 'failed') = (failure IS NOT NULL)),
   CONSTRAINT plan_finished_iff_terminal CHECK (
     (status IN ('rejected', 'expired', 'executed', 'failed')) = (finished_at IS NOT NULL)),
-  CONSTRAINT plan_executed_all_steps CHECK (status <> 'executed' OR next_step = step_count + 1)
+  CONSTRAINT plan_executed_all_steps CHECK (status <> 'executed' OR next_step = step_count + 1),
+  CONSTRAINT plan_step_begun_whole CHECK ((step_begun IS NULL) = (step_begun_xact IS NULL))
 );
 COMMENT ON TABLE pgfence.plan IS
   'Approved plans: a frozen list of steps (rows of pgfence.plan_step) proposed by someone (a script, an AI agent), approved by a person, executed in order with a receipt per step. Status machine pending -> approved -> executing -> executed | failed, pending -> rejected | expired; enforced by tg_plan_guard. Not an API: use the pgfence.plan_* functions and views.';
 COMMENT ON COLUMN pgfence.plan.step_count IS
   'How many steps the plan has (1..10000); the steps themselves are rows of pgfence.plan_step, numbered 1..step_count. Never changes (PF002).';
+COMMENT ON COLUMN pgfence.plan.proposed_db_user IS
+  'The database login (session_user) that proposed the plan. plan_approve refuses an approval from the same login (PF103), whatever approver name it passes, unless that login is a superuser. Never changes (PF002).';
+COMMENT ON COLUMN pgfence.plan.step_begun IS
+  'Set by _plan_step_begin when it hands a SQL step to plan_run_step, with step_begun_xact = that transaction; _plan_step_finish writes a receipt only for this step in this transaction (PF107) and clears both. A stamp left by a transaction that committed without a receipt is stale and ignored.';
 COMMENT ON COLUMN pgfence.plan.worker IS
   'While executing: the worker that owns the run (runs steps, heartbeats, records external steps); NULL while the run is released and waits for another worker (an executor for an external step, or a SQL runner). Kept after the end: who ran the last step.';
 COMMENT ON COLUMN pgfence.plan.heartbeat_expires_at IS
@@ -91,6 +99,7 @@ CREATE TABLE pgfence.plan_step (
   action      text NOT NULL,
   kind        text NOT NULL CHECK (kind IN ('sql', 'external')),
   function    text,
+  function_md5 text,
   args        jsonb NOT NULL CHECK (jsonb_typeof(args) = 'object'),
   note        text,
   -- its receipt, written once, in the same transaction as the step's effect
@@ -102,6 +111,7 @@ CREATE TABLE pgfence.plan_step (
   finished_at timestamptz,
   PRIMARY KEY (plan_id, step_index),
   CONSTRAINT plan_step_function_iff_sql CHECK ((kind = 'sql') = (function IS NOT NULL)),
+  CONSTRAINT plan_step_fingerprint_iff_sql CHECK ((kind = 'sql') = (function_md5 IS NOT NULL)),
   CONSTRAINT plan_step_receipt_whole CHECK (
     (outcome IS NULL) = (worker IS NULL AND started_at IS NULL AND finished_at IS NULL)),
   CONSTRAINT plan_step_no_result_without_receipt CHECK (
@@ -117,6 +127,8 @@ COMMENT ON COLUMN pgfence.plan_step.step_index IS
   'The step''s position in the plan, from 1: its identity, the same across workers and retries of a report (idempotency key pgfence-plan-<plan id>-step-<step_index>).';
 COMMENT ON COLUMN pgfence.plan_step.function IS
   'For a sql step: the action''s function as registered when the plan was proposed (for audit; the step runs the action''s registered function).';
+COMMENT ON COLUMN pgfence.plan_step.function_md5 IS
+  'For a sql step: md5 of pg_get_functiondef() of the action''s function when the plan was proposed. A step whose function''s definition differs when it is about to run (CREATE OR REPLACE since) is not run: its receipt is an error PF108 and the plan fails. What was approved is what runs.';
 COMMENT ON COLUMN pgfence.plan_step.error IS
   'For outcome error: {"sqlstate", "message", "detail", "hint", "context"} of the action''s exception (sql), or {"message"} reported by the executor (external).';
 

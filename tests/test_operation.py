@@ -211,6 +211,30 @@ def test_cancel_is_honoured_on_the_next_poll(db: str) -> None:
 
 
 @pytest.mark.timeout(60)
+def test_a_cancel_recorded_before_any_call_is_never_issued(db: str) -> None:
+    """A cancel request on an operation whose external call was never started (written here by
+    hand: operation_cancel itself cancels such an operation at once): operation_begin_issue
+    answers ``canceled`` and the executor does not call the API."""
+    async def main() -> None:
+        sim = Simulator(mode="idempotent", queue_time=0.0, run_time=0.2)
+        async with serve(sim) as url:
+            with psycopg.connect(db, autocommit=True) as c:
+                req = op_api.request(c, KIND, "dev-cancel-early")
+                c.execute("UPDATE pgfence.operation SET cancel_requested_at = now(),"
+                          " cancel_requested_by = 'carol' WHERE id = %s", (req.id,))
+            module = await _executor_until(
+                db, SimulatorHandler(url, idempotent=True, poll_interval=0.1),
+                lambda: _status(db, req.id)["status"] in op_api.TERMINAL)
+        row = _status(db, req.id)
+        assert row["status"] == "canceled", row
+        assert row["issue_count"] == 0 and row["issue_started_at"] is None
+        assert row["error"] == "canceled at the request of carol before the external call was issued"
+        assert module.finished == {req.id: "canceled"}
+        assert sim.stats()["starts"] == 0
+    _run(main)
+
+
+@pytest.mark.timeout(60)
 def test_refused_start_fails_the_operation(db: str) -> None:
     async def main() -> None:
         sim = Simulator(mode="idempotent")

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import json
+import uuid
 from collections.abc import Iterator
 
 import psycopg
 import pytest
 from click.testing import CliRunner
+from psycopg import sql
+from psycopg.conninfo import make_conninfo
 
 from pgfence import plan
 from pgfence.cli import main
@@ -132,6 +135,52 @@ def test_errors_are_translated(pconn: psycopg.Connection) -> None:
         plan.propose(pconn, [{"action": "take", "args": {}}], "agent")
     with pytest.raises(psycopg.errors.UndefinedFunction):
         plan.register_action(pconn, "ghost", "public.nope(jsonb)", "no such function")
+
+
+@pytest.fixture()
+def two_logins(db: str, admin_dsn: str) -> Iterator[list[tuple[str, str]]]:
+    """(name, DSN) of two new non-superuser logins that may propose and approve (dropped after)."""
+    suffix = uuid.uuid4().hex[:8]
+    names = [f"pf_mallory_{suffix}", f"pf_trent_{suffix}"]
+    with psycopg.connect(admin_dsn, autocommit=True) as admin:
+        for name in names:
+            admin.execute(sql.SQL("CREATE ROLE {} LOGIN IN ROLE pgfence_client, pgfence_admin")
+                          .format(sql.Identifier(name)))
+    try:
+        yield [(name, make_conninfo(db, user=name)) for name in names]
+    finally:
+        with psycopg.connect(admin_dsn, autocommit=True) as admin:
+            for name in names:
+                admin.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(name)))
+
+
+def test_four_eyes_are_two_database_logins(pconn: psycopg.Connection,
+                                           two_logins: list[tuple[str, str]]) -> None:
+    (mallory_login, mallory_dsn), (trent_login, trent_dsn) = two_logins
+    with psycopg.connect(mallory_dsn, autocommit=True) as mallory:
+        pid = plan.propose(mallory, [put("m", 1)], "mallory")
+        with pytest.raises(plan.SelfApproval) as refused:
+            plan.approve(mallory, pid, "definitely-not-mallory")
+        assert refused.value.sqlstate == "PF103" and "login" in str(refused.value)
+    assert plan.get(pconn, pid)["status"] == "pending"
+    with psycopg.connect(trent_dsn, autocommit=True) as trent:
+        assert plan.approve(trent, pid, "trent") == "approved"
+    logins = pconn.execute("SELECT event, actor, db_user FROM pgfence.event WHERE module = 'plan'"
+                           " AND item_id = %s ORDER BY id", (pid,)).fetchall()
+    assert logins == [("propose", "mallory", mallory_login), ("approve", "trent", trent_login)]
+
+
+def test_a_replaced_action_function_fails_its_step(pconn: psycopg.Connection) -> None:
+    pid = plan.propose(pconn, [put("r1", 1), put("r2", 1)], "agent")
+    plan.approve(pconn, pid, "alice")
+    pconn.execute("""
+        CREATE OR REPLACE FUNCTION public.put(p jsonb) RETURNS jsonb LANGUAGE sql SET search_path = public AS $$
+          INSERT INTO ledger VALUES (p ->> 'k', 1000) RETURNING jsonb_build_object('k', k, 'evil', true)
+        $$""")
+    result = plan.execute(pconn, pid, "runner")
+    assert result.status == "failed"
+    assert [(r["step_index"], r["outcome"], r["sqlstate"]) for r in result.receipts] == [(1, "error", "PF108")]
+    assert pconn.execute("SELECT count(*) FROM ledger").fetchone() == (0,), "nothing ran"
 
 
 def test_execute_needs_autocommit(db: str, pconn: psycopg.Connection) -> None:

@@ -125,7 +125,9 @@ def timeline(conn: AnyConn, module: str, item_id: int) -> list[dict[str, Any]]:
     """What one item did, oldest first, ending with its current state (``audit_timeline``).
 
     Each row: at, source (event | receipt | lapse | row), event, from_status, to_status,
-    actor, fence, detail (dict). Raises InvalidArgument or NotFound like :func:`owner_of`.
+    actor (the name passed to pgfence), fence, detail (dict), db_user (the database login whose
+    transaction wrote the event or receipt; None for rows rebuilt from the item). Raises
+    InvalidArgument or NotFound like :func:`owner_of`.
     """
     return _rows(conn, SQL_TIMELINE, (module, item_id))
 

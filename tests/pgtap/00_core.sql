@@ -1,7 +1,7 @@
 -- pgTAP: core — schema version, backoff, catalog documentation, privileges across all modules.
 BEGIN;
 \ir helpers/setup.sql
-SELECT plan(24);
+SELECT plan(30);
 
 -- schema_version
 SELECT has_function('pgfence', 'schema_version', ARRAY[]::text[], 'schema_version() exists');
@@ -56,6 +56,20 @@ SELECT is(
      AND (has_table_privilege(r.role, c.oid, 'INSERT') OR has_table_privilege(r.role, c.oid, 'UPDATE')
           OR has_table_privilege(r.role, c.oid, 'DELETE') OR has_table_privilege(r.role, c.oid, 'SELECT'))),
   NULL, 'no pgfence role reads or writes any table directly');
+
+-- the event log: every event names its login and transaction; append-only; deleted only by a purge
+SELECT pgfence._event('plan', -1, 'tap_core', NULL, NULL, NULL, NULL, 'tap-actor');
+SELECT results_eq($$SELECT actor, db_user, txid = pg_current_xact_id() FROM pgfence.event WHERE item_id = -1 AND event = 'tap_core'$$,
+  $$VALUES ('tap-actor'::text, session_user::text COLLATE "default", true)$$,
+  'an event records the actor passed, the database login (db_user) and the transaction');
+SELECT throws_ok($$UPDATE pgfence.event SET actor = 'someone_else' WHERE item_id = -1$$, 'PF002', NULL, 'UPDATE of an event: PF002 (append-only)');
+SELECT throws_ok($$DELETE FROM pgfence.event WHERE item_id = -1$$, 'PF002', NULL, 'DELETE of an event outside a purge: PF002');
+SELECT throws_ok($$DELETE FROM pgfence.event$$, 'PF002', NULL, 'DELETE FROM pgfence.event: PF002');
+SAVEPOINT before_purge;
+SET LOCAL pgfence.purging = on;
+SELECT lives_ok($$DELETE FROM pgfence.event WHERE item_id = -1$$, 'with pgfence.purging on (as the purge sets it) events can be deleted');
+ROLLBACK TO SAVEPOINT before_purge;
+SELECT is((SELECT count(*)::int FROM pgfence.event WHERE item_id = -1), 1, 'the refused statements left the event as it was');
 
 SELECT * FROM finish();
 ROLLBACK;

@@ -3,7 +3,7 @@
 -- commits) are in 21_plan_concurrency.sql.
 BEGIN;
 \ir helpers/setup.sql
-SELECT plan(277);
+SELECT plan(324);
 
 -- Fixtures: a small table, SQL actions on it, an external action (rolled back at the end).
 CREATE TABLE public.tap_plan_t (k text PRIMARY KEY, v integer NOT NULL CHECK (v >= 0));
@@ -435,6 +435,8 @@ DROP FUNCTION public.tap_plan_put(jsonb);
 SELECT is(pgfence.plan_start(pg_temp.pid('drop'), 'tap-w1'), true, 'start a plan whose function was dropped');
 SELECT results_eq($$SELECT outcome, error ->> 'sqlstate' FROM pgfence.plan_run_step(pg_temp.pid('drop'), 'tap-w1')$$,
   $$VALUES ('error'::text, '42883'::text)$$, 'a dropped function records an error receipt (42883)');
+SELECT throws_ok($$SELECT pgfence.plan_propose('[{"action": "tap-put", "args": {"k": "gone", "v": 1}}]', 'tap-agent')$$, '42883', NULL,
+  'proposing a step whose action''s function was dropped: 42883');
 ROLLBACK TO SAVEPOINT before_drop;
 
 -- =============================================================================================
@@ -481,7 +483,125 @@ SELECT throws_ok(format($$UPDATE pgfence.plan_step SET outcome = 'ok', worker = 
   'PF001', NULL, 'a receipt for a plan that is not executing: PF001');
 SELECT throws_ok(format($$UPDATE pgfence.plan_step SET outcome = 'ok', error = NULL WHERE plan_id = %s AND step_index = 3$$, pg_temp.pid('f')), 'PF002', NULL, 'editing a receipt: PF002');
 SELECT throws_ok(format($$UPDATE pgfence.plan SET next_step = 1 WHERE id = %s$$, pg_temp.pid('f')), 'PF002', NULL, 'next_step going back: PF002');
+SET LOCAL session_replication_role = replica;  -- past the insert guard, down to the CHECK
 SELECT throws_ok($$INSERT INTO pgfence.plan (step_count, proposed_by, expires_at, status) VALUES (1, 'x', now() + interval '1 day', 'bogus')$$, '23514', NULL, 'the status CHECK refuses unknown values');
+SET LOCAL session_replication_role = origin;
+
+-- hand-written INSERT and DELETE: a plan is born pending, and disappears only in a purge
+SELECT throws_ok($$INSERT INTO pgfence.plan (status, step_count, proposed_by, expires_at, approved_by, approved_at, worker, started_at,
+                                             heartbeat_interval, next_step, finished_at)
+                   VALUES ('executed', 1, 'mallory', now() + interval '1 day', 'mallory', now(), 'mallory', now(), '1 minute', 2, now())$$,
+  'PF001', NULL, 'hand INSERT of an executed plan: PF001');
+SELECT throws_ok($$INSERT INTO pgfence.plan (step_count, proposed_by, expires_at, approved_by, approved_at)
+                   VALUES (1, 'mallory', now() + interval '1 day', 'mallory', now())$$,
+  'PF001', NULL, 'hand INSERT of a pending plan that claims an approval: PF001');
+SELECT throws_ok($$INSERT INTO pgfence.plan (step_count, proposed_by, expires_at, proposed_db_user)
+                   VALUES (1, 'mallory', now() + interval '1 day', 'someone_else')$$,
+  'PF001', NULL, 'hand INSERT naming another login as the proposer''s: PF001');
+SELECT lives_ok($$INSERT INTO pgfence.plan (step_count, proposed_by, expires_at) VALUES (1, 'tap-hand', now() + interval '1 day')$$,
+  'a hand INSERT in the initial state passes the guard (no PL/pgSQL on that path: WHEN-filtered trigger)');
+SELECT throws_ok(format($$DELETE FROM pgfence.plan WHERE id = %s$$, pg_temp.pid('x')), 'PF002', NULL, 'hand DELETE of a plan: PF002');
+SELECT is((SELECT count(*)::int FROM pgfence.plan_step WHERE plan_id = pg_temp.pid('x') AND outcome IS NOT NULL), 4, '... its receipts are still there');
+SAVEPOINT before_purge;
+SET LOCAL pgfence.purging = on;
+SELECT lives_ok(format($$DELETE FROM pgfence.plan WHERE id = %s$$, pg_temp.pid('x')), 'with pgfence.purging on (as audit_purge sets it) a plan can be deleted');
+SELECT is((SELECT count(*)::int FROM pgfence.plan_step WHERE plan_id = pg_temp.pid('x')), 0, '... with its steps and receipts');
+ROLLBACK TO SAVEPOINT before_purge;
+SELECT is(current_setting('pgfence.purging', true) IS DISTINCT FROM 'on', true, 'the purge setting was transaction-local (rolled back)');
+
+-- =============================================================================================
+-- Receipts only from plan_run_step: _plan_step_finish needs _plan_step_begin in its transaction
+-- =============================================================================================
+CREATE ROLE tap_plan_exec NOLOGIN IN ROLE pgfence_executor;
+GRANT SELECT ON ids TO tap_plan_exec;
+GRANT SELECT, INSERT ON public.tap_plan_t TO tap_plan_exec;
+INSERT INTO ids SELECT 'forge', pgfence.plan_propose('[{"action": "tap-put", "args": {"k": "forge1", "v": 1}}, {"action": "tap-put", "args": {"k": "forge2", "v": 1}}]', 'tap-agent');
+SELECT is(pgfence.plan_approve(pg_temp.pid('forge'), 'tap-alice'), 'approved', 'approve forge');
+SET LOCAL ROLE tap_plan_exec;
+SELECT is(pgfence.plan_start(pg_temp.pid('forge'), 'evil'), true, 'an executor login starts the run');
+SELECT throws_ok(format($$SELECT pgfence._plan_step_finish(%s, 'evil', 1, true, '{"qty": 999999}', NULL)$$, pg_temp.pid('forge')),
+  'PF107', NULL, 'writing an ok receipt without running the step (no _plan_step_begin in this transaction): PF107');
+SELECT throws_ok(format($$SELECT pgfence._plan_step_finish(%s, 'evil', 1, false, NULL, '{"message": "fake"}')$$, pg_temp.pid('forge')),
+  'PF107', NULL, '... an error receipt likewise: PF107');
+RESET ROLE;
+SELECT results_eq($$SELECT status, next_step, (SELECT count(*)::int FROM pgfence.plan_receipts r WHERE r.plan_id = p.id) FROM pgfence.plan p WHERE id = pg_temp.pid('forge')$$,
+  $$VALUES ('executing'::text, 1, 0)$$, '... the plan did not move and has no receipt');
+SELECT is((SELECT count(*)::int FROM public.tap_plan_t WHERE k LIKE 'forge%'), 0, '... and nothing ran');
+SET LOCAL ROLE tap_plan_exec;
+SELECT results_eq($$SELECT step_index, outcome, status FROM pgfence.plan_run_step(pg_temp.pid('forge'), 'evil')$$,
+  $$VALUES (1, 'ok'::text, 'executing'::text)$$, 'plan_run_step itself still writes the receipt (begin and finish in one transaction)');
+RESET ROLE;
+SELECT results_eq($$SELECT step_begun, step_begun_xact FROM pgfence.plan WHERE id = pg_temp.pid('forge')$$,
+  $$VALUES (NULL::integer, NULL::xid8)$$, '... and the receipt clears the begin stamp');
+SELECT throws_ok(format($$SELECT pgfence._plan_step_finish(%s, 'evil', 2, true, '{}', NULL)$$, pg_temp.pid('forge')),
+  'PF107', NULL, 'a stamp of step 1 does not let step 2 be receipted: PF107');
+SELECT is((SELECT step_index FROM pgfence._plan_step_begin(pg_temp.pid('forge'), 'evil')), 2, 'the remaining trust: _plan_step_begin hands out step 2 ...');
+SELECT throws_ok(format($$SELECT pgfence._plan_step_finish(%s, 'evil', 1, true, '{}', NULL)$$, pg_temp.pid('forge')),
+  'PF107', NULL, '... a receipt for another step than the one begun: PF107');
+SELECT is(pgfence._plan_step_finish(pg_temp.pid('forge'), 'evil', 2, true, '{"put": "forge2"}', NULL), 'executed',
+  '... and a role that calls both helpers in one transaction is trusted to run the action in between (documented)');
+
+-- =============================================================================================
+-- An approved plan runs what was approved: the action function's definition is fingerprinted
+-- =============================================================================================
+CREATE FUNCTION public.tap_plan_mut(p jsonb) RETURNS jsonb LANGUAGE sql AS $$ SELECT jsonb_build_object('version', 1) $$;
+SELECT is(pgfence.plan_register_action('tap-mut', 'public.tap_plan_mut(jsonb)', 'answer with a version'), true, 'register tap-mut');
+INSERT INTO ids SELECT 'mut', pgfence.plan_propose('[{"action": "tap-put", "args": {"k": "m1", "v": 1}}, {"action": "tap-mut"}, {"action": "tap-put", "args": {"k": "m3", "v": 1}}]', 'tap-agent');
+INSERT INTO ids SELECT 'mut-same', pgfence.plan_propose('[{"action": "tap-mut"}]', 'tap-agent');
+SELECT results_eq($$SELECT step_index, function_md5 FROM pgfence.plan_step WHERE plan_id = pg_temp.pid('mut') ORDER BY step_index$$,
+  $$VALUES (1, md5(pg_get_functiondef('public.tap_plan_put(jsonb)'::regprocedure))),
+           (2, md5(pg_get_functiondef('public.tap_plan_mut(jsonb)'::regprocedure))),
+           (3, md5(pg_get_functiondef('public.tap_plan_put(jsonb)'::regprocedure)))$$,
+  'each SQL step records the md5 of its function''s definition at proposal');
+SELECT is((SELECT function_md5 FROM pgfence.plan_step WHERE plan_id = pg_temp.pid('noargs') AND step_index = 1), NULL, '... an external step has none');
+SELECT is(pgfence.plan_approve(pg_temp.pid('mut'), 'tap-alice') || pgfence.plan_approve(pg_temp.pid('mut-same'), 'tap-alice'), 'approvedapproved', 'approve both');
+CREATE OR REPLACE FUNCTION public.tap_plan_mut(p jsonb) RETURNS jsonb LANGUAGE sql AS $$ SELECT jsonb_build_object('version', 2, 'evil', true) $$;
+SELECT is(pgfence.plan_start(pg_temp.pid('mut'), 'tap-w1'), true, 'start mut after its function was replaced');
+SELECT is((SELECT outcome FROM pgfence.plan_run_step(pg_temp.pid('mut'), 'tap-w1')), 'ok', 'step 1 (unchanged function) runs');
+SELECT results_eq($$SELECT step_index, outcome, status, output, error ->> 'sqlstate' FROM pgfence.plan_run_step(pg_temp.pid('mut'), 'tap-w1')$$,
+  $$VALUES (2, 'error'::text, 'failed'::text, NULL::jsonb, 'PF108'::text)$$,
+  'a step whose function changed since the proposal does not run: error receipt PF108, the plan fails');
+SELECT results_eq($$SELECT status, failure, next_step FROM pgfence.plan WHERE id = pg_temp.pid('mut')$$,
+  $$VALUES ('failed'::text, 'step_error'::text, 2)$$, '... failed (step_error) at step 2, like any failing step');
+SELECT is((SELECT array_agg(k ORDER BY k) FROM public.tap_plan_t WHERE k LIKE 'm_'), ARRAY['m1'], '... step 3 never ran');
+SELECT ok((SELECT message LIKE '%tap-mut%changed%' FROM pgfence.plan_receipts WHERE plan_id = pg_temp.pid('mut') AND step_index = 2), '... and the receipt says which action changed');
+CREATE OR REPLACE FUNCTION public.tap_plan_mut(p jsonb) RETURNS jsonb LANGUAGE sql AS $$ SELECT jsonb_build_object('version', 1) $$;
+SELECT is(pgfence.plan_start(pg_temp.pid('mut-same'), 'tap-w1'), true, 'start mut-same once the approved definition is back');
+SELECT results_eq($$SELECT outcome, output FROM pgfence.plan_run_step(pg_temp.pid('mut-same'), 'tap-w1')$$,
+  $$VALUES ('ok'::text, '{"version": 1}'::jsonb)$$, 'the same definition again runs (the fingerprint is of the definition, not of the catalog row)');
+INSERT INTO ids SELECT 'mut-forge', pgfence.plan_propose('[{"action": "tap-mut"}]', 'tap-agent');
+SELECT is(pgfence.plan_approve(pg_temp.pid('mut-forge'), 'tap-alice'), 'approved', 'approve mut-forge');
+CREATE OR REPLACE FUNCTION public.tap_plan_mut(p jsonb) RETURNS jsonb LANGUAGE sql AS $$ SELECT jsonb_build_object('version', 3) $$;
+SELECT is(pgfence.plan_start(pg_temp.pid('mut-forge'), 'tap-w1'), true, 'start mut-forge after another replacement');
+SELECT is((SELECT step_index FROM pgfence._plan_step_begin(pg_temp.pid('mut-forge'), 'tap-w1')), 1, 'begin its step by hand ...');
+SELECT throws_ok(format($$SELECT pgfence._plan_step_finish(%s, 'tap-w1', 1, true, '{"version": 3}', NULL)$$, pg_temp.pid('mut-forge')),
+  'PF108', NULL, '... an ok receipt for a step whose function changed is refused even then: PF108');
+
+-- =============================================================================================
+-- Four eyes by database login, not only by the name passed in
+-- =============================================================================================
+CREATE ROLE tap_plan_mallory NOLOGIN IN ROLE pgfence_client, pgfence_admin;
+CREATE ROLE tap_plan_trent NOLOGIN IN ROLE pgfence_admin;
+GRANT SELECT, INSERT ON ids TO tap_plan_mallory, tap_plan_trent;
+SET LOCAL SESSION AUTHORIZATION tap_plan_mallory;
+INSERT INTO ids SELECT 'eyes', pgfence.plan_propose('[{"action": "tap-put", "args": {"k": "eyes", "v": 1}}]', 'mallory');
+SELECT throws_ok(format($$SELECT pgfence.plan_approve(%s, 'definitely-not-mallory')$$, pg_temp.pid('eyes')), 'PF103', NULL,
+  'the login that proposed cannot approve under another name: PF103');
+SELECT throws_ok(format($$SELECT pgfence.plan_approve(%s, 'mallory')$$, pg_temp.pid('eyes')), 'PF103', NULL, '... nor under its own: PF103');
+RESET SESSION AUTHORIZATION;
+SELECT is((SELECT status FROM pgfence.plan WHERE id = pg_temp.pid('eyes')), 'pending', '... the plan is still pending');
+SET LOCAL SESSION AUTHORIZATION tap_plan_trent;
+SELECT throws_ok(format($$SELECT pgfence.plan_approve(%s, 'mallory')$$, pg_temp.pid('eyes')), 'PF103', NULL, 'another login approving under the proposer''s name: PF103 (as before)');
+SELECT is(pgfence.plan_approve(pg_temp.pid('eyes'), 'trent'), 'approved', 'another login approves under another name');
+RESET SESSION AUTHORIZATION;
+SELECT results_eq($$SELECT proposed_by, proposed_db_user, approved_by FROM pgfence.plan WHERE id = pg_temp.pid('eyes')$$,
+  $$VALUES ('mallory'::text, 'tap_plan_mallory'::text, 'trent'::text)$$, 'the plan records the proposing login next to the proposer''s name');
+SELECT results_eq($$SELECT event, actor, db_user FROM pgfence.event WHERE module = 'plan' AND item_id = pg_temp.pid('eyes') ORDER BY id$$,
+  $$VALUES ('propose'::text, 'mallory'::text, 'tap_plan_mallory'::text), ('approve', 'trent', 'tap_plan_trent')$$,
+  'every event records the database login (db_user) next to the actor');
+SELECT throws_ok(format($$UPDATE pgfence.plan SET proposed_db_user = 'tap_plan_trent' WHERE id = %s$$, pg_temp.pid('eyes')), 'PF002', NULL, 'the proposing login never changes: PF002');
+INSERT INTO ids SELECT 'eyes-su', pgfence.plan_propose('[{"action": "tap-put", "args": {"k": "eyes-su", "v": 1}}]', 'tap-agent');
+SELECT is(pgfence.plan_approve(pg_temp.pid('eyes-su'), 'tap-alice'), 'approved', 'a superuser login may approve its own proposal under another name (it could do anything anyway)');
 
 -- =============================================================================================
 -- Event log: every transition and receipt, in the same transaction

@@ -5,7 +5,7 @@
 -- main session only reads committed fixtures, never locks them.
 BEGIN;
 \ir helpers/setup.sql
-SELECT plan(33);
+SELECT plan(39);
 
 SELECT tap_helpers.peer('c0');
 SELECT tap_helpers.peer('c1');
@@ -171,6 +171,23 @@ SELECT is(tap_helpers.peer_value('c2', format('SELECT status || ''/'' || failure
   'once the row is free, the lapsed run is healed');
 
 -- =============================================================================================
+-- A receipt is written only in the transaction that began the step
+-- =============================================================================================
+SELECT pg_temp.approved('stamp', '[{"action": "tap-pc-put", "args": {"k": "s1"}}]');
+SELECT is(tap_helpers.peer_value('c1', format('SELECT pgfence.plan_start(%s, %L)', pg_temp.pid('stamp'), 'tap-pc-stamp')), 't', 'start stamp');
+SELECT is(tap_helpers.peer_value('c1', format('SELECT step_index FROM pgfence._plan_step_begin(%s, %L)', pg_temp.pid('stamp'), 'tap-pc-stamp')), '1',
+  'one transaction begins step 1 and commits without running it');
+SELECT results_eq(format('SELECT step_begun, step_begun_xact IS NOT NULL FROM pgfence.plan WHERE id = %s', pg_temp.pid('stamp')),
+  $$VALUES (1, true)$$, '... its stamp is committed');
+SELECT throws_ok(format($q$SELECT * FROM dblink('c1', %L) AS t(x text)$q$,
+                        format('SELECT pgfence._plan_step_finish(%s, %L, 1, true, %L, NULL)', pg_temp.pid('stamp'), 'tap-pc-stamp', '{"k": "forged"}')),
+  'PF107', NULL, 'a later transaction cannot write the receipt of that step: PF107');
+SELECT is(tap_helpers.peer_value('c1', format('SELECT outcome FROM pgfence.plan_run_step(%s, %L)', pg_temp.pid('stamp'), 'tap-pc-stamp')), 'ok',
+  'plan_run_step in a new transaction begins it again, runs it and writes the receipt');
+SELECT results_eq(format('SELECT r.output ->> ''k'', (SELECT count(*)::int FROM public.tap_pc_t WHERE k = ''s1'') FROM pgfence.plan_receipts r WHERE r.plan_id = %s', pg_temp.pid('stamp')),
+  $$VALUES ('s1'::text, 1)$$, '... the receipt is the real one, with the step''s effect');
+
+-- =============================================================================================
 -- NOTIFY pgfence_plan: on approval and on release, with the id only
 -- =============================================================================================
 SELECT dblink_exec('c2', 'LISTEN pgfence_plan');
@@ -190,6 +207,7 @@ SELECT is((SELECT extra::jsonb FROM dblink_get_notify('c2') WHERE notify_name = 
 
 -- clean up committed fixtures
 SELECT dblink_exec('c0', format($$
+  SET pgfence.purging = on;  -- the delete guards let only a purge delete plans and events
   DELETE FROM pgfence.event WHERE module = 'plan' AND item_id IN (%1$s);
   DELETE FROM pgfence.plan WHERE id IN (%1$s);
   DELETE FROM pgfence.plan_action WHERE name LIKE 'tap-pc-%%';

@@ -5,7 +5,7 @@
 -- 31_operation_concurrency.sql.
 BEGIN;
 \ir helpers/setup.sql
-SELECT plan(257);
+SELECT plan(282);
 
 -- SQLSTATE and DETAIL of a statement's error (throws_ok checks the code, this the DETAIL).
 CREATE FUNCTION pg_temp.err(p_sql text) RETURNS text LANGUAGE plpgsql AS $$
@@ -308,6 +308,45 @@ SELECT is(pgfence.operation_finish(pg_temp.op('cs'), 1, true), 'succeeded', 'the
 SELECT throws_ok('SELECT pgfence.operation_cancel(-1)', 'P0002', NULL, 'cancel: unknown id is P0002');
 SELECT throws_ok('SELECT pgfence.operation_cancel(NULL)', '22004', NULL, 'cancel: NULL id is 22004');
 
+-- A cancel requested while an intent has no reference, then a takeover: the re-issue rule holds,
+-- and the log says a cancel was pending.
+INSERT INTO ids SELECT 'cxk', id FROM pgfence.operation_request('tap.cxl', 'cx-key');
+SELECT is((SELECT fence FROM pgfence.operation_claim('tap-dead', ARRAY['tap.cxl'])), 1, 'claim cxk');
+SELECT is(pgfence.operation_begin_issue(pg_temp.op('cxk'), 1, true), 'issue', 'cxk: intent, then the call with the key; the owner dies before recording the reference');
+SELECT is(pgfence.operation_cancel(pg_temp.op('cxk'), 'carol'), 'cancel_requested', 'a cancel is requested meanwhile');
+SELECT pg_temp.lapse(pg_temp.op('cxk'));
+SELECT is((SELECT fence FROM pgfence.operation_claim('tap-heir', ARRAY['tap.cxl'])), 2, 'a new owner takes it over');
+SELECT is(pgfence.operation_begin_issue(pg_temp.op('cxk'), 2, true), 'reissue',
+  'intent without reference, cancel pending, key passed: reissue (the key finds what the first call may have started)');
+SELECT results_eq($$SELECT (detail ->> 'cancel_pending')::boolean, detail ->> 'cancel_requested_by' FROM pgfence.event
+                    WHERE module = 'operation' AND item_id = pg_temp.op('cxk') AND event = 'reissue'$$,
+  $$VALUES (true, 'carol'::text)$$, '... and the reissue event records that a cancel was pending, and who asked');
+SELECT is(pgfence.operation_record_external(pg_temp.op('cxk'), 2, 'ext-cxk'), true, 'the reference is recorded');
+SELECT is(pgfence.operation_poll(pg_temp.op('cxk'), 2, '{"status": "running"}'), 'cancel', '... and the next poll tells the owner to cancel it');
+
+INSERT INTO ids SELECT 'cxn', id FROM pgfence.operation_request('tap.cxl', 'cx-no-key');
+SELECT is((SELECT fence FROM pgfence.operation_claim('tap-dead', ARRAY['tap.cxl'])), 1, 'claim cxn');
+SELECT is(pgfence.operation_begin_issue(pg_temp.op('cxn'), 1, false), 'issue', 'cxn: intent, a call without the key; the owner dies');
+SELECT is(pgfence.operation_cancel(pg_temp.op('cxn'), 'carol'), 'cancel_requested', 'a cancel is requested meanwhile');
+SELECT pg_temp.lapse(pg_temp.op('cxn'));
+SELECT is((SELECT fence FROM pgfence.operation_claim('tap-heir', ARRAY['tap.cxl'])), 2, 'a new owner takes it over');
+SELECT is(pgfence.operation_begin_issue(pg_temp.op('cxn'), 2, true), 'failed', 'intent without reference, cancel pending, no key: failed (outcome unknown), as without a cancel');
+SELECT results_eq($$SELECT status, (result ->> 'cancel_pending')::boolean, error LIKE '%carol had asked to cancel it%' FROM pgfence.operation WHERE id = pg_temp.op('cxn')$$,
+  $$VALUES ('failed'::text, true, true)$$, '... its result and error say a cancel was pending');
+SELECT is((SELECT detail -> 'result' ->> 'cancel_pending' FROM pgfence.event WHERE module = 'operation' AND item_id = pg_temp.op('cxn') AND event = 'finish'), 'true',
+  '... and so does the event');
+
+-- A cancel request recorded although no call was ever started (operation_cancel itself cancels
+-- such an operation at once; here it is written by hand): begin_issue cancels, never calls.
+INSERT INTO ids SELECT 'cxq', id FROM pgfence.operation_request('tap.cxl', 'cx-never-issued');
+SELECT is((SELECT fence FROM pgfence.operation_claim('tap-w1', ARRAY['tap.cxl'])), 1, 'claim cxq');
+UPDATE pgfence.operation SET cancel_requested_at = now(), cancel_requested_by = 'carol' WHERE id = pg_temp.op('cxq');
+SELECT is(pgfence.operation_begin_issue(pg_temp.op('cxq'), 1, true), 'canceled', 'cancel requested, nothing issued: begin_issue answers canceled');
+SELECT results_eq($$SELECT status, issue_count, issue_started_at IS NULL, finished_at IS NOT NULL, error FROM pgfence.operation WHERE id = pg_temp.op('cxq')$$,
+  $$VALUES ('canceled'::text, 0, true, true, 'canceled at the request of carol before the external call was issued'::text)$$,
+  '... the operation is canceled, with no intent recorded (no external call)');
+SELECT is(pgfence.operation_begin_issue(pg_temp.op('cxq'), 1, true), NULL, '... and asking again: not the owner of a live operation any more (NULL)');
+
 -- =============================================================================================
 -- Reaper and release
 -- =============================================================================================
@@ -353,7 +392,23 @@ SELECT throws_ok(format($$UPDATE pgfence.operation SET target = 'elsewhere' WHER
 SELECT throws_ok(format($$UPDATE pgfence.operation SET fence = 0 WHERE id = %s$$, pg_temp.op('t')), 'PF002', NULL, 'lowering the fence: PF002');
 SELECT throws_ok(format($$UPDATE pgfence.operation SET external_ref = 'forged' WHERE id = %s$$, pg_temp.op('t')), 'PF002', NULL, 'rewriting the external reference: PF002');
 SELECT throws_ok(format($$UPDATE pgfence.operation SET issue_started_at = NULL, issued_by = NULL, issue_idempotent = NULL, last_issue_at = NULL, issue_count = 0 WHERE id = %s$$, pg_temp.op('t')), 'PF002', NULL, 'erasing an intent: PF002');
+SET LOCAL session_replication_role = replica;  -- past the insert guard, down to the CHECK
 SELECT throws_ok($$INSERT INTO pgfence.operation (kind, target, params, requested_by, status) VALUES ('tap.x', 'x', '{}', 'me', 'bogus')$$, '23514', NULL, 'the status CHECK refuses unknown values');
+SET LOCAL session_replication_role = origin;
+SELECT throws_ok($$INSERT INTO pgfence.operation (kind, target, params, requested_by, status, issue_started_at, issued_by, issue_count,
+                                                  last_issue_at, issue_idempotent, external_ref, external_recorded_at, finished_at, result)
+                   VALUES ('tap.hand', 'h1', '{}', 'mallory', 'succeeded', now(), 'mallory', 1, now(), true, 'ext-forged', now(), now(), '{"ok": true}')$$,
+  'PF001', NULL, 'hand INSERT of a succeeded operation: PF001');
+SELECT throws_ok($$INSERT INTO pgfence.operation (kind, target, params, requested_by, fence) VALUES ('tap.hand', 'h2', '{}', 'mallory', 7)$$,
+  'PF001', NULL, 'hand INSERT of a queued operation with a fence: PF001');
+SELECT lives_ok($$INSERT INTO pgfence.operation (kind, target, params, requested_by) VALUES ('tap.hand', 'h3', '{}', 'tap-hand')$$,
+  'a hand INSERT of a fresh request passes the guard (WHEN-filtered trigger: no PL/pgSQL on that path)');
+SELECT throws_ok(format($$DELETE FROM pgfence.operation WHERE id = %s$$, pg_temp.op('f')), 'PF002', NULL, 'hand DELETE of an operation: PF002');
+SELECT is((SELECT count(*)::int FROM pgfence.operation WHERE id = pg_temp.op('f')), 1, '... it is still there');
+SAVEPOINT before_purge;
+SET LOCAL pgfence.purging = on;
+SELECT lives_ok(format($$DELETE FROM pgfence.operation WHERE id = %s$$, pg_temp.op('f')), 'with pgfence.purging on (as audit_purge sets it) it can be deleted');
+ROLLBACK TO SAVEPOINT before_purge;
 
 -- =============================================================================================
 -- Event log

@@ -120,6 +120,7 @@ SELECT is((SELECT extra::jsonb FROM heard WHERE notify_name = 'pgfence_operation
   'the listener hears {"kind", "id"} at commit');
 
 -- clean up committed fixtures (events too)
+SELECT dblink_exec('c0', 'SET pgfence.purging = on');  -- the delete guards let only a purge delete
 SELECT dblink_exec('c0', $$DELETE FROM pgfence.event WHERE module = 'operation' AND item_id IN (SELECT id FROM pgfence.operation WHERE kind LIKE 'tap-conc.%')$$);
 SELECT dblink_exec('c0', $$DELETE FROM pgfence.operation WHERE kind LIKE 'tap-conc.%'$$);
 SELECT tap_helpers.close_peers();

@@ -5,7 +5,7 @@
 -- real rolled-back transaction, CALL audit_purge, which commits) use dblink peers and clean up.
 BEGIN;
 \ir helpers/setup.sql
-SELECT plan(157);
+SELECT plan(159);
 
 CREATE FUNCTION public.tap_audit_noop(p jsonb) RETURNS jsonb LANGUAGE sql AS $$ SELECT p $$;
 SELECT pgfence.plan_register_action('tap-au.noop', 'public.tap_audit_noop(jsonb)', 'does nothing (audit tests)');
@@ -234,6 +234,10 @@ SELECT is(
 SELECT is((SELECT array_agg(detail -> 'output' ORDER BY fence) FROM pgfence.audit_timeline('plan', pg_temp.id('done')) WHERE source = 'receipt'),
   ARRAY['{"n": 1}'::jsonb, '{"n": 2}'::jsonb], '... receipts carry the step outputs');
 SELECT is(
+  (SELECT array_agg(source || ':' || coalesce(db_user, '-')) FROM pgfence.audit_timeline('plan', pg_temp.id('done'))),
+  (SELECT array_agg(x || session_user) FROM unnest(ARRAY['event:', 'event:', 'event:', 'receipt:', 'receipt:', 'event:']) AS x) || ARRAY['row:-'],
+  '... and the database login (db_user) of every event and receipt; rows rebuilt from the item have none');
+SELECT is(
   (SELECT array_agg(source || ':' || event) FROM pgfence.audit_timeline('plan', pg_temp.id('ext')) WHERE source <> 'row' OR event = 'current'),
   ARRAY['event:propose', 'event:approve', 'event:start', 'receipt:step_ok', 'event:fail', 'row:current'],
   'plan timeline of the interrupted run: started, step 1 ok, failed ...');
@@ -385,6 +389,8 @@ SELECT is((SELECT purged FROM pgfence._audit_purge_batch('outbox', now() + inter
   'an outbox purge batch deletes every terminal message finished before the cutoff');
 SELECT is((SELECT array_agg(id ORDER BY id) FROM pgfence.outbox), (SELECT array_agg(id ORDER BY id) FROM kept_outbox),
   '... and keeps every pending and processing one');
+SELECT is(current_setting('pgfence.purging', true) IS DISTINCT FROM 'on', true,
+  'the batch deletes with pgfence.purging on only for its own duration: the setting does not leak into the caller''s transaction');
 SELECT is((SELECT count(*)::int FROM pgfence.outbox_lapse WHERE message_id = pg_temp.id('msg')), 0, '... with the lapse receipts of the purged');
 SELECT is(pg_temp.events('outbox', pg_temp.id('logged')), 3, '... and the events of a kept message');
 SELECT results_eq($$SELECT last_id, done FROM pgfence._audit_purge_batch('outbox', now() + interval '1 day', 0, 1)$$,
@@ -422,7 +428,7 @@ SELECT is((SELECT purged FROM dblink('c1', $$CALL pgfence.audit_purge('outbox', 
   'CALL audit_purge(outbox, 0 seconds, batch 2) deletes the 5 sent messages in several committed batches');
 SELECT is(tap_helpers.peer_value('c1', $$SELECT string_agg(status, ',') FROM pgfence.outbox WHERE channel = 'tap-au-purge'$$), 'pending',
   '... and keeps the pending one');
-SELECT dblink_exec('c1', $$DELETE FROM pgfence.outbox WHERE channel = 'tap-au-purge'$$);
+SELECT dblink_exec('c1', $$SET pgfence.purging = on; DELETE FROM pgfence.outbox WHERE channel = 'tap-au-purge'$$);
 SELECT tap_helpers.close_peers();
 
 SELECT * FROM finish();

@@ -191,8 +191,9 @@ def begin_issue(conn: AnyConn, operation_id: int, fence: int, idempotent: bool,
     """Record the intent to call the external API; the SQL decides whether to call.
 
     Returns ``issue`` / ``reissue`` (call now), ``poll`` (a reference exists: poll it),
-    ``failed`` (outcome unknown: the operation is now failed), or None (not the owner any more,
-    or the lease lapsed: do not call). ``idempotent``: your call passes the idempotency key.
+    ``canceled`` (a cancel was requested before any call: the operation is now canceled, do not
+    call), ``failed`` (outcome unknown: the operation is now failed), or None (not the owner any
+    more, or the lease lapsed: do not call). ``idempotent``: your call passes the idempotency key.
     """
     value = _scalar(conn, SQL_BEGIN_ISSUE, (operation_id, fence, idempotent, lease))
     return None if value is None else str(value)

@@ -4,7 +4,7 @@
 operation it runs one task that follows the SQL issue protocol and nothing else decides:
 
 1. no reference yet → ``operation_begin_issue`` (the SQL answers ``issue``, ``reissue``,
-   ``poll``, ``failed`` or NULL); on ``issue``/``reissue`` call the handler's ``issue`` and
+   ``poll``, ``canceled``, ``failed`` or NULL); on ``issue``/``reissue`` call the handler's ``issue`` and
    record the reference with ``operation_record_external``;
 2. a reference (recorded now, or found at claim by a new owner) → poll the external API every
    ``handler.poll_interval`` seconds and report each state with ``operation_poll``, which
@@ -168,9 +168,18 @@ class OperationModule(Module):
                              row.get("error"))
                 self.finished[op.id] = "failed"
                 return None
+            if decision == "canceled":
+                logger.info("canceled op#%d %s %s: a cancel was requested before any external "
+                            "call; not calling out", op.id, op.kind, op.target)
+                self.finished[op.id] = "canceled"
+                return None
             if decision == "poll":
                 ref = (await self._get(op.id)).get("external_ref")
                 return str(ref) if ref else None
+            if decision not in ("issue", "reissue"):
+                logger.error("op#%d: unexpected answer %r from operation_begin_issue; not calling "
+                             "out", op.id, decision)
+                return None
             # issue / reissue
             started = time.monotonic()
             budget = max(lease_s - self.margin, 0.5)

@@ -79,7 +79,8 @@ class ActionConflict(PgfenceError):
 
 
 class SelfApproval(PgfenceError):
-    """PF103: the approver is the proposer; someone else must approve."""
+    """PF103: the approver is the proposer (by name, or by database login unless that login is a
+    superuser); someone else must approve, from their own login."""
 
 
 class StepOutOfOrder(PgfenceError):
@@ -94,9 +95,21 @@ class NotCompensable(PgfenceError):
     """PF106: only an executed or failed plan can be compensated."""
 
 
+class StepNotBegun(PgfenceError):
+    """PF107: a receipt for a SQL step that was not begun in the same transaction (only
+    ``plan_run_step`` writes SQL receipts)."""
+
+
+class ActionChanged(PgfenceError):
+    """PF108: the function of a step's action was replaced since the plan was proposed. Usually
+    seen as the SQLSTATE of an ``error`` receipt (the step did not run); raised only for an ok
+    receipt written past ``plan_run_step``."""
+
+
 for _state, _cls in (("PF101", UnknownAction), ("PF102", ActionConflict),
                      ("PF103", SelfApproval), ("PF104", StepOutOfOrder),
-                     ("PF105", NotExternalStep), ("PF106", NotCompensable)):
+                     ("PF105", NotExternalStep), ("PF106", NotCompensable),
+                     ("PF107", StepNotBegun), ("PF108", ActionChanged)):
     register(_state, _cls)
 
 
@@ -210,9 +223,15 @@ def propose(conn: AnyConn, steps: Sequence[dict[str, Any]], proposed_by: str, *,
         idempotency_key: ≤ 255 characters.
         compensates: id of the executed/failed plan this one undoes (see :func:`compensate`).
 
+    The connection's login (``session_user``) is recorded as the proposing login: it cannot
+    approve the plan (:func:`approve`). Each SQL step records the md5 of its function's
+    definition: if the function is replaced before the step runs, the step's receipt is an error
+    ``PF108`` instead.
+
     Raises:
         InvalidArgument (22004/22023), UnknownAction (PF101), NotFound (P0002),
-        NotCompensable (PF106), IdempotencyKeyReused (PF003), SerializationFailure (40001).
+        NotCompensable (PF106), IdempotencyKeyReused (PF003), SerializationFailure (40001),
+        psycopg.errors.UndefinedFunction (42883: a SQL action whose function was dropped).
     """
     return int(_scalar(conn, SQL_PROPOSE, (Jsonb(list(steps)), proposed_by, ttl,
                                            idempotency_key, compensates)))
@@ -232,6 +251,9 @@ def compensate(conn: AnyConn, plan_id: int, steps: Sequence[dict[str, Any]], by:
 def approve(conn: AnyConn, plan_id: int, by: str) -> str | None:
     """Approve a pending plan: ``'approved'``, ``'expired'`` (past its expiry: it can never run),
     or None (no longer pending: a lost race, nothing changed).
+
+    Four eyes: ``by`` must differ from the proposer's name, and the connection's login from the
+    proposing login (unless it is a superuser).
 
     Raises:
         SelfApproval (PF103), NotFound (P0002), InvalidArgument.
