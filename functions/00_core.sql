@@ -126,7 +126,7 @@ END
 $$;
 REVOKE ALL ON FUNCTION pgfence.tg_purge_only() FROM PUBLIC;
 COMMENT ON FUNCTION pgfence.tg_purge_only() IS
-  'BEFORE DELETE statement trigger (shared by pgfence.event, plan, plan_step and operation; filtered by WHEN pgfence.purging is not on): refuses the DELETE (PF002) unless the transaction-local setting pgfence.purging is on, as pgfence._audit_purge_batch sets it.';
+  'BEFORE DELETE statement trigger (shared by pgfence.event, outbox, plan, plan_step and operation; filtered by WHEN pgfence.purging is not on): refuses the DELETE (PF002) unless the transaction-local setting pgfence.purging is on, as pgfence._audit_purge_batch sets it.';
 
 -- Inserts are not guarded: an event has no initial state to check, and db_user and txid come
 -- from their column defaults. (A WHEN-filtered row trigger checking them was measured at +3 us

@@ -107,6 +107,13 @@ CREATE OR REPLACE TRIGGER outbox_insert_guard
         OR NEW.finished_at IS NOT NULL OR NEW.log_events)
   EXECUTE FUNCTION pgfence.tg_outbox_guard();
 
+-- A stray DELETE would lose messages: only a purge deletes (see pgfence.tg_purge_only).
+CREATE OR REPLACE TRIGGER outbox_purge_only
+  BEFORE DELETE ON pgfence.outbox
+  FOR EACH STATEMENT
+  WHEN (current_setting('pgfence.purging', true) IS DISTINCT FROM 'on')
+  EXECUTE FUNCTION pgfence.tg_purge_only();
+
 CREATE OR REPLACE FUNCTION pgfence.tg_outbox_frozen()
 RETURNS trigger
 LANGUAGE plpgsql

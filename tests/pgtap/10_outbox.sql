@@ -2,7 +2,7 @@
 -- documented SQLSTATE. Concurrency cells use real second sessions (dblink, see helpers/).
 BEGIN;
 \ir helpers/setup.sql
-SELECT plan(150);
+SELECT plan(151);
 
 -- =============================================================================================
 -- Catalog: signatures, definer, volatility, privileges
@@ -312,5 +312,6 @@ SELECT is((SELECT count(*)::int FROM pgfence.outbox WHERE channel = 'tap-dup'), 
 SELECT is((SELECT oldest_due_age FROM pgfence.outbox_summary WHERE channel = 'tap-tz' AND status = 'pending'), NULL::interval,
   'outbox_summary: oldest_due_age is NULL when nothing pending is due yet');
 
+SELECT throws_ok($$DELETE FROM pgfence.outbox WHERE id = (SELECT id FROM ids WHERE name = 'o1')$$, 'PF002', NULL, 'a hand DELETE of a message (outside a purge): PF002');
 SELECT * FROM finish();
 ROLLBACK;

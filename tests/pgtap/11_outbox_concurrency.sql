@@ -83,7 +83,7 @@ SELECT * FROM dblink('c2', 'SELECT 1') AS t(x int);
 SELECT is((SELECT count(*)::int FROM dblink_get_notify('c2')), 0, 'no NOTIFY for a message that is not due yet');
 
 -- clean up committed fixtures
-SELECT dblink_exec('c0', $$DELETE FROM pgfence.outbox WHERE channel LIKE 'tap-conc-%'$$);
+SELECT dblink_exec('c0', $$SET pgfence.purging = on; DELETE FROM pgfence.outbox WHERE channel LIKE 'tap-conc-%'$$);
 SELECT tap_helpers.close_peers();
 
 SELECT * FROM finish();
