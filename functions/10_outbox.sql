@@ -249,7 +249,7 @@ BEGIN
   VALUES (p_channel, p_recipient, p_payload, p_idempotency_key,
           coalesce(p_max_attempts, v_set.max_attempts), coalesce(p_deliver_at, now()),
           v_set.log_events)
-  ON CONFLICT (idempotency_key) DO NOTHING
+  ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
   RETURNING o.id INTO v_id;
 
   IF v_id IS NULL THEN
@@ -379,7 +379,7 @@ BEGIN
       SELECT input.new_id, p_channel, input.r, input.p, input.k, v_max, coalesce(p_deliver_at, now()),
              v_set.log_events
       FROM input ORDER BY input.i
-      ON CONFLICT (idempotency_key) DO NOTHING
+      ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
       RETURNING o.id, o.idempotency_key
     )
     SELECT coalesce(mine.id, dup.id, existing.id)

@@ -31,7 +31,7 @@ CREATE TABLE pgfence.outbox (
   channel          text NOT NULL,
   recipient        text NOT NULL,
   payload          jsonb NOT NULL,
-  idempotency_key  text UNIQUE,
+  idempotency_key  text,
   status           text NOT NULL DEFAULT 'pending'
                    CHECK (status IN ('pending', 'processing', 'sent', 'failed', 'dead')),
   attempts         integer NOT NULL DEFAULT 0,
@@ -60,6 +60,10 @@ COMMENT ON COLUMN pgfence.outbox.log_events IS
 COMMENT ON COLUMN pgfence.outbox.receipt IS
   'What the transport reported on success (for a webhook: HTTP status and response id), written by outbox_mark_sent.';
 
+-- Partial: most messages have no key, and every claim and mark writes a new row version (the
+-- status is indexed), so a full index would take an entry for NULL on every one of them.
+CREATE UNIQUE INDEX outbox_idempotency_key_idx ON pgfence.outbox (idempotency_key)
+  WHERE idempotency_key IS NOT NULL;
 CREATE INDEX outbox_due_idx ON pgfence.outbox (next_attempt_at, id) WHERE status = 'pending';
 -- Claims restricted to some channels walk this one per channel, in due order.
 CREATE INDEX outbox_channel_due_idx ON pgfence.outbox (channel, next_attempt_at, id) WHERE status = 'pending';
