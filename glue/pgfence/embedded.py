@@ -28,7 +28,6 @@ import socket
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -399,16 +398,6 @@ def throwaway_cluster(*, durable: bool = False) -> Iterator[ClusterInfo]:
     finally:
         signal.signal(signal.SIGTERM, previous)
         pg.stop()
-
-
-def wait_for_socket(info: ClusterInfo, timeout: float = 30.0) -> None:
-    """Block until the server's socket file exists (bounded by ``timeout`` seconds)."""
-    sock = Path(info.socket_dir) / f".s.PGSQL.{info.port}"
-    deadline = time.monotonic() + timeout
-    while not sock.exists():
-        if time.monotonic() > deadline:
-            raise EmbeddedError(f"socket {sock} did not appear within {timeout}s")
-        time.sleep(0.05)
 
 
 if __name__ == "__main__":  # pragma: no cover - manual check

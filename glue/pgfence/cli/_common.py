@@ -14,7 +14,7 @@ import click
 import psycopg
 from tabulate import tabulate
 
-from ..db import connect, resolve_dsn
+from ..db import connect
 from ..errors import translate
 
 
@@ -23,11 +23,6 @@ class CliState:
     """Per-invocation state: the ``--dsn`` given on the command line (or None)."""
 
     dsn: str | None
-
-    @property
-    def resolved_dsn(self) -> str:
-        """The DSN after applying the defaults of :func:`pgfence.db.resolve_dsn`."""
-        return resolve_dsn(self.dsn)
 
 
 pass_state = click.make_pass_decorator(CliState)

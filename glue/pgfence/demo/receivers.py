@@ -115,10 +115,6 @@ class WebhookReceiver:
         with self._lock:
             return sum(1 for h in self.hits if h.key == key)
 
-    def in_flight_or_seen(self, key: str) -> bool:
-        """True once a request with this key has arrived (it may still be running)."""
-        return self.count(key) > 0
-
     def close(self) -> None:
         """Stop the server and its thread."""
         if self._runner is not None:
