@@ -22,6 +22,12 @@
 -- queue is long — every claim would then read the whole table. Pinning index access keeps a
 -- claim O(batch) whatever the statistics said when the plan was made (bench/outbox.py measured
 -- an executor started on an empty queue at half the throughput before this).
+-- A statement that finds its rows by primary key compares the status with a PL/pgSQL constant
+-- (c_pending, c_processing), not a literal: in a generic plan that is a parameter, so the
+-- planner cannot prove a partial index's predicate (WHERE status = 'pending' / 'processing')
+-- and has no path but the primary key. With the literal, statistics taken while few messages
+-- were processing made every mark a full scan of outbox_lease_idx (dead entries included) for
+-- the life of the session, and every claim a full scan of outbox_channel_due_idx.
 
 -- ---------------------------------------------------------------------------------------------
 -- Status machine guard and event log
@@ -434,6 +440,7 @@ AS $$
 #variable_conflict use_column
 DECLARE
   v_lease interval;
+  c_pending CONSTANT text := 'pending';
 BEGIN
   IF p_worker IS NULL OR p_worker = '' OR length(p_worker) > 200 THEN
     RAISE EXCEPTION 'outbox: worker must be a non-empty name of at most 200 characters'
@@ -452,6 +459,8 @@ BEGIN
   -- in due order and stops after p_batch rows: all channels -> outbox_due_idx; some channels ->
   -- outbox_channel_due_idx once per channel (at most p_batch locked per channel; the earliest
   -- p_batch are claimed, the others are released when this transaction ends a moment later).
+  -- The per-channel walks cannot use outbox_due_idx (its predicate, see migration 0007), so a
+  -- backlog on another channel is never read.
   IF p_channels IS NULL THEN
     RETURN QUERY
     WITH claimed AS (
@@ -464,11 +473,13 @@ BEGIN
             (SELECT c.lease FROM pgfence.outbox_channel c WHERE c.channel = '*'))
       WHERE o.id = ANY (ARRAY(
               SELECT d.id FROM pgfence.outbox d
-              WHERE d.status = 'pending' AND d.next_attempt_at <= now()
+              -- attempts < max_attempts holds for every pending message; stating it lets this
+              -- walk use outbox_due_idx, whose predicate includes it (migration 0007)
+              WHERE d.status = 'pending' AND d.attempts < d.max_attempts AND d.next_attempt_at <= now()
               ORDER BY d.next_attempt_at, d.id
               LIMIT p_batch
               FOR UPDATE SKIP LOCKED))
-        AND o.status = 'pending'
+        AND o.status = c_pending  -- a parameter: see the header, Plans
       RETURNING o.id, o.channel, o.recipient, o.payload, o.idempotency_key, o.attempts,
                 o.max_attempts, o.lease_expires_at - now() AS lease, o.lease_expires_at,
                 o.created_at, o.next_attempt_at AS due_at)
@@ -477,7 +488,9 @@ BEGIN
     FROM claimed c ORDER BY c.due_at, c.id;
   ELSIF cardinality(p_channels) = 1 THEN
     -- The common case (an executor routing one channel): one index walk, the lease looked up once.
-    v_lease := coalesce(p_lease, (pgfence._outbox_settings(p_channels[1])).lease);
+    v_lease := coalesce(p_lease,
+                        (SELECT c.lease FROM pgfence.outbox_channel c WHERE c.channel = p_channels[1]),
+                        (SELECT c.lease FROM pgfence.outbox_channel c WHERE c.channel = '*'));
     RETURN QUERY
     WITH claimed AS (
       UPDATE pgfence.outbox o
@@ -489,7 +502,7 @@ BEGIN
               ORDER BY d.next_attempt_at, d.id
               LIMIT p_batch
               FOR UPDATE SKIP LOCKED))
-        AND o.status = 'pending'
+        AND o.status = c_pending  -- a parameter: see the header, Plans
       RETURNING o.id, o.channel, o.recipient, o.payload, o.idempotency_key, o.attempts,
                 o.max_attempts, o.lease_expires_at - now() AS lease, o.lease_expires_at,
                 o.created_at, o.next_attempt_at AS due_at)
@@ -517,7 +530,7 @@ BEGIN
                 FOR UPDATE SKIP LOCKED) b
               ORDER BY b.next_attempt_at, b.id
               LIMIT p_batch))
-        AND o.status = 'pending'
+        AND o.status = c_pending  -- a parameter: see the header, Plans
       RETURNING o.id, o.channel, o.recipient, o.payload, o.idempotency_key, o.attempts,
                 o.max_attempts, o.lease_expires_at - now() AS lease, o.lease_expires_at,
                 o.created_at, o.next_attempt_at AS due_at)
@@ -545,7 +558,8 @@ DECLARE
 BEGIN
   IF p_channels IS NULL THEN
     SELECT o.next_attempt_at INTO v_due FROM pgfence.outbox o
-    WHERE o.status = 'pending' ORDER BY o.next_attempt_at LIMIT 1;
+    WHERE o.status = 'pending' AND o.attempts < o.max_attempts  -- outbox_due_idx (migration 0007)
+    ORDER BY o.next_attempt_at LIMIT 1;
   ELSE
     SELECT min(n.at) INTO v_due
     FROM unnest(p_channels) AS c(ch)
@@ -576,6 +590,8 @@ SET plan_cache_mode = force_generic_plan
 SET enable_seqscan = off
 SET enable_bitmapscan = off
 AS $$
+DECLARE
+  c_processing CONSTANT text := 'processing';  -- a parameter: see the header, Plans
 BEGIN
   IF p_attempt IS NULL THEN
     RAISE EXCEPTION 'outbox_mark_sent: attempt (the fence token from outbox_claim) is required'
@@ -584,7 +600,7 @@ BEGIN
   UPDATE pgfence.outbox o
   SET status = 'sent', receipt = p_receipt, finished_at = now(), last_error = NULL,
       locked_by = NULL, lease_expires_at = NULL, updated_at = now()
-  WHERE o.id = p_id AND o.attempts = p_attempt AND o.status = 'processing';
+  WHERE o.id = p_id AND o.attempts = p_attempt AND o.status = c_processing;
   IF FOUND THEN
     RETURN true;
   END IF;
@@ -613,6 +629,7 @@ AS $$
 DECLARE
   v_missing bigint;
   v_rows    bigint;
+  c_processing CONSTANT text := 'processing';  -- a parameter: see the header, Plans
 BEGIN
   IF p_ids IS NULL OR p_attempts IS NULL THEN
     RAISE EXCEPTION 'outbox_mark_sent_many: ids and attempts are required' USING ERRCODE = '22004';
@@ -628,7 +645,7 @@ BEGIN
       locked_by = NULL, lease_expires_at = NULL, updated_at = now()
   FROM unnest(p_ids, p_attempts, coalesce(p_receipts, array_fill(NULL::jsonb, ARRAY[cardinality(p_ids)])))
          AS u(id, attempt, receipt)
-  WHERE o.id = u.id AND o.attempts = u.attempt AND o.status = 'processing'
+  WHERE o.id = u.id AND o.attempts = u.attempt AND o.status = c_processing
   RETURNING o.id;
   GET DIAGNOSTICS v_rows = ROW_COUNT;
   IF v_rows < cardinality(p_ids) THEN
@@ -646,6 +663,62 @@ GRANT EXECUTE ON FUNCTION pgfence.outbox_mark_sent_many(bigint[], integer[], jso
 COMMENT ON FUNCTION pgfence.outbox_mark_sent_many(bigint[], integer[], jsonb[]) IS
   'outbox_mark_sent for many messages in one statement: element i of ids/attempts/receipts is one (id, fence, receipt). Every row is fenced exactly as in outbox_mark_sent. Returns the ids that this call moved to sent; the others were stale claims (lost races). Errors: 22004, 22023 (arrays of different lengths), P0002 (an unknown id; then nothing is marked).';
 
+-- ---------------------------------------------------------------------------------------------
+-- Settle one message and claim the next, in one statement (single-message workers)
+--
+-- A worker that handles one message at a time would otherwise pay two commits per message: the
+-- mark of the one it finished and the claim of the next. Both are needed separately only at the
+-- very start and end of a run; in between, this does both in one transaction. Every row is still
+-- fenced exactly as by outbox_mark_sent and claimed exactly as by outbox_claim (it calls them).
+-- bench/outbox.py measures the single-message loop with and without it.
+-- ---------------------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION pgfence.outbox_mark_sent_and_claim(
+  p_id       bigint,
+  p_attempt  integer,
+  p_receipt  jsonb,
+  p_worker   text,
+  p_batch    integer DEFAULT 1,
+  p_channels text[] DEFAULT NULL,
+  p_lease    interval DEFAULT NULL
+)
+RETURNS TABLE (
+  id               bigint,
+  channel          text,
+  recipient        text,
+  payload          jsonb,
+  idempotency_key  text,
+  attempt          integer,
+  max_attempts     integer,
+  lease            interval,
+  lease_expires_at timestamptz,
+  created_at       timestamptz,
+  previous_sent    boolean
+)
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pgfence, pg_temp
+AS $$
+DECLARE
+  v_sent boolean;
+BEGIN
+  -- The mark first: its errors (22004, P0002) abort the call before anything is claimed.
+  v_sent := pgfence.outbox_mark_sent(p_id, p_attempt, p_receipt);
+  RETURN QUERY
+  SELECT c.id, c.channel, c.recipient, c.payload, c.idempotency_key, c.attempt, c.max_attempts,
+         c.lease, c.lease_expires_at, c.created_at, v_sent
+  FROM pgfence.outbox_claim(p_worker, p_batch, p_channels, p_lease) c;
+  IF NOT FOUND THEN
+    -- Nothing due: one row that carries only the mark's outcome, so it is never lost.
+    RETURN QUERY SELECT NULL::bigint, NULL::text, NULL::text, NULL::jsonb, NULL::text, NULL::integer,
+                        NULL::integer, NULL::interval, NULL::timestamptz, NULL::timestamptz, v_sent;
+  END IF;
+END
+$$;
+REVOKE ALL ON FUNCTION pgfence.outbox_mark_sent_and_claim(bigint, integer, jsonb, text, integer, text[], interval) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION pgfence.outbox_mark_sent_and_claim(bigint, integer, jsonb, text, integer, text[], interval)
+  TO pgfence_executor, pgfence_admin;
+COMMENT ON FUNCTION pgfence.outbox_mark_sent_and_claim(bigint, integer, jsonb, text, integer, text[], interval) IS
+  'For a worker that handles one message at a time: outbox_mark_sent(p_id, p_attempt, p_receipt) and then outbox_claim(p_worker, p_batch, p_channels, p_lease) in one transaction, so a message costs one round trip and one commit instead of two. The mark is fenced and the claim locks with SKIP LOCKED exactly as in those functions. Returns the claimed messages (same columns as outbox_claim) with previous_sent = the mark''s outcome (true: this call moved p_id to sent; false: a stale claim, a lost race, nothing changed). When nothing is due it returns one row whose id and other claim columns are NULL, carrying only previous_sent. Errors: those of outbox_mark_sent (22004, P0002: then nothing is claimed) and of outbox_claim (22023).';
+
 CREATE OR REPLACE FUNCTION pgfence.outbox_mark_failed(
   p_id          bigint,
   p_attempt     integer,
@@ -662,6 +735,7 @@ SET enable_bitmapscan = off
 AS $$
 DECLARE
   v_status text;
+  c_processing CONSTANT text := 'processing';  -- a parameter: see the header, Plans
 BEGIN
   IF p_attempt IS NULL OR p_error IS NULL OR p_retryable IS NULL THEN
     RAISE EXCEPTION 'outbox_mark_failed: attempt, error and retryable are required' USING ERRCODE = '22004';
@@ -684,7 +758,7 @@ BEGIN
       finished_at = CASE WHEN NOT p_retryable OR o.attempts >= o.max_attempts THEN now() END,
       last_error = left(p_error, 8000),
       locked_by = NULL, lease_expires_at = NULL, updated_at = now()
-  WHERE o.id = p_id AND o.attempts = p_attempt AND o.status = 'processing'
+  WHERE o.id = p_id AND o.attempts = p_attempt AND o.status = c_processing
   RETURNING o.status INTO v_status;
   IF v_status IS NULL THEN
     PERFORM pgfence._outbox_require(p_id);
@@ -712,6 +786,7 @@ AS $$
 DECLARE
   v_ids   bigint[];
   v_count integer;
+  c_processing CONSTANT text := 'processing';  -- a parameter: see the header, Plans
 BEGIN
   IF p_max_rows IS NULL OR p_max_rows < 1 THEN
     RAISE EXCEPTION 'outbox_reclaim_stale: max_rows must be positive, got %', p_max_rows
@@ -738,7 +813,7 @@ BEGIN
   SELECT o.id, o.attempts, o.locked_by, o.claimed_at, o.lease_expires_at,
          CASE WHEN o.attempts >= o.max_attempts THEN 'dead' ELSE 'pending' END
   FROM pgfence.outbox o
-  WHERE o.id = ANY (v_ids) AND o.status = 'processing' AND o.lease_expires_at < now()
+  WHERE o.id = ANY (v_ids) AND o.status = c_processing AND o.lease_expires_at < now()
   ON CONFLICT (message_id, attempt) DO NOTHING;
   UPDATE pgfence.outbox o
   SET status = CASE WHEN o.attempts >= o.max_attempts THEN 'dead' ELSE 'pending' END,
@@ -749,7 +824,7 @@ BEGIN
       last_error = format('lease expired: worker %s did not finish attempt %s by %s',
                           o.locked_by, o.attempts, o.lease_expires_at),
       locked_by = NULL, lease_expires_at = NULL, updated_at = now()
-  WHERE o.id = ANY (v_ids) AND o.status = 'processing' AND o.lease_expires_at < now();
+  WHERE o.id = ANY (v_ids) AND o.status = c_processing AND o.lease_expires_at < now();
   GET DIAGNOSTICS v_count = ROW_COUNT;
   RETURN v_count;
 END

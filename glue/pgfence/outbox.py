@@ -35,6 +35,10 @@ SQL_ENQUEUE_MANY = (
 )
 SQL_CLAIM = "SELECT * FROM pgfence.outbox_claim(%s::text, %s::int, %s::text[], %s::interval)"
 SQL_MARK_SENT = "SELECT pgfence.outbox_mark_sent(%s::bigint, %s::int, %s::jsonb)"
+SQL_MARK_SENT_AND_CLAIM = (
+    "SELECT * FROM pgfence.outbox_mark_sent_and_claim(%s::bigint, %s::int, %s::jsonb, %s::text,"
+    " %s::int, %s::text[], %s::interval)"
+)
 SQL_MARK_SENT_MANY = (
     "SELECT id FROM pgfence.outbox_mark_sent_many(%s::bigint[], %s::int[], %s::jsonb[]) AS id"
 )
@@ -154,6 +158,31 @@ def mark_sent(conn: AnyConn, message_id: int, attempt: int,
     """
     return bool(_scalar(conn, SQL_MARK_SENT,
                         (message_id, attempt, Jsonb(receipt) if receipt is not None else None)))
+
+
+def mark_sent_and_claim(conn: AnyConn, message_id: int, attempt: int, worker: str, *,
+                        receipt: dict[str, Any] | None = None, batch: int = 1,
+                        channels: Sequence[str] | None = None,
+                        lease: dt.timedelta | None = None) -> tuple[bool, list[Claimed]]:
+    """Mark ``message_id`` sent under fence ``attempt`` and claim the next messages, in one
+    statement and one commit (see ``pgfence.outbox_mark_sent_and_claim``).
+
+    For a worker that handles one message at a time: the loop is ``claim`` once, then
+    ``mark_sent_and_claim`` after each delivery. ``worker``, ``batch`` (1..10000), ``channels``
+    and ``lease`` (None = each channel's lease) are as in :func:`claim`.
+
+    Returns ``(sent, claimed)``: ``sent`` is False for a stale claim (a lost race, nothing
+    changed); ``claimed`` is oldest-due first and empty when nothing is due.
+
+    Raises:
+        InvalidArgument (22004, 22023), NotFound (P0002: unknown id; then nothing is claimed).
+    """
+    with _sqlstate(), conn.cursor(row_factory=tuple_row) as cur:
+        rows = cur.execute(SQL_MARK_SENT_AND_CLAIM, (
+            message_id, attempt, Jsonb(receipt) if receipt is not None else None, worker, batch,
+            list(channels) if channels else None, lease)).fetchall()
+    # The function returns one row even when nothing was claimed (id NULL), for ``sent``.
+    return bool(rows[0][-1]), [Claimed(*r[:-1]) for r in rows if r[0] is not None]
 
 
 def mark_failed(conn: AnyConn, message_id: int, attempt: int, error: str, *,

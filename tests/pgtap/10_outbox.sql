@@ -2,7 +2,7 @@
 -- documented SQLSTATE. Concurrency cells use real second sessions (dblink, see helpers/).
 BEGIN;
 \ir helpers/setup.sql
-SELECT plan(151);
+SELECT plan(166);
 
 -- =============================================================================================
 -- Catalog: signatures, definer, volatility, privileges
@@ -239,6 +239,44 @@ SELECT is(
 SELECT is((SELECT status FROM pgfence.outbox WHERE id = (SELECT min(id) FROM batch)), 'processing', 'the stale element is untouched');
 SELECT throws_ok($$SELECT * FROM pgfence.outbox_mark_sent_many(ARRAY[1,2]::bigint[], ARRAY[1]::int[])$$, '22023', NULL, 'mark_sent_many: length mismatch is 22023');
 SELECT throws_ok($$SELECT * FROM pgfence.outbox_mark_sent_many(ARRAY[-5]::bigint[], ARRAY[1]::int[])$$, 'P0002', NULL, 'mark_sent_many: unknown id is P0002');
+
+-- =============================================================================================
+-- mark_sent_and_claim: settle one message and claim the next in one statement
+-- =============================================================================================
+SELECT has_function('pgfence', 'outbox_mark_sent_and_claim', ARRAY['bigint','integer','jsonb','text','integer','text[]','interval'], 'outbox_mark_sent_and_claim signature');
+SELECT function_privs_are('pgfence', 'outbox_mark_sent_and_claim', ARRAY['bigint','integer','jsonb','text','integer','text[]','interval'], 'pgfence_executor', ARRAY['EXECUTE'], 'executor may mark-and-claim');
+SELECT function_privs_are('pgfence', 'outbox_mark_sent_and_claim', ARRAY['bigint','integer','jsonb','text','integer','text[]','interval'], 'pgfence_client', ARRAY[]::text[], 'client may not mark-and-claim');
+INSERT INTO ids SELECT 'msc' || g, pgfence.outbox_enqueue('tap-msc', 'r', jsonb_build_object('g', g), NULL, now() - (10 - g) * interval '1 second') FROM generate_series(1, 4) g;
+SELECT is((SELECT id FROM pgfence.outbox_claim('tap-w5', 1, ARRAY['tap-msc'])), (SELECT id FROM ids WHERE name = 'msc1'), 'mark_sent_and_claim: the loop starts with a plain claim');
+SELECT results_eq(
+  $$SELECT id, attempt, previous_sent FROM pgfence.outbox_mark_sent_and_claim((SELECT id FROM ids WHERE name = 'msc1'), 1, '{"http": 200}', 'tap-w5', 1, ARRAY['tap-msc'])$$,
+  $$SELECT id, 1, true FROM ids WHERE name = 'msc2'$$,
+  'mark_sent_and_claim: marks msc1 (previous_sent true) and claims the next due, msc2');
+SELECT results_eq(
+  $$SELECT name, status, receipt, locked_by FROM ids JOIN pgfence.outbox USING (id) WHERE name IN ('msc1', 'msc2') ORDER BY name$$,
+  $$VALUES ('msc1'::text, 'sent'::text, '{"http": 200}'::jsonb, NULL::text), ('msc2', 'processing', NULL, 'tap-w5')$$,
+  'mark_sent_and_claim: msc1 sent with its receipt, msc2 owned by the worker, both in one statement');
+SELECT results_eq(
+  $$SELECT id, previous_sent FROM pgfence.outbox_mark_sent_and_claim((SELECT id FROM ids WHERE name = 'msc1'), 1, '{"http": 500}', 'tap-w5', 2, ARRAY['tap-msc'])$$,
+  $$SELECT id, false FROM ids WHERE name IN ('msc3', 'msc4') ORDER BY name$$,
+  'mark_sent_and_claim: a stale mark (already sent) is a lost race, previous_sent false, and the claim (batch 2) still happens in due order');
+SELECT is((SELECT receipt FROM pgfence.outbox WHERE id = (SELECT id FROM ids WHERE name = 'msc1')), '{"http": 200}'::jsonb, 'mark_sent_and_claim: the stale mark changed nothing');
+SELECT results_eq(
+  $$SELECT id IS NULL, attempt IS NULL, previous_sent FROM pgfence.outbox_mark_sent_and_claim((SELECT id FROM ids WHERE name = 'msc2'), 1, NULL, 'tap-w5', 1, ARRAY['tap-msc'])$$,
+  $$VALUES (true, true, true)$$,
+  'mark_sent_and_claim: nothing due -> exactly one row, claim columns NULL, carrying previous_sent');
+SELECT results_eq(
+  $$SELECT id IS NULL, previous_sent FROM pgfence.outbox_mark_sent_and_claim((SELECT id FROM ids WHERE name = 'msc3'), 99, NULL, 'tap-w5', 1, ARRAY['tap-msc'])$$,
+  $$VALUES (true, false)$$,
+  'mark_sent_and_claim: a wrong fence and nothing due -> one row, previous_sent false');
+SELECT is((SELECT status FROM pgfence.outbox WHERE id = (SELECT id FROM ids WHERE name = 'msc3')), 'processing', 'mark_sent_and_claim: the wrongly fenced message is untouched');
+INSERT INTO ids SELECT 'msc5', pgfence.outbox_enqueue('tap-msc', 'r', '{}');
+SELECT throws_ok($$SELECT * FROM pgfence.outbox_mark_sent_and_claim(-1, 1, NULL, 'tap-w5', 1, ARRAY['tap-msc'])$$, 'P0002', NULL, 'mark_sent_and_claim: unknown id is P0002');
+SELECT throws_ok($$SELECT * FROM pgfence.outbox_mark_sent_and_claim((SELECT id FROM ids WHERE name = 'msc3'), NULL, NULL, 'tap-w5')$$, '22004', NULL, 'mark_sent_and_claim: attempt NULL is 22004');
+SELECT throws_ok($$SELECT * FROM pgfence.outbox_mark_sent_and_claim((SELECT id FROM ids WHERE name = 'msc3'), 1, NULL, 'tap-w5', 0, ARRAY['tap-msc'])$$, '22023', NULL, 'mark_sent_and_claim: batch 0 is 22023 (from the claim)');
+SELECT results_eq($$SELECT name, status FROM ids JOIN pgfence.outbox USING (id) WHERE name IN ('msc3', 'msc5') ORDER BY name$$,
+  $$VALUES ('msc3'::text, 'processing'::text), ('msc5', 'pending')$$,
+  'mark_sent_and_claim: after an error nothing is half-done (msc3 not marked by the failed call, msc5 not claimed)');
 
 -- =============================================================================================
 -- Time zone independence: enqueue in Asia/Kolkata, claim in UTC

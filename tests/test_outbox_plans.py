@@ -1,0 +1,104 @@
+"""The plans the outbox functions really run, read with auto_explain (nested statements).
+
+The hot functions keep one generic plan per session (plan_cache_mode = force_generic_plan), so a
+plan chosen under unlucky statistics is kept for the life of an executor. These tests call the
+real functions under the two statistics states that once produced bad plans — a table analysed
+while empty, and one analysed with two channels and nothing processing — and check every scan of
+``pgfence.outbox`` inside them: lookups by id use the primary key, one-channel walks
+``outbox_channel_due_idx`` (never the all-channels index, which would read other channels'
+backlogs), all-channels walks ``outbox_due_idx``, the reaper ``outbox_lease_idx``; nothing is a
+sequential scan.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+import pytest
+
+PK, CHANNEL_DUE, DUE, LEASE = ("outbox_pkey", "outbox_channel_due_idx", "outbox_due_idx",
+                               "outbox_lease_idx")
+
+
+def _scans(node: dict[str, Any]) -> Iterator[str]:
+    if node.get("Relation Name") == "outbox" and node["Node Type"].endswith("Scan"):
+        yield node.get("Index Name") or node["Node Type"]
+    for child in node.get("Plans", []):
+        yield from _scans(child)
+
+
+class Plans:
+    """Collects, per call, the scans of pgfence.outbox in every nested statement's plan."""
+
+    def __init__(self, conn: psycopg.Connection[Any]) -> None:
+        self.conn = conn
+        self.notices: list[str] = []
+        conn.add_notice_handler(lambda d: self.notices.append(d.message_primary or ""))
+        try:
+            conn.execute("LOAD 'auto_explain'")
+        except psycopg.errors.InsufficientPrivilege:
+            pytest.skip("LOAD 'auto_explain' needs a superuser connection")
+        for setting in ("auto_explain.log_min_duration = 0", "auto_explain.log_nested_statements = on",
+                        "auto_explain.log_level = notice", "auto_explain.log_format = json"):
+            conn.execute(f"SET {setting}")
+
+    def scans(self, query: str, params: tuple[Any, ...] = ()) -> tuple[list[Any], set[str]]:
+        self.notices.clear()
+        rows = self.conn.execute(query, params).fetchall()
+        found: set[str] = set()
+        for message in self.notices:
+            if "plan:" in message:
+                plan = json.loads(message.split("plan:", 1)[1])
+                found.update(_scans(plan["Plan"]))
+        return rows, found
+
+
+def _fill(conn: psycopg.Connection[Any], analyze: bool) -> None:
+    conn.execute("SELECT pgfence.outbox_configure_channel('busy', p_lease => '1 hour')")
+    conn.execute("VACUUM ANALYZE pgfence.outbox")  # statistics of an empty table
+    conn.execute("SELECT count(*) FROM pgfence.outbox_enqueue_many('busy', array_fill('r'::text,"
+                 " ARRAY[3000]), array_fill('{}'::jsonb, ARRAY[3000]))")
+    conn.execute("SELECT count(*) FROM pgfence.outbox_enqueue_many('mine', array_fill('r'::text,"
+                 " ARRAY[1000]), array_fill('{}'::jsonb, ARRAY[1000]))")
+    if analyze:
+        conn.execute("ANALYZE pgfence.outbox")  # two channels, nothing processing
+
+
+@pytest.mark.parametrize("analyze", [False, True], ids=["stats-of-empty-table", "analyzed"])
+def test_every_outbox_statement_uses_its_index(conn: psycopg.Connection[Any], analyze: bool) -> None:
+    _fill(conn, analyze)
+    plans = Plans(conn)
+
+    rows, scans = plans.scans("SELECT id, attempt FROM pgfence.outbox_claim('w', 1, '{mine}')")
+    assert scans == {CHANNEL_DUE, PK}, "one-channel claim: walk the channel's due index, update by id"
+    (mid, attempt), = rows
+    _, scans = plans.scans("SELECT pgfence.outbox_mark_sent(%s, %s)", (mid, attempt))
+    assert scans == {PK}
+
+    rows, scans = plans.scans("SELECT id, attempt FROM pgfence.outbox_claim('w', 2, '{mine,none}')")
+    assert scans == {CHANNEL_DUE, PK}, "several channels: one walk per channel"
+    (m1, a1), (m2, a2) = rows
+    _, scans = plans.scans("SELECT * FROM pgfence.outbox_mark_sent_many(%s, %s)", ([m1], [a1]))
+    assert scans == {PK}
+    _, scans = plans.scans("SELECT pgfence.outbox_mark_failed(%s, %s, 'x')", (m2, a2))
+    assert scans == {PK}
+
+    rows, scans = plans.scans("SELECT id, attempt FROM pgfence.outbox_mark_sent_and_claim("
+                              "%s, %s, NULL, 'w', 1, '{mine}')", (m1, a1))
+    assert scans == {CHANNEL_DUE, PK}
+
+    rows, scans = plans.scans("SELECT id, attempt FROM pgfence.outbox_claim('w', 1)")
+    assert scans == {DUE, PK}, "all channels: the all-channels due index"
+
+    _, scans = plans.scans("SELECT pgfence.outbox_next_due('{mine}')")
+    assert scans == {CHANNEL_DUE}
+    _, scans = plans.scans("SELECT pgfence.outbox_next_due()")
+    assert scans == {DUE}
+
+    conn.execute("UPDATE pgfence.outbox SET lease_expires_at = now() - interval '1 second'"
+                 " WHERE status = 'processing'")
+    _, scans = plans.scans("SELECT pgfence.outbox_reclaim_stale()")
+    assert scans == {LEASE, PK}, "the reaper walks lapsed leases, then updates by id"
