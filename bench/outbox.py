@@ -285,7 +285,7 @@ def _pcts(samples_ms: list[float]) -> dict[str, float]:
             "samples": len(samples_ms)}
 
 
-def latency_executor(dsn: str, samples: int = 300) -> dict[str, Any]:
+def latency_executor(dsn: str, samples: int = 1000) -> dict[str, Any]:
     """Commit one message at a time to an idle executor whose handler stamps its start time."""
     _reset(dsn)
     env = dict(os.environ, PYTHONPATH=str(HERE))
@@ -343,7 +343,7 @@ def _textbook_latency_worker(dsn: str, stop_at: float) -> None:
                 pass
 
 
-def latency_textbook(dsn: str, samples: int = 300) -> dict[str, Any]:
+def latency_textbook(dsn: str, samples: int = 1000) -> dict[str, Any]:
     """The same measurement for a textbook loop woken by its own LISTEN."""
     _reset(dsn)
     ctx = mp.get_context("spawn")
