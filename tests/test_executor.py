@@ -184,8 +184,6 @@ def test_eight_claimers_two_thousand_messages(db: str, conn: psycopg.Connection,
                                               tmp_path: Path) -> None:
     outbox.configure_channel(conn, "bulk", log_events=True)
     n = 2000
-    ids = outbox.enqueue_many(conn, "bulk", [f"r{i}" for i in range(n)],
-                              [{"i": i} for i in range(n)])
     deadlocks_before = scalar(db, "SELECT deadlocks FROM pg_stat_database WHERE datname = current_database()")
     record = tmp_path / "deliveries.txt"
     procs = [Proc(db, ["--route", "bulk=python:handlers:record", "--batch", "20",
@@ -196,6 +194,11 @@ def test_eight_claimers_two_thousand_messages(db: str, conn: psycopg.Connection,
         wait_for(lambda: scalar(db, "SELECT count(*) FROM pg_stat_activity"
                                     " WHERE application_name LIKE 'pgfence-listener:%%'") == 8,
                  60, "all 8 executors listening")
+        # enqueued only now, in 20 commits (20 NOTIFYs): every executor is awake to compete;
+        # enqueued before they start, the first one up drained the queue alone
+        ids = [mid for k in range(0, n, 100)
+               for mid in outbox.enqueue_many(conn, "bulk", [f"r{i}" for i in range(k, k + 100)],
+                                              [{"i": i} for i in range(k, k + 100)])]
         wait_for(lambda: scalar(db, "SELECT count(*) FROM pgfence.outbox_list('bulk', 'sent', 10000)") == n,
                  180, "all 2,000 messages sent")
     finally:
