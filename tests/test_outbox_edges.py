@@ -1,10 +1,14 @@
-"""Edge cases of the outbox API found in review."""
+"""Edge cases of the outbox API found in review: an empty channel list, an unbounded lease."""
 
 from __future__ import annotations
 
+import datetime as dt
+
 import psycopg
+import pytest
 
 from pgfence import outbox
+from pgfence.errors import InvalidArgument
 
 
 # ---------------------------------------------------------------------------------------------
@@ -22,3 +26,23 @@ def test_an_empty_channel_list_claims_nothing(conn: psycopg.Connection) -> None:
                                                channels=[])
     assert (sent, claimed) == (True, [])
     assert outbox.get(conn, other)["status"] == "pending", "another channel's message was not taken"
+
+
+# ---------------------------------------------------------------------------------------------
+# A lease is bounded like a channel's lease (1 day): 22023, never 22008, and nothing half-done
+# ---------------------------------------------------------------------------------------------
+def test_a_lease_longer_than_a_day_is_refused_and_the_settle_marks_nothing(
+        conn: psycopg.Connection) -> None:
+    ids = outbox.enqueue_many(conn, "edge-lease", ["r", "r"], [{}, {}])
+    [held] = outbox.claim(conn, "w", channels=["edge-lease"])
+    huge = dt.timedelta(days=365 * 300_000)  # now() + this overflows a timestamp
+    for lease in (dt.timedelta(days=1, seconds=1), huge):
+        with pytest.raises(InvalidArgument):
+            outbox.claim(conn, "w", channels=["edge-lease"], lease=lease)
+        with pytest.raises(InvalidArgument):
+            outbox.mark_sent_and_claim(conn, held.id, held.attempt, "w", channels=["edge-lease"],
+                                       lease=lease)
+    assert outbox.get(conn, held.id)["status"] == "processing", "the failed settle marked nothing"
+    assert outbox.get(conn, ids[1])["status"] == "pending"
+    [nxt] = outbox.claim(conn, "w", channels=["edge-lease"], lease=dt.timedelta(days=1))
+    assert nxt.id == ids[1] and nxt.lease <= dt.timedelta(days=1)
