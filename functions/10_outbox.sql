@@ -446,8 +446,10 @@ BEGIN
     RAISE EXCEPTION 'outbox: worker must be a non-empty name of at most 200 characters'
       USING ERRCODE = '22023', HINT = 'Use something an operator can trace, e.g. host:pid.';
   END IF;
-  IF p_lease IS NOT NULL AND p_lease <= interval '0' THEN
-    RAISE EXCEPTION 'outbox: lease must be positive, got %', p_lease
+  -- bounded like a channel's lease (outbox_channel): now() + lease can never overflow (22008),
+  -- and a crashed worker's claim is taken back within a day
+  IF p_lease IS NOT NULL AND (p_lease <= interval '0' OR p_lease > interval '1 day') THEN
+    RAISE EXCEPTION 'outbox: lease must be positive and at most 1 day, got %', p_lease
       USING ERRCODE = '22023', HINT = 'Pass NULL for the channel''s lease, or e.g. interval ''5 minutes''.';
   END IF;
   IF p_batch IS NULL OR p_batch NOT BETWEEN 1 AND 10000 THEN
@@ -543,7 +545,7 @@ $$;
 REVOKE ALL ON FUNCTION pgfence.outbox_claim(text, integer, text[], interval) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION pgfence.outbox_claim(text, integer, text[], interval) TO pgfence_executor, pgfence_admin;
 COMMENT ON FUNCTION pgfence.outbox_claim(text, integer, text[], interval) IS
-  'Claim up to p_batch due messages (oldest due time first, then id) with FOR UPDATE SKIP LOCKED, so concurrent claimers never get the same row. Each claim bumps attempts and returns it as attempt: the fence token for outbox_mark_sent / outbox_mark_failed. The lease runs from now() (database clock) for p_lease, or the channel''s lease when NULL. p_channels NULL = all channels. Errors: 22023 (empty worker, batch outside 1..10000, lease <= 0).';
+  'Claim up to p_batch due messages (oldest due time first, then id) with FOR UPDATE SKIP LOCKED, so concurrent claimers never get the same row. Each claim bumps attempts and returns it as attempt: the fence token for outbox_mark_sent / outbox_mark_failed. The lease runs from now() (database clock) for p_lease, or the channel''s lease when NULL. p_channels NULL = all channels. Errors: 22023 (empty worker, batch outside 1..10000, lease not in (0, 1 day]).';
 
 CREATE OR REPLACE FUNCTION pgfence.outbox_next_due(p_channels text[] DEFAULT NULL)
 RETURNS interval
@@ -717,7 +719,7 @@ REVOKE ALL ON FUNCTION pgfence.outbox_mark_sent_and_claim(bigint, integer, jsonb
 GRANT EXECUTE ON FUNCTION pgfence.outbox_mark_sent_and_claim(bigint, integer, jsonb, text, integer, text[], interval)
   TO pgfence_executor, pgfence_admin;
 COMMENT ON FUNCTION pgfence.outbox_mark_sent_and_claim(bigint, integer, jsonb, text, integer, text[], interval) IS
-  'For a worker that handles one message at a time: outbox_mark_sent(p_id, p_attempt, p_receipt) and then outbox_claim(p_worker, p_batch, p_channels, p_lease) in one transaction, so a message costs one round trip and one commit instead of two. The mark is fenced and the claim locks with SKIP LOCKED exactly as in those functions. Returns the claimed messages (same columns as outbox_claim) with previous_sent = the mark''s outcome (true: this call moved p_id to sent; false: a stale claim, a lost race, nothing changed). When nothing is due it returns one row whose id and other claim columns are NULL, carrying only previous_sent. Errors: those of outbox_mark_sent (22004, P0002: then nothing is claimed) and of outbox_claim (22023).';
+  'For a worker that handles one message at a time: outbox_mark_sent(p_id, p_attempt, p_receipt) and then outbox_claim(p_worker, p_batch, p_channels, p_lease) in one transaction, so a message costs one round trip and one commit instead of two. The mark is fenced and the claim locks with SKIP LOCKED exactly as in those functions. Returns the claimed messages (same columns as outbox_claim) with previous_sent = the mark''s outcome (true: this call moved p_id to sent; false: a stale claim, a lost race, nothing changed). When nothing is due it returns one row whose id and other claim columns are NULL, carrying only previous_sent. Errors: those of outbox_mark_sent (22004, P0002: then nothing is claimed) and of outbox_claim (22023: then nothing is marked either; the whole call rolls back).';
 
 CREATE OR REPLACE FUNCTION pgfence.outbox_mark_failed(
   p_id          bigint,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import subprocess
@@ -12,6 +13,8 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+
+from pgfence.executor import Executor, ExecutorConfig, Module
 
 TESTS = Path(__file__).resolve().parent
 
@@ -74,3 +77,19 @@ def scalar(dsn: str, query: str, params: Sequence[Any] = ()) -> Any:
     with psycopg.connect(dsn, autocommit=True) as conn:
         row = conn.execute(query, params).fetchone()
     return None if row is None else row[0]
+
+
+async def executor_until(db: str, module: Module, done: Callable[[], bool], *,
+                         reap_interval: float = 0.5, timeout: float = 30.0) -> None:
+    """Run an in-process executor serving ``module`` until ``done()`` (checked every 50 ms), then
+    stop it and wait for it to finish; fails after ``timeout`` seconds."""
+    executor = Executor(db, [module], ExecutorConfig(poll_interval=0.2,
+                                                     reap_interval=reap_interval, grace=5.0))
+    task = asyncio.create_task(executor.run())
+    try:
+        async with asyncio.timeout(timeout):
+            while not done():
+                await asyncio.sleep(0.05)
+    finally:
+        executor.stop()
+        await asyncio.wait_for(task, 10)

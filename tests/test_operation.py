@@ -20,11 +20,11 @@ from click.testing import CliRunner
 from pgfence import operation as op_api
 from pgfence.cli import main as cli_main
 from pgfence.errors import IdempotencyKeyReused, Immutable, InvalidArgument, NotFound
-from pgfence.executor import Executor, ExecutorConfig
 from pgfence.operation import NotIssued, TargetBusy
 from pgfence.operation.handlers import ExternalState, SimulatorHandler, parse_handler
 from pgfence.operation.module import OperationModule
 from pgfence.operation.simulator import Simulator, serve
+from support import executor_until
 
 KIND = "test.reset"
 
@@ -147,16 +147,7 @@ def test_simulator_modes_and_counters() -> None:
 async def _executor_until(db: str, handler: SimulatorHandler, done: Callable[[], bool], *,
                           lease: float = 3.0, timeout: float = 30.0) -> OperationModule:
     module = OperationModule({KIND: handler}, lease=dt.timedelta(seconds=lease), margin=0.5)
-    executor = Executor(db, [module], ExecutorConfig(poll_interval=0.2, reap_interval=0.5,
-                                                     grace=5.0))
-    task = asyncio.create_task(executor.run())
-    try:
-        async with asyncio.timeout(timeout):
-            while not done():
-                await asyncio.sleep(0.05)
-    finally:
-        executor.stop()
-        await asyncio.wait_for(task, 10)
+    await executor_until(db, module, done, timeout=timeout)
     return module
 
 

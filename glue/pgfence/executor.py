@@ -467,18 +467,23 @@ class OutboxModule(Module):
         retryable = True
         retry_after: dt.timedelta | None = None
         receipt: dict[str, Any] | None = None
+        # asyncio.timeout, not wait_for: no extra task before the handler starts
+        deadline_cm = asyncio.timeout(budget)
         try:
             if transport is None:
                 raise PermanentError(f"no route for channel {message.channel!r}")
-            async with asyncio.timeout(budget):  # no extra task before the handler starts
+            async with deadline_cm:
                 raw = await transport.deliver(message)
             receipt = _storable(raw, message)
         except RetryableError as exc:
             error, retry_after = str(exc), exc.retry_after
         except PermanentError as exc:
             error, retryable = str(exc), False
-        except TimeoutError:
-            error = f"delivery timed out after {budget:.1f}s (lease {message.lease})"
+        except TimeoutError as exc:
+            if deadline_cm.expired():
+                error = f"delivery timed out after {budget:.1f}s (lease {message.lease})"
+            else:  # the transport's own timeout (a socket, an upstream): its message, retryable
+                error = f"{type(exc).__name__}: {exc}"
         except asyncio.CancelledError:
             logger.warning("outbox#%d attempt %d abandoned at shutdown; its lease will lapse",
                            message.id, message.attempt)

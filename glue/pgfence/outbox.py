@@ -142,10 +142,14 @@ def claim(conn: AnyConn, worker: str, batch: int = 1, channels: Sequence[str] | 
           lease: dt.timedelta | None = None) -> list[Claimed]:
     """Claim up to ``batch`` due messages for ``worker`` (see ``pgfence.outbox_claim``).
 
-    ``lease`` None = each channel's configured lease. Returns oldest-due first.
+    ``channels``: None = every channel; an empty list claims nothing (as in SQL). ``lease``
+    (at most 1 day) None = each channel's configured lease. Returns oldest-due first.
+
+    Raises:
+        InvalidArgument (22023): empty worker, batch outside 1..10000, lease not in (0, 1 day].
     """
     with _sqlstate(), conn.cursor(row_factory=class_row(Claimed)) as cur:
-        cur.execute(SQL_CLAIM, (worker, batch, list(channels) if channels else None, lease))
+        cur.execute(SQL_CLAIM, (worker, batch, list(channels) if channels is not None else None, lease))
         return cur.fetchall()
 
 
@@ -175,12 +179,13 @@ def mark_sent_and_claim(conn: AnyConn, message_id: int, attempt: int, worker: st
     changed); ``claimed`` is oldest-due first and empty when nothing is due.
 
     Raises:
-        InvalidArgument (22004, 22023), NotFound (P0002: unknown id; then nothing is claimed).
+        InvalidArgument (22004, 22023; then nothing is marked either), NotFound (P0002: unknown
+        id; then nothing is claimed).
     """
     with _sqlstate(), conn.cursor(row_factory=tuple_row) as cur:
         rows = cur.execute(SQL_MARK_SENT_AND_CLAIM, (
             message_id, attempt, Jsonb(receipt) if receipt is not None else None, worker, batch,
-            list(channels) if channels else None, lease)).fetchall()
+            list(channels) if channels is not None else None, lease)).fetchall()
     # The function returns one row even when nothing was claimed (id NULL), for ``sent``.
     return bool(rows[0][-1]), [Claimed(*r[:-1]) for r in rows if r[0] is not None]
 

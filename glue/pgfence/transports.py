@@ -30,6 +30,7 @@ Routes map channels to transports; :func:`parse_route` reads the CLI / config sp
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime as dt
 import email.utils
 import hashlib
@@ -306,12 +307,16 @@ class CallableTransport:
         fut: asyncio.Future[Receipt] = loop.create_future()
 
         def work() -> None:
+            out: Any = None
+            err: BaseException | None = None
             try:
                 out = self.func(message)
             except BaseException as exc:  # handed to the awaiting task, not lost in the thread
-                loop.call_soon_threadsafe(_settle, fut, None, exc)
-            else:
-                loop.call_soon_threadsafe(_settle, fut, out, None)  # type: ignore[arg-type]
+                err = exc
+            # A closed loop: the handler outlived the executor (timed out, then shutdown); no
+            # task awaits the outcome any more, and the thread must not die with a traceback.
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(_settle, fut, out, err)
 
         threading.Thread(target=work, name=f"pgfence-handler-{message.id}", daemon=True).start()
         out = await fut

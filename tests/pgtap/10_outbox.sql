@@ -2,7 +2,7 @@
 -- documented SQLSTATE. Concurrency cells use real second sessions (dblink, see helpers/).
 BEGIN;
 \ir helpers/setup.sql
-SELECT plan(166);
+SELECT plan(167);
 
 -- =============================================================================================
 -- Catalog: signatures, definer, volatility, privileges
@@ -125,6 +125,7 @@ SELECT is(pgfence.outbox_next_due(ARRAY['tap-nothing']), NULL, 'outbox_next_due 
 SELECT throws_ok($$SELECT * FROM pgfence.outbox_claim('', 1)$$, '22023', NULL, 'claim: empty worker is 22023');
 SELECT throws_ok($$SELECT * FROM pgfence.outbox_claim('w', 0)$$, '22023', NULL, 'claim: batch 0 is 22023');
 SELECT throws_ok($$SELECT * FROM pgfence.outbox_claim('w', 1, NULL, interval '-1 second')$$, '22023', NULL, 'claim: negative lease is 22023');
+SELECT throws_ok($$SELECT * FROM pgfence.outbox_claim('w', 1, NULL, interval '1 day 1 second')$$, '22023', NULL, 'claim: a lease beyond 1 day is 22023 (as for a channel; never a 22008 overflow)');
 
 -- =============================================================================================
 -- Fence: mark_sent / mark_failed with a stale attempt change nothing

@@ -53,8 +53,8 @@ def _operation_module(specs: dict[str, str], lease_s: float) -> Module:
               "without NOTIFY [5].")
 @click.option("--reap-interval", "--reclaim-interval", "reap_interval", type=click.FloatRange(0.01),
               help="Run the reapers every N seconds [10].")
-@click.option("--lease", type=click.FloatRange(0.1), help="Claim lease in seconds; default: "
-              "each channel's configured lease.")
+@click.option("--lease", type=click.FloatRange(0.1, 86400), help="Claim lease in seconds (at "
+              "most 1 day); default: each channel's configured lease.")
 @click.option("--grace", type=click.FloatRange(0), help="Seconds in-flight work may take after "
               "SIGTERM [30].")
 @click.option("--worker-id", help="Name to claim under [host:pid:random].")

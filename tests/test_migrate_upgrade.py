@@ -1,0 +1,79 @@
+"""Upgrade path: a database at schema 6 holding messages in every state is migrated to the
+current schema (0007 rebuilds ``outbox_due_idx`` with ``attempts < max_attempts``); nothing
+pending is lost to the new predicate, and a second ``migrate`` is a no-op."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import psycopg
+from yoyo import get_backend, read_migrations
+
+from pgfence import SCHEMA_VERSION, outbox
+from pgfence.migrate import apply_functions, migrate, yoyo_uri
+from pgfence.paths import migrations_dir
+from test_migrate import fingerprint
+
+INDEXES = """
+SELECT string_agg(indexdef, E'\\n' ORDER BY indexname) FROM pg_indexes WHERE schemaname = 'pgfence'
+"""
+
+
+def _migrate_to(dsn: str, last: str) -> None:
+    """Apply the migrations up to and including ``last`` (as an older pgfence would have)."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("CREATE SCHEMA IF NOT EXISTS pgfence")
+        backend = get_backend(yoyo_uri(dsn), migration_table="_yoyo_migration")
+        try:
+            every = read_migrations(str(migrations_dir()))
+            wanted = every.filter(lambda m: m.id <= last)
+            with backend.lock():
+                backend.apply_migrations(backend.to_apply(wanted))
+        finally:
+            backend.connection.close()
+        apply_functions(conn)
+
+
+def test_schema_6_with_messages_upgrades_and_every_pending_message_stays_claimable(
+        empty_db: str, db: str) -> None:
+    _migrate_to(empty_db, "0006_audit")
+    with psycopg.connect(empty_db, autocommit=True) as conn:
+        assert conn.execute("SELECT pgfence.schema_version()").fetchone() == (6,)
+        outbox.configure_channel(conn, "up-b", max_attempts=2)
+        due = outbox.enqueue_many(conn, "up-a", ["r"] * 3, [{"i": i} for i in range(3)])
+        due += outbox.enqueue_many(conn, "up-b", ["r"] * 2, [{"i": i} for i in range(2)])
+        [[in_an_hour]] = conn.execute("SELECT now() + interval '1 hour'").fetchall()
+        outbox.enqueue(conn, "up-a", "r", {"later": True}, deliver_at=in_an_hour)
+        # a message retried once (attempts 1 of 2) and made due again by an operator
+        [retried] = outbox.claim(conn, "old-w", channels=["up-b"])
+        assert outbox.mark_failed(conn, retried.id, retried.attempt, "HTTP 503") == "pending"
+        assert outbox.requeue(conn, retried.id) is True
+        # one in flight, one sent, one dead (no attempts left)
+        [held] = outbox.claim(conn, "old-w", channels=["up-b"])
+        [done] = outbox.claim(conn, "old-w", channels=["up-a"])
+        assert outbox.mark_sent(conn, done.id, done.attempt) is True
+        [dead] = outbox.claim(conn, "old-w", channels=["up-b"])
+        assert dead.id == retried.id and dead.attempt == 2
+        assert outbox.mark_failed(conn, dead.id, dead.attempt, "HTTP 503") == "dead"
+
+    result = migrate(empty_db)
+    assert result.applied == ["0007_outbox_due_index"]
+    assert result.schema_version == SCHEMA_VERSION
+
+    with psycopg.connect(empty_db, autocommit=True) as conn:
+        pending = {r[0] for r in conn.execute(
+            "SELECT id FROM pgfence.outbox WHERE status = 'pending' AND next_attempt_at <= now()")}
+        assert pending == set(due) - {held.id, done.id, retried.id}
+        assert conn.execute("SELECT pgfence.outbox_next_due()").fetchone() == (dt.timedelta(0),)
+        claimed = outbox.claim(conn, "new-w", batch=100)  # all channels: outbox_due_idx
+        assert {m.id for m in claimed} == pending, "the all-channels claim sees every due message"
+        states = dict(conn.execute("SELECT status, count(*) FROM pgfence.outbox GROUP BY status"))
+        assert states == {"processing": len(pending) + 1, "sent": 1, "dead": 1, "pending": 1}
+
+    before = fingerprint(empty_db)
+    again = migrate(empty_db)
+    assert again.applied == []
+    assert fingerprint(empty_db) == before
+    # an upgraded database has the same indexes (definitions, predicates) as a fresh one
+    with psycopg.connect(empty_db) as up, psycopg.connect(db) as fresh:
+        assert up.execute(INDEXES).fetchone() == fresh.execute(INDEXES).fetchone()
