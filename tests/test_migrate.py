@@ -92,29 +92,3 @@ def test_glue_refuses_an_older_schema(db: str) -> None:
     with pytest.raises(SchemaMismatch, match="run `pgfence migrate`"):
         connect(db)
 
-
-def test_upgrade_from_version_6_with_messages_in_flight(empty_db: str, db: str) -> None:
-    """0007 rebuilds outbox_due_idx (CONCURRENTLY, outside a transaction) on a database that
-    already holds messages; the result is the catalog of a fresh install, and nothing pending
-    is skipped by the claims."""
-    migrate(empty_db)
-    with psycopg.connect(empty_db, autocommit=True) as conn:
-        # put the database back to version 6: the old index, 0007 not recorded
-        conn.execute("DROP INDEX pgfence.outbox_due_idx")
-        conn.execute("CREATE INDEX outbox_due_idx ON pgfence.outbox (next_attempt_at, id)"
-                     " WHERE status = 'pending'")
-        conn.execute("DELETE FROM pgfence._yoyo_migration WHERE migration_id = '0007_outbox_due_index'")
-        conn.execute("UPDATE pgfence.meta SET schema_version = 6")
-        conn.execute("SELECT count(*) FROM pgfence.outbox_enqueue_many('up', array_fill('r'::text,"
-                     " ARRAY[50]), array_fill('{}'::jsonb, ARRAY[50]))")
-        conn.execute("SELECT count(*) FROM pgfence.outbox_claim('old-worker', 10, '{up}')")
-    result = migrate(empty_db)
-    assert result.applied == ["0007_outbox_due_index"]
-    assert result.schema_version == SCHEMA_VERSION
-    assert fingerprint(empty_db) == fingerprint(db), "an upgraded catalog equals a fresh one"
-    index_defs = ("SELECT string_agg(pg_get_indexdef(i.indexrelid) || i.indisvalid::text, ';'"
-                  " ORDER BY 1) FROM pg_index i WHERE i.indrelid = 'pgfence.outbox'::regclass")
-    with psycopg.connect(empty_db, autocommit=True) as conn, psycopg.connect(db) as fresh:
-        assert conn.execute(index_defs).fetchone() == fresh.execute(index_defs).fetchone()
-        claimed = conn.execute("SELECT count(*) FROM pgfence.outbox_claim('new', 100)").fetchone()
-        assert claimed == (40,), "every pending message is claimable across all channels"

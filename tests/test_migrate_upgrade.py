@@ -7,6 +7,7 @@ from __future__ import annotations
 import datetime as dt
 
 import psycopg
+import pytest
 from yoyo import get_backend, read_migrations
 
 from pgfence import SCHEMA_VERSION, outbox
@@ -77,3 +78,24 @@ def test_schema_6_with_messages_upgrades_and_every_pending_message_stays_claimab
     # an upgraded database has the same indexes (definitions, predicates) as a fresh one
     with psycopg.connect(empty_db) as up, psycopg.connect(db) as fresh:
         assert up.execute(INDEXES).fetchone() == fresh.execute(INDEXES).fetchone()
+
+
+def test_upgrade_stops_on_a_pending_message_with_no_attempt_left(empty_db: str) -> None:
+    """Such a row (written with the triggers bypassed) would be invisible to the all-channels
+    claim under 0007's index predicate: the upgrade refuses, names it, and succeeds once it is
+    repaired as the hint says."""
+    _migrate_to(empty_db, "0006_audit")
+    with psycopg.connect(empty_db, autocommit=True) as conn:
+        [bad] = outbox.enqueue_many(conn, "up-c", ["r"], [{}])
+        with conn.transaction():
+            conn.execute("SET LOCAL session_replication_role = replica")
+            conn.execute("UPDATE pgfence.outbox SET attempts = max_attempts WHERE id = %s", (bad,))
+    with pytest.raises(psycopg.Error) as failed:
+        migrate(empty_db)
+    assert failed.value.sqlstate == "PF001" and str(bad) in str(failed.value)
+    with psycopg.connect(empty_db, autocommit=True) as conn:
+        assert conn.execute("SELECT pgfence.schema_version()").fetchone() == (6,)
+        assert conn.execute("SELECT pgfence.outbox_requeue(%s, 1)", (bad,)).fetchone() == (True,)
+    assert migrate(empty_db).applied == ["0007_outbox_due_index"]
+    with psycopg.connect(empty_db, autocommit=True) as conn:
+        assert [m.id for m in outbox.claim(conn, "w", batch=10)] == [bad]
