@@ -47,6 +47,19 @@
 -- Actions run with search_path = pg_catalog, pgfence, pg_temp: write them with qualified names
 -- or give them their own SET search_path.
 -- Errors: functions/ERRORS.md (PF1xx are this module's).
+--
+-- Plans (tests/test_module_plans.py reads them through auto_explain): a statement that finds a
+-- plan by id and also names its status compares the status with a PL/pgSQL constant
+-- (c_executing, c_pending), in a function pinned to a generic plan (SET plan_cache_mode =
+-- force_generic_plan, enable_seqscan / enable_bitmapscan off, as the outbox's hot functions).
+-- With the literal the planner proves a partial index's predicate (plan_heartbeat_idx: status =
+-- 'executing'; plan_pending_expiry_idx: 'pending'), and statistics taken while few plans were
+-- in that status made every step a scan of every live heartbeat (_plan_step_begin) and every
+-- approval a scan of all pending plans — in custom plans too, where a constant is folded back
+-- into a literal, hence the pin. plan_claim walks one index per status that holds only its
+-- candidates (migration 0008): one OR over both statuses, analysed while many plans were
+-- approved or executing, was planned as a walk of the whole primary key, so that every claim
+-- read the history.
 
 -- ---------------------------------------------------------------------------------------------
 -- Status machine guard
@@ -823,9 +836,13 @@ CREATE OR REPLACE FUNCTION pgfence.plan_approve(p_id bigint, p_by text)
 RETURNS text
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pgfence, pg_temp
+SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
+SET enable_bitmapscan = off
 SET pgfence.actor = ''
 AS $$
 DECLARE
+  c_pending CONSTANT text := 'pending';  -- a parameter: see the header, Plans
   v_status   text;
   v_proposer text;
   v_login    text;
@@ -840,7 +857,7 @@ BEGIN
       approved_by = CASE WHEN p.expires_at > now() THEN p_by END,
       approved_at = CASE WHEN p.expires_at > now() THEN now() END,
       finished_at = CASE WHEN p.expires_at <= now() THEN now() END
-  WHERE p.id = p_id AND p.status = 'pending' AND p.proposed_by <> p_by
+  WHERE p.id = p_id AND p.status = c_pending AND p.proposed_by <> p_by
     AND (v_super OR p.proposed_db_user <> session_user::text)
   RETURNING p.status INTO v_status;
   IF v_status IS NOT NULL THEN
@@ -870,9 +887,13 @@ CREATE OR REPLACE FUNCTION pgfence.plan_reject(p_id bigint, p_by text, p_reason 
 RETURNS boolean
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pgfence, pg_temp
+SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
+SET enable_bitmapscan = off
 SET pgfence.actor = ''
 AS $$
 DECLARE
+  c_pending CONSTANT text := 'pending';  -- a parameter: see the header, Plans
   v_status text;
 BEGIN
   PERFORM pgfence._plan_check_name(p_by, 'rejecter');
@@ -889,7 +910,7 @@ BEGIN
       rejected_at = CASE WHEN p.expires_at > now() THEN now() END,
       reject_reason = CASE WHEN p.expires_at > now() THEN p_reason END,
       finished_at = now()
-  WHERE p.id = p_id AND p.status = 'pending'
+  WHERE p.id = p_id AND p.status = c_pending
   RETURNING p.status INTO v_status;
   IF v_status IS NULL THEN
     PERFORM pgfence._plan_require(p_id);
@@ -952,9 +973,17 @@ CREATE OR REPLACE FUNCTION pgfence.plan_claim(
 RETURNS TABLE (id bigint, next_step integer, step_count integer, next_kind text, heartbeat_interval interval)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pgfence, pg_temp
+SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
+SET enable_bitmapscan = off
 SET pgfence.actor = ''
 AS $$
 #variable_conflict use_column
+DECLARE
+  -- parameters in the UPDATE by id (see the header, Plans); the walks name their status with
+  -- a literal, so that their own partial indexes apply
+  c_approved  CONSTANT text := 'approved';
+  c_executing CONSTANT text := 'executing';
 BEGIN
   PERFORM pgfence._plan_check_name(p_worker, 'worker');
   PERFORM pgfence._plan_check_heartbeat(p_heartbeat);
@@ -963,18 +992,14 @@ BEGIN
       USING ERRCODE = '22023';
   END IF;
   PERFORM pgfence._set_actor(p_worker);
+  -- Two walks in id order, each stopping after p_batch rows that it locks: approved plans
+  -- (plan_approved_idx) and runs released by their owner (plan_released_idx); both indexes
+  -- hold only those (migration 0008). The oldest p_batch of both are taken by primary key (an
+  -- id array keeps even a generic plan on the index); the others are unlocked when this
+  -- transaction ends a moment later. The next step's kind is looked up by key, row by row (an
+  -- EXISTS was planned as a hash of every external step of every plan).
   RETURN QUERY
-  WITH ready AS (
-    SELECT p.id FROM pgfence.plan p
-    WHERE (p.status = 'approved' AND NOT p_external_only)
-       OR (p.status = 'executing' AND p.worker IS NULL AND p.heartbeat_expires_at >= now()
-           AND (NOT p_external_only OR EXISTS (
-                  SELECT 1 FROM pgfence.plan_step s
-                  WHERE s.plan_id = p.id AND s.step_index = p.next_step AND s.kind = 'external')))
-    ORDER BY p.id
-    LIMIT p_batch
-    FOR UPDATE SKIP LOCKED
-  ), taken AS (
+  WITH taken AS (
     UPDATE pgfence.plan p
     SET status = 'executing',
         worker = p_worker,
@@ -982,9 +1007,25 @@ BEGIN
         heartbeat_interval = coalesce(p_heartbeat, p.heartbeat_interval, interval '120 seconds'),
         heartbeat_at = now(),
         heartbeat_expires_at = now() + coalesce(p_heartbeat, p.heartbeat_interval, interval '120 seconds')
-    FROM ready
-    WHERE p.id = ready.id
-      AND (p.status = 'approved' OR (p.status = 'executing' AND p.worker IS NULL AND p.heartbeat_expires_at >= now()))
+    WHERE p.id = ANY (ARRAY(
+            SELECT r.id
+            FROM unnest(
+              ARRAY(SELECT a.id FROM pgfence.plan a
+                    WHERE a.status = 'approved' AND NOT p_external_only
+                    ORDER BY a.id
+                    LIMIT p_batch
+                    FOR UPDATE SKIP LOCKED)
+              || ARRAY(SELECT e.id FROM pgfence.plan e
+                       WHERE e.status = 'executing' AND e.worker IS NULL AND e.heartbeat_expires_at >= now()
+                         AND (NOT p_external_only
+                              OR (SELECT s.kind FROM pgfence.plan_step s
+                                  WHERE s.plan_id = e.id AND s.step_index = e.next_step) = 'external')
+                       ORDER BY e.id
+                       LIMIT p_batch
+                       FOR UPDATE SKIP LOCKED)) AS r(id)
+            ORDER BY r.id
+            LIMIT p_batch))
+      AND (p.status = c_approved OR (p.status = c_executing AND p.worker IS NULL AND p.heartbeat_expires_at >= now()))
     RETURNING p.id, p.next_step, p.step_count,
               (SELECT s.kind FROM pgfence.plan_step s WHERE s.plan_id = p.id AND s.step_index = p.next_step) AS next_kind,
               p.heartbeat_interval
@@ -1068,12 +1109,16 @@ CREATE OR REPLACE FUNCTION pgfence._plan_step_begin(
 )
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pgfence, pg_temp
+SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
+SET enable_bitmapscan = off
 SET pgfence.actor = ''
 AS $$
 #variable_conflict use_column
 DECLARE
   v      pgfence.plan;
   v_step record;
+  c_executing CONSTANT text := 'executing';  -- a parameter: see the header, Plans
 BEGIN
   PERFORM pgfence._plan_check_name(p_worker, 'worker');
   PERFORM pgfence._set_actor(p_worker);
@@ -1090,7 +1135,7 @@ BEGIN
       heartbeat_expires_at = CASE WHEN s.kind = 'external' THEN now() + p.heartbeat_interval
                                   ELSE p.heartbeat_expires_at END
   FROM pgfence.plan_step s
-  WHERE p.id = p_id AND p.status = 'executing' AND p.worker = p_worker AND p.heartbeat_expires_at >= now()
+  WHERE p.id = p_id AND p.status = c_executing AND p.worker = p_worker AND p.heartbeat_expires_at >= now()
     AND s.plan_id = p.id AND s.step_index = p.next_step
   RETURNING p.status, p.next_step, s.action, s.kind, s.args, s.function_md5 INTO v_step;
   IF NOT FOUND THEN

@@ -31,6 +31,15 @@
 -- Fence: `fence` is bumped by every claim; owner writes match `fence = p_fence AND status =
 -- 'running'` under a row lock, so an owner that was replaced changes nothing (NULL / false).
 -- Time: leases from now(), the database clock; JSON timestamps are written in UTC.
+-- Plans (tests/test_module_plans.py reads them through auto_explain): operation_claim and
+-- operation_reap are pinned to one generic plan with index access only (SET plan_cache_mode =
+-- force_generic_plan, enable_seqscan / enable_bitmapscan off, like the outbox's claim), so a
+-- plan made on an empty table is not a sequential scan kept for the executor's life. Their
+-- lapsed-lease walks state lease_expires_at < now() and not the status: a lease is set exactly
+-- while running (CHECK operation_lease_iff_running), operation_lease_idx is on that (migration
+-- 0008), and operation_one_in_flight (status IN ('queued', 'running')) cannot be proven from
+-- it. With status = 'running' it could, and analysed with nothing in flight the planner walked
+-- all of it — every queued and running operation — on every claim.
 -- Errors: functions/ERRORS.md (this module: PF201, PF202).
 
 -- ---------------------------------------------------------------------------------------------
@@ -398,6 +407,9 @@ RETURNS TABLE (
 )
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pgfence, pg_temp
+SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
+SET enable_bitmapscan = off
 SET pgfence.actor = ''
 AS $$
 #variable_conflict use_column
@@ -417,20 +429,23 @@ BEGIN
 
   -- First the orphans (running, lease lapsed: their external call may be in flight, resume
   -- them), then the queue in request order. SKIP LOCKED: concurrent claimers never collide.
+  -- Plans: see the header.
   RETURN QUERY
   WITH cand AS (
     SELECT o.id, o.locked_by AS prev_owner FROM pgfence.operation o
-    WHERE o.status = 'running' AND o.lease_expires_at < now()
+    WHERE o.lease_expires_at < now()  -- running, lease lapsed: a lease is set only while running
       AND (p_kinds IS NULL OR o.kind = ANY (p_kinds))
     ORDER BY o.lease_expires_at, o.id
     LIMIT p_batch
     FOR UPDATE SKIP LOCKED
   ), upd AS (
+    -- by primary key: an id array keeps even a generic plan on the index (a join with cand was
+    -- planned as a walk of the whole primary key)
     UPDATE pgfence.operation o
     SET fence = o.fence + 1, locked_by = p_worker, claimed_at = now(), lease = v_lease,
         lease_expires_at = now() + v_lease
-    FROM cand WHERE o.id = cand.id
-    RETURNING o.*, cand.prev_owner
+    WHERE o.id = ANY (ARRAY(SELECT c.id FROM cand c))
+    RETURNING o.*, (SELECT c.prev_owner FROM cand c WHERE c.id = o.id) AS prev_owner
   )
   SELECT u.id, u.kind, u.target, u.params, coalesce(u.idempotency_key, 'pgfence-operation-' || u.id),
          u.fence, u.lease, u.lease_expires_at, u.issue_started_at IS NOT NULL, u.issue_count,
@@ -452,7 +467,7 @@ BEGIN
     UPDATE pgfence.operation o
     SET status = 'running', fence = o.fence + 1, locked_by = p_worker, claimed_at = now(),
         lease = v_lease, lease_expires_at = now() + v_lease, started_at = coalesce(o.started_at, now())
-    FROM cand WHERE o.id = cand.id
+    WHERE o.id = ANY (ARRAY(SELECT c.id FROM cand c))  -- by primary key, as above
     RETURNING o.*
   )
   SELECT u.id, u.kind, u.target, u.params, coalesce(u.idempotency_key, 'pgfence-operation-' || u.id),
@@ -788,10 +803,14 @@ CREATE OR REPLACE FUNCTION pgfence.operation_reap(p_max_rows integer DEFAULT 100
 RETURNS integer
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pgfence, pg_temp
+SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
+SET enable_bitmapscan = off
 SET pgfence.actor = ''
 AS $$
 DECLARE
   v_count integer;
+  c_running CONSTANT text := 'running';  -- a parameter: see the header, Plans
 BEGIN
   IF p_max_rows IS NULL OR p_max_rows < 1 THEN
     RAISE EXCEPTION 'operation_reap: max_rows must be positive, got %', p_max_rows USING ERRCODE = '22023';
@@ -802,7 +821,7 @@ BEGIN
   -- claim (it resumes polling / re-issues with the key).
   WITH stale AS (
     SELECT o.id FROM pgfence.operation o
-    WHERE o.status = 'running' AND o.lease_expires_at < now()
+    WHERE o.lease_expires_at < now()  -- running, lease lapsed: a lease is set only while running
       AND (o.issue_started_at IS NULL OR (o.external_ref IS NULL AND NOT o.issue_idempotent))
     ORDER BY o.lease_expires_at
     LIMIT p_max_rows
@@ -820,8 +839,8 @@ BEGIN
           THEN format('lease of %s lapsed at %s before the external call; requeued', o.locked_by, pgfence._operation_ts(o.lease_expires_at))
           ELSE format('outcome unknown: %s started the external %s call for %s at %s and its lease lapsed at %s before an external reference was recorded; the call did not pass the idempotency key, so calling again could start a second operation. Check %s in the external system by hand.',
                       o.issued_by, o.kind, o.target, pgfence._operation_ts(o.last_issue_at), pgfence._operation_ts(o.lease_expires_at), o.target) END
-    FROM stale
-    WHERE o.id = stale.id AND o.status = 'running' AND o.lease_expires_at < now()
+    WHERE o.id = ANY (ARRAY(SELECT s.id FROM stale s))  -- by primary key, as in operation_claim
+      AND o.status = c_running AND o.lease_expires_at < now()
     RETURNING o.id, o.kind, o.status
   )
   SELECT count(*) INTO v_count FROM reaped;

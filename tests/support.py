@@ -1,18 +1,20 @@
-"""Helpers for the process-level tests: run executors as real subprocesses, wait boundedly."""
+"""Helpers for the tests: run executors as real subprocesses, wait boundedly, read real plans."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import psycopg
+import pytest
 
 from pgfence.executor import Executor, ExecutorConfig, Module
 
@@ -93,3 +95,57 @@ async def executor_until(db: str, module: Module, done: Callable[[], bool], *,
     finally:
         executor.stop()
         await asyncio.wait_for(task, 10)
+
+
+class PlanScans:
+    """The scans in the plans a call really runs, read with auto_explain.
+
+    auto_explain (loaded into this session; needs a superuser connection) logs the plan of every
+    statement the call runs, nested ones included: the statements of PL/pgSQL functions and
+    triggers, with the plan each one really used (custom or generic). :meth:`scans` runs one
+    query and returns its rows and the names of the scans of ``relations`` in those plans: an
+    index scan by its index name; with ``walks``, one without an index condition (it reads the
+    index in its order until a LIMIT stops it, or all of it) as ``<index> (walk)``; a bitmap
+    scan as ``Bitmap(<index>|...)``; a sequential scan as ``Seq Scan``.
+    """
+
+    def __init__(self, conn: psycopg.Connection[Any], relations: set[str], *,
+                 walks: bool = False) -> None:
+        self.conn, self.relations, self.walks = conn, relations, walks
+        self.notices: list[str] = []
+        conn.add_notice_handler(lambda d: self.notices.append(d.message_primary or ""))
+        try:
+            conn.execute("LOAD 'auto_explain'")
+        except psycopg.errors.InsufficientPrivilege:
+            pytest.skip("LOAD 'auto_explain' needs a superuser connection")
+        for setting in ("auto_explain.log_min_duration = 0", "auto_explain.log_nested_statements = on",
+                        "auto_explain.log_level = notice", "auto_explain.log_format = json"):
+            conn.execute(f"SET {setting}")
+
+    def _names(self, node: dict[str, Any]) -> Iterator[str]:
+        kind = node["Node Type"]
+        if node.get("Relation Name") in self.relations and kind.endswith("Scan"):
+            if kind == "Bitmap Heap Scan":
+                yield "Bitmap({})".format("|".join(sorted(self._indexes(node))))
+            elif "Index Name" in node:
+                walk = self.walks and "Index Cond" not in node
+                yield node["Index Name"] + (" (walk)" if walk else "")
+            else:
+                yield kind
+        for child in node.get("Plans", []):
+            yield from self._names(child)
+
+    def _indexes(self, node: dict[str, Any]) -> Iterator[str]:
+        if "Index Name" in node:
+            yield node["Index Name"]
+        for child in node.get("Plans", []):
+            yield from self._indexes(child)
+
+    def scans(self, query: str, params: Sequence[Any] = ()) -> tuple[list[Any], set[str]]:
+        self.notices.clear()
+        rows = self.conn.execute(query, params).fetchall()
+        found: set[str] = set()
+        for message in self.notices:
+            if "plan:" in message:
+                found.update(self._names(json.loads(message.split("plan:", 1)[1])["Plan"]))
+        return rows, found

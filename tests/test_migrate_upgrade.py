@@ -58,7 +58,7 @@ def test_schema_6_with_messages_upgrades_and_every_pending_message_stays_claimab
         assert outbox.mark_failed(conn, dead.id, dead.attempt, "HTTP 503") == "dead"
 
     result = migrate(empty_db)
-    assert result.applied == ["0007_outbox_due_index"]
+    assert result.applied == ["0007_outbox_due_index", "0008_claim_walk_indexes"]
     assert result.schema_version == SCHEMA_VERSION
 
     with psycopg.connect(empty_db, autocommit=True) as conn:
@@ -96,6 +96,6 @@ def test_upgrade_stops_on_a_pending_message_with_no_attempt_left(empty_db: str) 
     with psycopg.connect(empty_db, autocommit=True) as conn:
         assert conn.execute("SELECT pgfence.schema_version()").fetchone() == (6,)
         assert conn.execute("SELECT pgfence.outbox_requeue(%s, 1)", (bad,)).fetchone() == (True,)
-    assert migrate(empty_db).applied == ["0007_outbox_due_index"]
+    assert migrate(empty_db).applied == ["0007_outbox_due_index", "0008_claim_walk_indexes"]
     with psycopg.connect(empty_db, autocommit=True) as conn:
         assert [m.id for m in outbox.claim(conn, "w", batch=10)] == [bad]

@@ -12,48 +12,15 @@ sequential scan.
 
 from __future__ import annotations
 
-import json
-from collections.abc import Iterator
 from typing import Any
 
 import psycopg
 import pytest
 
+from support import PlanScans
+
 PK, CHANNEL_DUE, DUE, LEASE = ("outbox_pkey", "outbox_channel_due_idx", "outbox_due_idx",
                                "outbox_lease_idx")
-
-
-def _scans(node: dict[str, Any]) -> Iterator[str]:
-    if node.get("Relation Name") == "outbox" and node["Node Type"].endswith("Scan"):
-        yield node.get("Index Name") or node["Node Type"]
-    for child in node.get("Plans", []):
-        yield from _scans(child)
-
-
-class Plans:
-    """Collects, per call, the scans of pgfence.outbox in every nested statement's plan."""
-
-    def __init__(self, conn: psycopg.Connection[Any]) -> None:
-        self.conn = conn
-        self.notices: list[str] = []
-        conn.add_notice_handler(lambda d: self.notices.append(d.message_primary or ""))
-        try:
-            conn.execute("LOAD 'auto_explain'")
-        except psycopg.errors.InsufficientPrivilege:
-            pytest.skip("LOAD 'auto_explain' needs a superuser connection")
-        for setting in ("auto_explain.log_min_duration = 0", "auto_explain.log_nested_statements = on",
-                        "auto_explain.log_level = notice", "auto_explain.log_format = json"):
-            conn.execute(f"SET {setting}")
-
-    def scans(self, query: str, params: tuple[Any, ...] = ()) -> tuple[list[Any], set[str]]:
-        self.notices.clear()
-        rows = self.conn.execute(query, params).fetchall()
-        found: set[str] = set()
-        for message in self.notices:
-            if "plan:" in message:
-                plan = json.loads(message.split("plan:", 1)[1])
-                found.update(_scans(plan["Plan"]))
-        return rows, found
 
 
 def _fill(conn: psycopg.Connection[Any], analyze: bool) -> None:
@@ -70,7 +37,7 @@ def _fill(conn: psycopg.Connection[Any], analyze: bool) -> None:
 @pytest.mark.parametrize("analyze", [False, True], ids=["stats-of-empty-table", "analyzed"])
 def test_every_outbox_statement_uses_its_index(conn: psycopg.Connection[Any], analyze: bool) -> None:
     _fill(conn, analyze)
-    plans = Plans(conn)
+    plans = PlanScans(conn, {"outbox"})
 
     rows, scans = plans.scans("SELECT id, attempt FROM pgfence.outbox_claim('w', 1, '{mine}')")
     assert scans == {CHANNEL_DUE, PK}, "one-channel claim: walk the channel's due index, update by id"
