@@ -39,7 +39,10 @@
 -- while running (CHECK operation_lease_iff_running), operation_lease_idx is on that (migration
 -- 0008), and operation_one_in_flight (status IN ('queued', 'running')) cannot be proven from
 -- it. With status = 'running' it could, and analysed with nothing in flight the planner walked
--- all of it — every queued and running operation — on every claim.
+-- all of it — every queued and running operation — on every claim. The queue walk of a claim
+-- for some kinds reads each kind's queue only (operation_kind_queued_idx, migration 0009), so a
+-- backlog of a kind no running executor serves is not read by every claim; the all-kinds walk
+-- states lease_expires_at IS NULL, which only operation_queued_idx's predicate asks for.
 -- Errors: functions/ERRORS.md (this module: PF201, PF202).
 
 -- ---------------------------------------------------------------------------------------------
@@ -416,6 +419,7 @@ AS $$
 DECLARE
   v_lease interval := coalesce(p_lease, interval '2 minutes');
   v_got   integer;
+  v_ids   bigint[];
 BEGIN
   IF p_worker IS NULL OR p_worker = '' OR length(p_worker) > 200 THEN
     RAISE EXCEPTION 'operation_claim: worker must be a non-empty name of at most 200 characters'
@@ -456,18 +460,49 @@ BEGIN
     RETURN;
   END IF;
 
+  -- The queue, oldest first, locked here and claimed by primary key below. All kinds:
+  -- operation_queued_idx in id order. Some kinds: each kind's own queue
+  -- (operation_kind_queued_idx, migration 0009), walked once per distinct kind up to the batch,
+  -- then the oldest of those, so a backlog of a kind this executor does not serve is never read
+  -- (the per-kind walks cannot use operation_queued_idx: its predicate, 0009). At most p_batch
+  -- rows are locked per kind; those not claimed are released when this transaction ends (a
+  -- moment later: executors claim in autocommit).
+  IF p_kinds IS NULL THEN
+    v_ids := ARRAY(
+      SELECT o.id FROM pgfence.operation o
+      -- no lease: true of every queued operation (CHECK operation_lease_iff_running); stating
+      -- it lets this walk, and only this one, use operation_queued_idx (migration 0009)
+      WHERE o.status = 'queued' AND o.lease_expires_at IS NULL
+      ORDER BY o.id
+      LIMIT p_batch - v_got
+      FOR UPDATE SKIP LOCKED);
+  ELSE
+    v_ids := ARRAY(
+      SELECT b.id
+      FROM (SELECT DISTINCT u.k FROM unnest(p_kinds) AS u(k)) ks
+      CROSS JOIN LATERAL (
+        -- the rows and order of "kind = ks.k ORDER BY id", written so that only
+        -- operation_kind_queued_idx gives the order: the planner folds a kind fixed by "=" out
+        -- of the ORDER BY, and the primary key then gives id order as well; priced as
+        -- sequential reads, it was chosen whenever the statistics said most operations were
+        -- queued (analysed while busy), and every claim walked the history filtering on kind
+        SELECT o.id FROM pgfence.operation o
+        WHERE o.kind = ANY (ARRAY[ks.k]) AND o.status = 'queued'
+        ORDER BY o.kind, o.id
+        LIMIT p_batch - v_got
+        FOR UPDATE SKIP LOCKED) b
+      ORDER BY b.id
+      LIMIT p_batch - v_got);
+  END IF;
+  IF cardinality(v_ids) = 0 THEN
+    RETURN;
+  END IF;
   RETURN QUERY
-  WITH cand AS (
-    SELECT o.id FROM pgfence.operation o
-    WHERE o.status = 'queued' AND (p_kinds IS NULL OR o.kind = ANY (p_kinds))
-    ORDER BY o.id
-    LIMIT p_batch - v_got
-    FOR UPDATE SKIP LOCKED
-  ), upd AS (
+  WITH upd AS (
     UPDATE pgfence.operation o
     SET status = 'running', fence = o.fence + 1, locked_by = p_worker, claimed_at = now(),
         lease = v_lease, lease_expires_at = now() + v_lease, started_at = coalesce(o.started_at, now())
-    WHERE o.id = ANY (ARRAY(SELECT c.id FROM cand c))  -- by primary key, as above
+    WHERE o.id = ANY (v_ids)  -- by primary key, as above
     RETURNING o.*
   )
   SELECT u.id, u.kind, u.target, u.params, coalesce(u.idempotency_key, 'pgfence-operation-' || u.id),

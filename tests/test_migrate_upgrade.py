@@ -1,6 +1,8 @@
 """Upgrade path: a database at schema 6 holding messages in every state is migrated to the
 current schema (0007 rebuilds ``outbox_due_idx`` with ``attempts < max_attempts``); nothing
-pending is lost to the new predicate, and a second ``migrate`` is a no-op."""
+pending is lost to the new predicate, and a second ``migrate`` is a no-op. The same for queued
+operations at schema 8 (0009 adds the per-kind queue index and rebuilds
+``operation_queued_idx`` with ``lease_expires_at IS NULL``)."""
 
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ import psycopg
 import pytest
 from yoyo import get_backend, read_migrations
 
-from pgfence import SCHEMA_VERSION, outbox
+from pgfence import SCHEMA_VERSION, operation, outbox
 from pgfence.migrate import apply_functions, migrate, yoyo_uri
 from pgfence.paths import migrations_dir
 from test_migrate import fingerprint
@@ -58,7 +60,8 @@ def test_schema_6_with_messages_upgrades_and_every_pending_message_stays_claimab
         assert outbox.mark_failed(conn, dead.id, dead.attempt, "HTTP 503") == "dead"
 
     result = migrate(empty_db)
-    assert result.applied == ["0007_outbox_due_index", "0008_claim_walk_indexes"]
+    assert result.applied == ["0007_outbox_due_index", "0008_claim_walk_indexes",
+                              "0009_operation_kind_queue"]
     assert result.schema_version == SCHEMA_VERSION
 
     with psycopg.connect(empty_db, autocommit=True) as conn:
@@ -96,6 +99,32 @@ def test_upgrade_stops_on_a_pending_message_with_no_attempt_left(empty_db: str) 
     with psycopg.connect(empty_db, autocommit=True) as conn:
         assert conn.execute("SELECT pgfence.schema_version()").fetchone() == (6,)
         assert conn.execute("SELECT pgfence.outbox_requeue(%s, 1)", (bad,)).fetchone() == (True,)
-    assert migrate(empty_db).applied == ["0007_outbox_due_index", "0008_claim_walk_indexes"]
+    assert migrate(empty_db).applied == ["0007_outbox_due_index", "0008_claim_walk_indexes",
+                                         "0009_operation_kind_queue"]
     with psycopg.connect(empty_db, autocommit=True) as conn:
         assert [m.id for m in outbox.claim(conn, "w", batch=10)] == [bad]
+
+
+def test_schema_8_with_operations_upgrades_and_every_queued_operation_stays_claimable(
+        empty_db: str) -> None:
+    _migrate_to(empty_db, "0008_claim_walk_indexes")
+    with psycopg.connect(empty_db, autocommit=True) as conn:
+        queued = {kind: [operation.request(conn, kind, f"t{i}").id for i in range(3)]
+                  for kind in ("up.a", "up.b")}
+        # one requeued by the reaper (queued again, fence 1), one running
+        [requeued] = operation.claim(conn, "old-w", ["up.a"])
+        conn.execute("UPDATE pgfence.operation SET lease_expires_at = now() - interval '1 second'"
+                     " WHERE id = %s", (requeued.id,))
+        assert operation.reap(conn) == 1
+        [running] = operation.claim(conn, "old-w", ["up.b"])
+        assert running.id == queued["up.b"][0]
+
+    assert migrate(empty_db).applied == ["0009_operation_kind_queue"]
+    with psycopg.connect(empty_db, autocommit=True) as conn:
+        assert conn.execute("SELECT pgfence.schema_version()").fetchone() == (SCHEMA_VERSION,)
+        one_kind = operation.claim(conn, "new-w", ["up.a"], batch=10)  # operation_kind_queued_idx
+        assert [(o.id, o.fence) for o in one_kind] == [(queued["up.a"][0], 2), (queued["up.a"][1], 1),
+                                                       (queued["up.a"][2], 1)]
+        every = operation.claim(conn, "new-w", None, batch=10)  # operation_queued_idx
+        assert [o.id for o in every] == queued["up.b"][1:], "the all-kinds claim sees every queued one"
+    assert migrate(empty_db).applied == []

@@ -156,6 +156,9 @@ def test_plan_statements_use_their_index(db: str, conn: psycopg.Connection[Any],
 # Operations
 # ---------------------------------------------------------------------------------------------
 OP_PK, OP_LEASE, OP_QUEUE = "operation_pkey", "operation_lease_idx", "operation_queued_idx (walk)"
+# a claim for some kinds walks each kind's queue: an index condition on the kind, never a walk of
+# the queue of every kind (a backlog of a kind nobody serves would be read by every claim)
+OP_KIND_QUEUE = "operation_kind_queued_idx"
 
 
 def _operations(conn: psycopg.Connection[Any], n: int, kind: str, state: str) -> None:
@@ -208,6 +211,9 @@ def test_operation_statements_use_their_index(db: str, conn: psycopg.Connection[
     queued = conn.execute("SELECT id FROM pgfence.operation WHERE status = 'queued' ORDER BY id DESC"
                           " LIMIT 1").fetchone()
     assert queued is not None
+    oldest = dict(conn.execute("SELECT kind, array_agg(id ORDER BY id) FROM pgfence.operation"
+                               " WHERE status = 'queued' GROUP BY kind"))
+    assert max(oldest["other"]) < min(oldest["mine"]), "the other kind's backlog is ahead in id order"
     session, plans = _session(db, cache, {"operation"})
     with session:
         rows, scans = plans.scans("SELECT id, fence, taken_over_from FROM pgfence.operation_claim("
@@ -218,6 +224,14 @@ def test_operation_statements_use_their_index(db: str, conn: psycopg.Connection[
         assert len(rows) == 1
         assert scans == {OP_LEASE, OP_QUEUE, OP_PK}, "no lapsed lease left: then the queue in order"
         (new_id, new_fence), = rows
+        assert new_id == oldest["other"][0], "all kinds: the oldest queued operation"
+        rows, scans = plans.scans("SELECT id FROM pgfence.operation_claim('w2', '{mine}', '1 hour', 2)")
+        assert [r[0] for r in rows] == oldest["mine"][:2], "one kind: its oldest, past the other backlog"
+        assert scans == {OP_LEASE, OP_KIND_QUEUE, OP_PK}, "one kind: only that kind's queue is read"
+        rows, scans = plans.scans("SELECT id FROM pgfence.operation_claim("
+                                  "'w2', '{mine,other,mine,none}', '1 hour', 3)")
+        assert [r[0] for r in rows] == oldest["other"][1:4], "several kinds: the oldest of them, in id order"
+        assert scans == {OP_LEASE, OP_KIND_QUEUE, OP_PK}, "several kinds: each kind's queue walked once"
 
         _, scans = plans.scans("SELECT pgfence.operation_begin_issue(%s, %s, true)", (new_id, new_fence))
         assert scans == {OP_PK}

@@ -5,7 +5,7 @@
 -- 31_operation_concurrency.sql.
 BEGIN;
 \ir helpers/setup.sql
-SELECT plan(282);
+SELECT plan(291);
 
 -- SQLSTATE and DETAIL of a statement's error (throws_ok checks the code, this the DETAIL).
 CREATE FUNCTION pg_temp.err(p_sql text) RETURNS text LANGUAGE plpgsql AS $$
@@ -125,6 +125,44 @@ SELECT throws_ok($$SELECT * FROM pgfence.operation_claim('')$$, '22023', NULL, '
 SELECT throws_ok($$SELECT * FROM pgfence.operation_claim('w', NULL, '0 seconds')$$, '22023', NULL, 'claim: lease 0 is 22023');
 SELECT throws_ok($$SELECT * FROM pgfence.operation_claim('w', NULL, '2 days')$$, '22023', NULL, 'claim: lease over 1 day is 22023');
 SELECT throws_ok($$SELECT * FROM pgfence.operation_claim('w', NULL, NULL, 0)$$, '22023', NULL, 'claim: batch 0 is 22023');
+
+-- Each kind's queue is walked on its own (operation_kind_queued_idx, migration 0009): a backlog
+-- of a kind nobody claims, ahead in id order, changes nothing; several kinds are claimed oldest
+-- first across them.
+SELECT is((SELECT count(*)::int FROM generate_series(1, 3000) g, pgfence.operation_request('tap.kq-b', 'b-' || g)), 3000,
+  '3000 queued operations of a kind nobody claims (tap.kq-b)');
+INSERT INTO ids SELECT 'kq-a1', id FROM pgfence.operation_request('tap.kq-a', 'a1');
+INSERT INTO ids SELECT 'kq-c1', id FROM pgfence.operation_request('tap.kq-c', 'c1');
+INSERT INTO ids SELECT 'kq-a2', id FROM pgfence.operation_request('tap.kq-a', 'a2');
+INSERT INTO ids SELECT 'kq-c2', id FROM pgfence.operation_request('tap.kq-c', 'shared');
+INSERT INTO ids SELECT 'kq-a3', id FROM pgfence.operation_request('tap.kq-a', 'shared');  -- same target, other kind
+INSERT INTO ids SELECT 'kq-a4', id FROM pgfence.operation_request('tap.kq-a', 'a4');
+SELECT results_eq($$SELECT id, fence, taken_over_from FROM pgfence.operation_claim('tap-kq1', ARRAY['tap.kq-a'], NULL, 1)$$,
+  $$SELECT pg_temp.op('kq-a1'), 1, NULL::text$$, 'one kind: its oldest queued operation, past 3000 of another kind ahead of it');
+SELECT results_eq($$SELECT id FROM pgfence.operation_claim('tap-kq1', ARRAY['tap.kq-c', 'tap.kq-a', 'tap.kq-c'], NULL, 3)$$,
+  $$VALUES (pg_temp.op('kq-c1')), (pg_temp.op('kq-a2')), (pg_temp.op('kq-c2'))$$,
+  'several kinds (one named twice): the oldest of all of them, in request order, each once, up to the batch');
+SELECT results_eq($$SELECT id FROM pgfence.operation_claim('tap-kq2', ARRAY['tap.kq-a', 'tap.kq-c'], NULL, 5)$$,
+  $$VALUES (pg_temp.op('kq-a3')), (pg_temp.op('kq-a4'))$$,
+  'what is running is not claimed again; the same target under another kind is its own operation');
+SELECT throws_ok($$SELECT * FROM pgfence.operation_request('tap.kq-a', 'a1')$$, 'PF201', NULL,
+  'a second request for a running (kind, target) is refused: a claim never hands out two for one target');
+SELECT pg_temp.lapse(pg_temp.op('kq-a2'));
+INSERT INTO ids SELECT 'kq-a5', id FROM pgfence.operation_request('tap.kq-a', 'a5');
+SELECT results_eq($$SELECT id, fence, taken_over_from FROM pgfence.operation_claim('tap-kq3', ARRAY['tap.kq-c', 'tap.kq-a'], NULL, 2)$$,
+  $$VALUES (pg_temp.op('kq-a2'), 2, 'tap-kq1'::text), (pg_temp.op('kq-a5'), 1, NULL)$$,
+  'a lapsed lease of the kinds first (a takeover, fence 2), then their queue');
+SELECT results_eq($$SELECT event, actor FROM pgfence.event WHERE module = 'operation' AND item_id IN (SELECT id FROM ids WHERE name LIKE 'kq-%') AND event IN ('claim', 'takeover') ORDER BY id$$,
+  $$VALUES ('claim'::text, 'tap-kq1'::text), ('claim', 'tap-kq1'), ('claim', 'tap-kq1'), ('claim', 'tap-kq1'),
+           ('claim', 'tap-kq2'), ('claim', 'tap-kq2'), ('takeover', 'tap-kq3'), ('claim', 'tap-kq3')$$,
+  'each claim and takeover is logged once, by its claimer');
+SELECT is((SELECT count(*)::int FROM pgfence.operation WHERE kind = 'tap.kq-b' AND status = 'queued' AND fence = 0), 3000,
+  'the other kind''s backlog is untouched');
+SAVEPOINT all_kinds;
+CREATE TEMP TABLE kq_oldest AS SELECT min(id) AS id FROM pgfence.operation WHERE status = 'queued';
+SELECT results_eq($$SELECT id FROM pgfence.operation_claim('tap-kq4', NULL, NULL, 1)$$, $$SELECT id FROM kq_oldest$$,
+  'all kinds (NULL): the oldest queued operation of any kind');
+ROLLBACK TO SAVEPOINT all_kinds;
 
 -- =============================================================================================
 -- Issue protocol: intent, reference, poll, finish (operation a, owner tap-w1, fence 1)

@@ -2,7 +2,7 @@
 -- Fixtures are committed through dblink peers on kinds 'tap-conc.*' and deleted at the end.
 BEGIN;
 \ir helpers/setup.sql
-SELECT plan(19);
+SELECT plan(21);
 
 -- SQLSTATE and DETAIL of a statement's error.
 CREATE FUNCTION pg_temp.err(p_sql text) RETURNS text LANGUAGE plpgsql AS $$
@@ -88,6 +88,16 @@ SELECT dblink_exec('c1', 'COMMIT');
 SELECT is((SELECT count(*)::int FROM got1), 3, 'executor 1 claims 3 of 6');
 SELECT is((SELECT count(*)::int FROM got2), 3, 'executor 2, claiming while executor 1 holds its rows, gets the other 3 (SKIP LOCKED)');
 SELECT is((SELECT count(*)::int FROM got1 JOIN got2 USING (id)), 0, 'no operation was claimed twice');
+
+-- ... also when each claims several kinds (one walk per kind, SKIP LOCKED in each)
+CREATE TEMP TABLE kq AS SELECT * FROM dblink('c0', $$SELECT g, (pgfence.operation_request(CASE WHEN g % 2 = 1 THEN 'tap-conc.kx' ELSE 'tap-conc.ky' END, 'kq-' || g)).id FROM generate_series(1, 6) g$$) AS t(g int, id bigint);
+SELECT dblink_exec('c1', 'BEGIN');
+CREATE TEMP TABLE kgot1 AS SELECT * FROM dblink('c1', $$SELECT id FROM pgfence.operation_claim('tap-c1', ARRAY['tap-conc.kx'], NULL, 1)$$) AS t(id bigint);
+CREATE TEMP TABLE kgot2 AS SELECT * FROM dblink('c2', $$SELECT id FROM pgfence.operation_claim('tap-c2', ARRAY['tap-conc.ky', 'tap-conc.kx'], NULL, 3)$$) AS t(id bigint);
+SELECT dblink_exec('c1', 'COMMIT');
+SELECT results_eq($$SELECT id FROM kgot1$$, $$SELECT id FROM kq WHERE g = 1$$, 'executor 1 holds the oldest of kind kx');
+SELECT results_eq($$SELECT id FROM kgot2$$, $$SELECT id FROM kq WHERE g IN (2, 3, 4) ORDER BY id$$,
+  'executor 2, claiming kinds ky and kx meanwhile, skips it and gets the next three oldest of both kinds, in order');
 
 -- =============================================================================================
 -- An owner's write in progress blocks a takeover: the fence is checked under the row lock
