@@ -351,57 +351,52 @@ BEGIN
       ORDER BY u.i
       RETURNING o.id)
     SELECT ins.id FROM ins ORDER BY ins.id;
-    IF p_deliver_at IS NULL OR p_deliver_at <= now() THEN
-      PERFORM pg_notify('pgfence_outbox', json_build_object('channel', p_channel, 'id', NULL, 'count', v_n)::text);
+  ELSE
+    -- With keys: a key must name one message (PF003), then ON CONFLICT on the key; a key
+    -- repeated inside this call or already stored yields that message's id.
+    v_seq := pg_get_serial_sequence('pgfence.outbox', 'id')::regclass;
+    SELECT min(u.i) AS i, u.k INTO v_bad
+    FROM unnest(p_recipients, p_idempotency_keys) WITH ORDINALITY AS u(r, k, i)
+    WHERE u.k IS NOT NULL
+    GROUP BY u.k HAVING count(DISTINCT u.r) > 1
+    LIMIT 1;
+    IF FOUND THEN
+      RAISE EXCEPTION 'outbox_enqueue_many: idempotency key "%" is used for different recipients within this call', v_bad.k
+        USING ERRCODE = 'PF003', HINT = 'Idempotency keys identify one message; nothing was enqueued.';
     END IF;
-    RETURN;
+    SELECT u.i, o.id, o.channel, o.recipient INTO v_bad
+    FROM unnest(p_recipients, p_idempotency_keys) WITH ORDINALITY AS u(r, k, i)
+    JOIN pgfence.outbox o ON o.idempotency_key = u.k
+    WHERE o.channel <> p_channel OR o.recipient <> u.r
+    LIMIT 1;
+    IF FOUND THEN
+      RAISE EXCEPTION 'outbox_enqueue_many: the idempotency key of message % already names message % for %/%', v_bad.i, v_bad.id, v_bad.channel, v_bad.recipient
+        USING ERRCODE = 'PF003', HINT = 'Idempotency keys identify one message; nothing was enqueued.';
+    END IF;
+    RETURN QUERY
+    WITH input AS (
+      SELECT u.i, u.r, u.p, u.k, nextval(v_seq) AS new_id
+      FROM unnest(p_recipients, p_payloads, p_idempotency_keys) WITH ORDINALITY AS u(r, p, k, i)
+    ), ins AS (
+      INSERT INTO pgfence.outbox AS o (id, channel, recipient, payload, idempotency_key, max_attempts,
+                                       next_attempt_at, log_events)
+      OVERRIDING SYSTEM VALUE
+      SELECT input.new_id, p_channel, input.r, input.p, input.k, v_max, coalesce(p_deliver_at, now()),
+             v_set.log_events
+      FROM input ORDER BY input.i
+      ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+      RETURNING o.id, o.idempotency_key
+    )
+    SELECT coalesce(mine.id, dup.id, existing.id)
+    FROM input
+    LEFT JOIN ins AS mine ON mine.id = input.new_id
+    LEFT JOIN LATERAL (  -- a key repeated within this call: the row inserted for its first use
+      SELECT ins.id FROM ins WHERE mine.id IS NULL AND ins.idempotency_key = input.k) AS dup ON true
+    LEFT JOIN LATERAL (  -- a key that existed before this call
+      SELECT o.id FROM pgfence.outbox o
+      WHERE mine.id IS NULL AND dup.id IS NULL AND o.idempotency_key = input.k) AS existing ON true
+    ORDER BY input.i;
   END IF;
-
-  v_seq := pg_get_serial_sequence('pgfence.outbox', 'id')::regclass;
-  SELECT min(u.i) AS i, u.k INTO v_bad
-  FROM unnest(p_recipients, p_idempotency_keys) WITH ORDINALITY AS u(r, k, i)
-  WHERE u.k IS NOT NULL
-  GROUP BY u.k HAVING count(DISTINCT u.r) > 1
-  LIMIT 1;
-  IF FOUND THEN
-    RAISE EXCEPTION 'outbox_enqueue_many: idempotency key "%" is used for different recipients within this call', v_bad.k
-      USING ERRCODE = 'PF003', HINT = 'Idempotency keys identify one message; nothing was enqueued.';
-  END IF;
-  SELECT u.i, o.id, o.channel, o.recipient INTO v_bad
-  FROM unnest(p_recipients, p_idempotency_keys) WITH ORDINALITY AS u(r, k, i)
-  JOIN pgfence.outbox o ON o.idempotency_key = u.k
-  WHERE o.channel <> p_channel OR o.recipient <> u.r
-  LIMIT 1;
-  IF FOUND THEN
-    RAISE EXCEPTION 'outbox_enqueue_many: the idempotency key of message % already names message % for %/%', v_bad.i, v_bad.id, v_bad.channel, v_bad.recipient
-      USING ERRCODE = 'PF003', HINT = 'Idempotency keys identify one message; nothing was enqueued.';
-  END IF;
-
-  -- With keys: ON CONFLICT on the key; a key repeated inside this call or already stored
-  -- yields that message's id.
-  RETURN QUERY
-  WITH input AS (
-    SELECT u.i, u.r, u.p, u.k, nextval(v_seq) AS new_id
-    FROM unnest(p_recipients, p_payloads, p_idempotency_keys) WITH ORDINALITY AS u(r, p, k, i)
-  ), ins AS (
-    INSERT INTO pgfence.outbox AS o (id, channel, recipient, payload, idempotency_key, max_attempts,
-                                     next_attempt_at, log_events)
-    OVERRIDING SYSTEM VALUE
-    SELECT input.new_id, p_channel, input.r, input.p, input.k, v_max, coalesce(p_deliver_at, now()),
-           v_set.log_events
-    FROM input ORDER BY input.i
-    ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
-    RETURNING o.id, o.idempotency_key
-  )
-  SELECT coalesce(mine.id, dup.id, existing.id)
-  FROM input
-  LEFT JOIN ins AS mine ON mine.id = input.new_id
-  LEFT JOIN LATERAL (  -- a key repeated within this call: the row inserted for its first use
-    SELECT ins.id FROM ins WHERE mine.id IS NULL AND ins.idempotency_key = input.k) AS dup ON true
-  LEFT JOIN LATERAL (  -- a key that existed before this call
-    SELECT o.id FROM pgfence.outbox o
-    WHERE mine.id IS NULL AND dup.id IS NULL AND o.idempotency_key = input.k) AS existing ON true
-  ORDER BY input.i;
 
   IF p_deliver_at IS NULL OR p_deliver_at <= now() THEN
     PERFORM pg_notify('pgfence_outbox', json_build_object('channel', p_channel, 'id', NULL, 'count', v_n)::text);
