@@ -2,7 +2,8 @@
 # Make sure the machine has what pgfence's demo and tests need, installing it with apt when we
 # are root on Debian/Ubuntu, or saying exactly what to install otherwise.
 #   tools/ensure-system-deps.sh            PostgreSQL server binaries (initdb, pg_ctl, postgres)
-#   tools/ensure-system-deps.sh --pgtap    ... plus pgTAP and pg_prove (for `make test`)
+#   tools/ensure-system-deps.sh --pgtap    ... plus pgTAP and pg_prove, and headless Chromium with
+#                                          its chromedriver for the browser tests (for `make test`)
 # With DATABASE_URL set, the server binaries are not needed (only psql/pg_prove for pgTAP).
 set -euo pipefail
 
@@ -75,6 +76,21 @@ if [ "$want_pgtap" = 1 ]; then
     else
       echo "pgfence: pgTAP and pg_prove are needed for 'make test'." >&2
       echo "  Install them: sudo apt-get install postgresql-$major-pgtap   (brings pg_prove)" >&2
+      exit 1
+    fi
+  fi
+fi
+
+if [ "$want_pgtap" = 1 ]; then
+  # The browser tests (tests/test_web_browser.py) drive Debian's Chromium through Selenium and
+  # the system chromedriver: nothing is downloaded at test time.
+  if ! command -v chromium >/dev/null 2>&1 || [ ! -x /usr/bin/chromedriver ]; then
+    if can_apt; then
+      echo "pgfence: installing headless Chromium and chromedriver for the browser tests (apt)..." >&2
+      apt_install chromium chromium-driver
+    else
+      echo "pgfence: Chromium and chromedriver are needed for the browser tests of 'make test'." >&2
+      echo "  Install them: sudo apt-get install chromium chromium-driver   (Debian/Ubuntu)" >&2
       exit 1
     fi
   fi
