@@ -98,9 +98,11 @@ def _register() -> None:
     from .operation import op
     from .outbox import outbox
     from .plan import plan
+    from .serve import serve_cmd, token_cmd
     from .status import status
 
-    for cmd in (db, demo, migrate_cmd, executor_cmd, outbox, plan, op, doc, status, inspect, purge):
+    for cmd in (db, demo, migrate_cmd, executor_cmd, outbox, plan, op, doc, status, inspect, purge,
+                serve_cmd, token_cmd):
         main.add_command(cmd)
 
 

@@ -317,6 +317,14 @@ async def asave(conn: AnyAsyncConn, document_id: int, expected_version: int, con
         return _one(await cur.fetchone(), "document_save")  # type: ignore[no-any-return]
 
 
+async def adelete(conn: AnyAsyncConn, document_id: int, expected_version: int,
+                  by: str) -> SaveResult:
+    """Async :func:`delete`."""
+    async with _asqlstate(), conn.cursor(row_factory=class_row(SaveResult)) as cur:
+        await cur.execute(SQL_DELETE, (document_id, expected_version, by))
+        return _one(await cur.fetchone(), "document_delete")  # type: ignore[no-any-return]
+
+
 async def amerge(conn: AnyAsyncConn, kind: str, base: Any, local: Any,
                  stored: Any) -> MergeResult:
     """Async :func:`merge`."""
