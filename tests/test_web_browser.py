@@ -6,11 +6,13 @@ the page is mocked. Every wait has a timeout.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from selenium import webdriver
+from selenium.common.exceptions import WebDriverException
 
 from http_faults import HttpFaultProxy
 from pgfence.web import DEMO_USER_HEADER, ServerThread, serve_app, trusted_header_auth
@@ -42,7 +44,8 @@ def browser(driver: webdriver.Chrome) -> Iterator[webdriver.Chrome]:
     handles = driver.window_handles
     for h in handles[1:]:
         driver.switch_to.window(h)
-        driver.close()
+        with contextlib.suppress(WebDriverException):   # a crashed tab may refuse
+            driver.close()
     driver.switch_to.window(handles[0])
     driver.get("about:blank")
 
@@ -78,3 +81,194 @@ def test_page_loads_module_and_opens_a_session(browser: webdriver.Chrome, db: st
     js(browser, "s.edit({...s.content, title: 'b'}); return await s.flush(5000);")
     assert stored(db, doc).content == {"title": "b"} and stored(db, doc).saved_by == "ann"
     assert drafts_in(browser) == []
+
+
+def test_two_tabs_on_one_record_conflict_rebase_merges_disjoint_attributes_and_waits_on_the_same_one(
+        browser: webdriver.Chrome, db: str, site: tuple[str, HttpFaultProxy]) -> None:
+    base, _ = site
+    doc = create(db, "record", {"title": "Q3", "owner": "ann", "budget": 100})
+    tab_a = browser.current_window_handle
+    open_session(browser, base, doc, "ann")
+    tab_b = new_tab(browser)
+    open_session(browser, base, doc, "bob")
+
+    browser.switch_to.window(tab_a)
+    assert js(browser, "s.edit({...s.content, title: 'Q3 final'}); return await s.flush(5000);") == 2
+    browser.switch_to.window(tab_b)
+    js(browser, "s.edit({...s.content, budget: 150});")
+    err = js(browser, "try { await s.flush(5000); return null; } catch (e) { return [e.name, "
+                      "e.conflict.storedVersion, e.conflict.stored, e.conflict.storedBy]; }")
+    assert err == ["ConflictPending", 2, {"title": "Q3 final", "owner": "ann", "budget": 100}, "ann"]
+    assert state(browser) == "conflict"
+    assert stored(db, doc).version == 2                      # nothing was overwritten
+    # no automatic rebase: the tab stays in conflict until asked
+    assert state(browser) == "conflict" and versions(db, doc) == [1, 2]
+
+    merged = js(browser, "const m = await s.rebase(); return [m.clean, m.content];")
+    assert merged == [True, {"title": "Q3 final", "owner": "ann", "budget": 150}]
+    assert js(browser, "return await s.flush(5000);") == 3
+    assert stored(db, doc).content == {"title": "Q3 final", "owner": "ann", "budget": 150}
+
+    # both change the owner: the same attribute
+    browser.switch_to.window(tab_a)
+    assert js(browser, "return await s.refresh();") is True
+    js(browser, "s.edit({...s.content, owner: 'ann & team'}); await s.flush(5000);")
+    browser.switch_to.window(tab_b)
+    js(browser, "s.edit({...s.content, owner: 'bob'});")
+    assert js(browser, "try { await s.flush(5000); } catch (e) { return e.name; }") == "ConflictPending"
+    got = js(browser, "try { await s.rebase(); return null; } catch (e) { "
+                      "return [e.name, e.merged.conflicts]; }")
+    assert got == ["MergeConflict", [{"key": "owner", "base": "ann", "local": "bob",
+                                      "stored": "ann & team"}]]
+    assert state(browser) == "conflict" and stored(db, doc).version == 4
+    # the person picks: keep both names
+    js(browser, "await s.rebase(({merged}) => ({...merged.content, owner: 'bob + ann & team'}));")
+    assert js(browser, "return await s.flush(5000);") == 5
+    assert stored(db, doc).content["owner"] == "bob + ann & team"
+    assert drafts_in(browser) == []
+
+
+def test_a_sheet_conflict_never_merges(browser: webdriver.Chrome, db: str,
+                                       site: tuple[str, HttpFaultProxy]) -> None:
+    base, _ = site
+    doc = create(db, "sheet", {"A1": 1, "B1": 2})
+    open_session(browser, base, doc, "bob")
+    save_as(db, doc, {"A1": 10, "B1": 2}, "ann")              # ann sets A1
+    js(browser, "s.edit({A1: 1, B1: 20});")                   # bob sets B1 on version 1
+    assert js(browser, "try { await s.flush(5000); } catch (e) { return e.name; }") == "ConflictPending"
+    got = js(browser, "try { await s.rebase(); return null; } catch (e) { "
+                      "return [e.name, e.merged.content, e.merged.conflicts.map(c => c.key)]; }")
+    assert got == ["MergeConflict", None, ["A1", "B1"]]
+    assert state(browser) == "conflict"
+    assert stored(db, doc).content == {"A1": 10, "B1": 2} and versions(db, doc) == [1, 2]
+    # the person keeps their copy on top of the stored version
+    js(browser, "await s.rebase(({local}) => local); await s.flush(5000);")
+    assert stored(db, doc).content == {"A1": 1, "B1": 20} and stored(db, doc).version == 3
+
+
+def test_a_dropped_answer_of_a_committed_save_is_retried_with_the_same_key(
+        browser: webdriver.Chrome, db: str, site: tuple[str, HttpFaultProxy]) -> None:
+    base, proxy = site
+    doc = create(db, "record", {"title": "a"})
+    open_session(browser, base, doc, "ann")
+    dropped = proxy.drop_next("PUT", f"/documents/{doc}")
+    js(browser, "s.edit({title: 'b'});")
+    assert js(browser, "return await s.flush(10000);") == 2
+    assert dropped.is_set()
+    puts = proxy.requests("PUT", f"/documents/{doc}")
+    assert [p[3] for p in puts][:1] == ["dropped"] and len(puts) == 2
+    assert puts[0][2] == puts[1][2] and puts[0][2]            # the same Idempotency-Key
+    assert "200" in puts[1][3]
+    assert versions(db, doc) == [1, 2]                        # one version, not two
+    assert events_of(db, doc, "replay") == 1 and events_of(db, doc, "conflict") == 0
+    assert js(browser, "return events.filter(e => e.type === 'saved').map(e => e.detail);") == [
+        {"version": 2, "replayed": True}]
+    # the session saw no answer (outcome unknown), went offline, and retried by itself
+    assert js(browser, "return states;") == ["dirty", "saving", "offline", "saving", "clean"]
+    assert state(browser) == "clean" and drafts_in(browser) == []
+
+
+def test_a_tab_killed_during_the_debounce_leaves_a_draft_offered_on_reload_not_applied(
+        browser: webdriver.Chrome, db: str, site: tuple[str, HttpFaultProxy]) -> None:
+    base, _ = site
+    doc = create(db, "record", {"title": "a", "notes": ""})
+    spare = browser.current_window_handle
+    new_tab(browser)
+    open_session(browser, base, doc, "carol", debounceMs=60000, flushOnHide=False)
+    js(browser, "s.edit({...s.content, notes: 'typed, never saved'});")
+    assert state(browser) == "dirty"
+    # the renderer dies: no pagehide, no flush, no JS at all
+    with pytest.raises(WebDriverException, match="crash"):
+        browser.execute_cdp_cmd("Page.crash", {})
+    assert stored(db, doc).version == 1
+    browser.switch_to.window(spare)
+    open_session(browser, base, doc, "carol")
+    offered = js(browser, "return s.siblingDrafts.map(d => [d.content, d.baseVersion]);")
+    assert offered == [[{"title": "a", "notes": "typed, never saved"}, 1]]
+    # offered, not applied: the session shows the stored version and has nothing pending
+    assert js(browser, "return [s.content, s.pending, s.state];") == [{"title": "a", "notes": ""},
+                                                                       False, "clean"]
+    assert stored(db, doc).version == 1
+    js(browser, "await s.adopt(s.siblingDrafts[0]); await s.flush(5000);")
+    assert stored(db, doc).content == {"title": "a", "notes": "typed, never saved"}
+    assert drafts_in(browser) == []                           # deleted once saved
+
+
+def test_two_tabs_drafts_survive_each_other(browser: webdriver.Chrome, db: str,
+                                            site: tuple[str, HttpFaultProxy]) -> None:
+    base, _ = site
+    doc = create(db, "record", {"a": 0, "b": 0})
+    tab_a = browser.current_window_handle
+    open_session(browser, base, doc, "ann", debounceMs=60000, flushOnHide=False)
+    js(browser, "s.edit({...s.content, a: 1});")
+    tab_b = new_tab(browser)
+    open_session(browser, base, doc, "ann", debounceMs=60000, flushOnHide=False)
+    js(browser, "s.edit({...s.content, b: 2});")
+    drafts = drafts_in(browser)
+    assert sorted(d["contentJson"] for d in drafts) == ['{"a":0,"b":2}', '{"a":1,"b":0}']
+    assert len({d["writerId"] for d in drafts}) == 2
+    # a's save deletes only a's draft
+    browser.switch_to.window(tab_a)
+    assert js(browser, "return await s.flush(5000);") == 2
+    assert [d["contentJson"] for d in drafts_in(browser)] == ['{"a":0,"b":2}']
+    # b's save conflicts: its draft stays until it is saved
+    browser.switch_to.window(tab_b)
+    assert js(browser, "try { await s.flush(5000); } catch (e) { return e.name; }") == "ConflictPending"
+    assert [d["contentJson"] for d in drafts_in(browser)] == ['{"a":0,"b":2}']
+    js(browser, "await s.rebase(); await s.flush(5000);")
+    assert stored(db, doc).content == {"a": 1, "b": 2} and drafts_in(browser) == []
+
+
+def test_an_older_read_answer_arriving_after_a_newer_one_is_dropped(
+        browser: webdriver.Chrome, db: str, site: tuple[str, HttpFaultProxy]) -> None:
+    base, proxy = site
+    doc = create(db, "record", {"title": "v1"})
+    open_session(browser, base, doc, "ann")
+    held = proxy.hold_next("GET", f"/documents/{doc}")
+    browser.execute_script("window.first = s.refresh();")     # read #1: its answer is held
+    assert held.captured.wait(10)
+    save_as(db, doc, {"title": "v2"})
+    assert js(browser, "return await s.refresh();") is True   # read #2 applies version 2
+    held.release()                                            # read #1's (version 1) arrives
+    assert js(browser, "return await window.first;") is False
+    assert js(browser, "return [s.version, s.content, s.staleReadsDropped];") == [
+        2, {"title": "v2"}, 1]
+
+
+def test_discard_and_reload_while_the_server_is_unreachable_keeps_the_local_copy(
+        browser: webdriver.Chrome, db: str, site: tuple[str, HttpFaultProxy]) -> None:
+    base, proxy = site
+    doc = create(db, "record", {"title": "a"})
+    open_session(browser, base, doc, "ann", requestTimeoutMs=3000)
+    proxy.down()
+    js(browser, "s.edit({title: 'mine'});")
+    wait_state(browser, "offline")                            # the save got no answer
+    err = js(browser, "try { await s.discardAndReload(); return null; } catch (e) { return e.name; }")
+    assert err == "NetworkError"
+    assert js(browser, "return [s.content, s.pending];") == [{"title": "mine"}, True]
+    assert [d["contentJson"] for d in drafts_in(browser)] == ['{"title":"mine"}']
+    proxy.up()
+    assert js(browser, "return await s.flush(10000);") == 2   # the retry goes through
+    assert stored(db, doc).content == {"title": "mine"} and drafts_in(browser) == []
+
+
+def test_closing_the_tab_sends_the_pending_save_with_keepalive(
+        browser: webdriver.Chrome, db: str, site: tuple[str, HttpFaultProxy]) -> None:
+    base, _ = site
+    doc = create(db, "record", {"title": "a"})
+    new_tab(browser)
+    open_session(browser, base, doc, "ann", debounceMs=60000)
+    js(browser, "s.edit({title: 'closing'});")
+    browser.close()                                           # pagehide: fetch keepalive
+    browser.switch_to.window(browser.window_handles[0])
+    deadline_ok = wait_for_version(db, doc, 2)
+    assert deadline_ok and stored(db, doc).content == {"title": "closing"}
+
+
+def wait_for_version(db: str, doc: int, version: int, timeout: float = 10.0) -> bool:
+    from support import wait_for
+    return bool(wait_for(lambda: stored(db, doc).version == version, timeout,
+                         f"document {doc} at version {version}"))
+
+
+_: Any = JsError
