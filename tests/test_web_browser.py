@@ -272,3 +272,36 @@ def wait_for_version(db: str, doc: int, version: int, timeout: float = 10.0) -> 
 
 
 _: Any = JsError
+
+
+def test_the_demo_page_shows_a_conflict_and_its_rebase_button_merges(
+        browser: webdriver.Chrome, db: str, site: tuple[str, HttpFaultProxy]) -> None:
+    from selenium.webdriver.common.by import By
+
+    base, _ = site
+    browser.get(f"{base}/demo/?user=ann")
+    wait_js(browser, "window.demo && demo.record.session.state", lambda v: v == "clean",
+            what="the demo page to open its documents")
+    query = browser.execute_script("return location.search;")
+    doc = int(browser.execute_script("return demo.record.session.documentId;"))
+    tab_a = browser.current_window_handle
+    new_tab(browser)
+    browser.get(f"{base}/demo/{query.replace('user=ann', 'user=bob')}")
+    wait_js(browser, "window.demo && demo.record.session.state", lambda v: v == "clean")
+    browser.switch_to.window(tab_a)
+    browser.find_element(By.CSS_SELECTOR, "#record input[name=title]").send_keys(" (final)")
+    browser.find_element(By.CSS_SELECTOR, '#record [data-act="flush"]').click()
+    wait_js(browser, "demo.record.session.version", lambda v: v == 2)
+    browser.switch_to.window(browser.window_handles[1])
+    budget = browser.find_element(By.CSS_SELECTOR, "#record input[name=budget]")
+    budget.clear()
+    budget.send_keys("150")
+    browser.find_element(By.CSS_SELECTOR, '#record [data-act="flush"]').click()
+    wait_js(browser, "document.querySelector('#record .badge').textContent", lambda v: v == "conflict")
+    assert "saved by ann" in browser.find_element(By.CSS_SELECTOR, "#record .conflict-box").text
+    browser.find_element(By.XPATH, "//section[@id='record']//button[text()='Rebase (merge)']").click()
+    wait_js(browser, "demo.record.session.version", lambda v: v == 3)
+    assert stored(db, doc).content == {"title": "Q3 plan (final)", "owner": "ann", "budget": 150,
+                                       "notes": ""}
+    assert browser.find_element(By.CSS_SELECTOR, "#record input[name=title]").get_attribute(
+        "value") == "Q3 plan (final)"
