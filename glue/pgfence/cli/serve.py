@@ -107,8 +107,11 @@ def serve_cmd(state: CliState, host: str, port: int, secret_file: Path | None,
                        "second user with ?user=bob)")
         click.echo("  Ctrl-C stops it.")
         sys.stdout.flush()
-        uvicorn_server(app, log_level="info" if demo else "warning",
-                       access_log=False).run(sockets=[sock])
+        try:
+            uvicorn_server(app, log_level="info" if demo else "warning",
+                           access_log=False).run(sockets=[sock])
+        except KeyboardInterrupt:       # uvicorn re-raises the Ctrl-C it handled
+            click.echo("pgfence serve: stopped")
 
     dsn = state.dsn or os.environ.get("DATABASE_URL")
     if not demo or dsn:

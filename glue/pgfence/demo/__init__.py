@@ -29,7 +29,7 @@ from tabulate import tabulate
 from .receivers import SmtpSink, WebhookReceiver
 
 #: Scenes in the order they run. A module that is not installed is reported and skipped.
-SCENES: list[str] = ["outbox", "plan", "operation", "document"]
+SCENES: list[str] = ["outbox", "plan", "operation", "document", "web"]
 
 
 class ExecutorProcess:
