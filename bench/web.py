@@ -123,7 +123,8 @@ class _Serve:
     """``pgfence serve`` as a subprocess on a free port."""
 
     def __init__(self, dsn: str) -> None:
-        self.log = tempfile.NamedTemporaryFile("w+", prefix="pgfence-bench-serve-", suffix=".log")
+        self.log = tempfile.NamedTemporaryFile(  # noqa: SIM115 - closed in close()
+            "w+", prefix="pgfence-bench-serve-", suffix=".log")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "pgfence", "--dsn", dsn, "serve", "--port", "0",
              "--dev-trusted-header", "X-Bench-User"],

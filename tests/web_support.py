@@ -68,17 +68,17 @@ def open_session(driver: webdriver.Chrome, base: str, doc: int, user: str,
     ``window.states`` collects every state, ``window.events`` every other event."""
     driver.get(f"{base}/")
     return js(driver, """
-      const [doc, user, opts] = args;
+      const [doc, user, opts, header] = args;
       window.m = await import("/static/pgfence-documents.js");
       window.states = []; window.events = [];
-      window.s = await m.DocumentSession.open(doc, {user, headers: {"%s": user},
+      window.s = await m.DocumentSession.open(doc, {user, headers: {[header]: user},
         retryBaseMs: 50, retryCapMs: 400, ...opts});
       s.addEventListener("state", (e) => states.push(e.detail.state));
       for (const t of ["saved", "conflict", "error", "staleread", "drafts"])
         s.addEventListener(t, (e) => events.push({type: t,
           detail: e.detail && (e.detail.error ? String(e.detail.error) : e.detail)}));
       return s.snapshot();
-    """ % USER_HEADER, doc, user, opts)
+    """, doc, user, opts, USER_HEADER)
 
 
 def wait_js(driver: webdriver.Chrome, expr: str, want: Callable[[Any], bool] = bool,
