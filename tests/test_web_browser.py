@@ -305,3 +305,28 @@ def test_the_demo_page_shows_a_conflict_and_its_rebase_button_merges(
                                        "notes": ""}
     assert browser.find_element(By.CSS_SELECTOR, "#record input[name=title]").get_attribute(
         "value") == "Q3 plan (final)"
+
+
+def test_edits_debounce_into_one_save_and_an_edit_during_a_save_stays_pending(
+        browser: webdriver.Chrome, db: str, site: tuple[str, HttpFaultProxy]) -> None:
+    base, proxy = site
+    doc = create(db, "record", {"n": 0})
+    open_session(browser, base, doc, "ann", debounceMs=300)
+    js(browser, "for (let i = 1; i <= 5; i++) s.edit({n: i});")  # one burst: one latest snapshot
+    wait_js(browser, "s.state", lambda v: v == "clean", what="the burst to be saved")
+    assert len(proxy.requests("PUT")) == 1 and versions(db, doc) == [1, 2]
+    assert stored(db, doc).content == {"n": 5}
+
+    held = proxy.hold_next("PUT", f"/documents/{doc}")
+    js(browser, "s.edit({n: 6}); s.flushNow();")
+    assert held.captured.wait(10)                              # save of n=6 is in flight
+    assert state(browser) == "saving"
+    js(browser, "s.edit({n: 7});")                             # an edit during the save
+    assert js(browser, "return [s.state, s.pending];") == ["saving", True]
+    assert len(proxy.requests("PUT")) == 2                     # still one save in flight
+    held.release()
+    wait_js(browser, "s.version", lambda v: v == 3, what="the first save's answer")
+    # that success did not clear the newer edit: it is saved next, on version 3
+    assert js(browser, "return await s.flush(5000);") == 4
+    assert stored(db, doc).content == {"n": 7} and versions(db, doc) == [1, 2, 3, 4]
+    assert drafts_in(browser) == []
