@@ -30,6 +30,10 @@ GRANT SELECT, INSERT, UPDATE, DELETE ON pgfence.operation         TO pgfence_def
 GRANT SELECT, INSERT, UPDATE         ON pgfence.document_kind     TO pgfence_definer;
 GRANT SELECT, INSERT, UPDATE         ON pgfence.document          TO pgfence_definer;  -- a delete is a tombstone version
 GRANT SELECT, INSERT                 ON pgfence.document_revision TO pgfence_definer;  -- immutable
+-- outbox_enqueue_many takes its ids from the identity sequence up front (nextval), to insert in
+-- input order; every other insert takes them from the identity default, which needs no grant.
+REVOKE ALL ON SEQUENCE pgfence.outbox_id_seq FROM pgfence_definer;
+GRANT USAGE ON SEQUENCE pgfence.outbox_id_seq TO pgfence_definer;
 
 -- Hand every function, procedure and view not yet owned by pgfence_definer to it (new ones, and
 -- all of them on the upgrade that introduced the role). A non-superuser may give an object to a
