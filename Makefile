@@ -58,7 +58,7 @@ schema: venv deps
 	@$(PGFENCE) db run -- $(PY) tools/make_schema.py
 
 lint: venv
-	$(VENV)/bin/ruff check glue tests bench
+	$(VENV)/bin/ruff check glue tests bench tools hatch_build.py
 	$(VENV)/bin/mypy
 
 clean:

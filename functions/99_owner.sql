@@ -10,13 +10,14 @@
 -- is a member of pgfence_definer (so that it can replace the functions on the next migrate);
 -- pgfence_definer is a member of nothing.
 --
--- A new table gets no privilege until it is listed here (tests/pgtap/99_owner.sql lists them).
+-- A new table gets no privilege until it is listed here (tests/pgtap/99_owner.sql lists them);
+-- pgfence.installed_migration gets none (only migrate reads it).
 
 GRANT USAGE ON SCHEMA pgfence TO pgfence_definer;
 
 REVOKE ALL ON pgfence.meta, pgfence.event, pgfence.outbox_channel, pgfence.outbox,
   pgfence.outbox_lapse, pgfence.plan_action, pgfence.plan, pgfence.plan_step, pgfence.operation,
-  pgfence.document_kind, pgfence.document, pgfence.document_revision, pgfence.installed_migration
+  pgfence.document_kind, pgfence.document, pgfence.document_revision
   FROM pgfence_definer;
 GRANT SELECT                         ON pgfence.meta              TO pgfence_definer;
 GRANT SELECT, INSERT, DELETE         ON pgfence.event             TO pgfence_definer;  -- append-only; the purge deletes

@@ -63,11 +63,10 @@ BEGIN
             DETAIL = 'Installing pgfence creates schema pgfence, owned by the installing login.',
             HINT = format('Or create the schema for it: CREATE SCHEMA pgfence AUTHORIZATION %I', v_login);
   END IF;
-  IF v_owner IS NOT NULL AND NOT pg_catalog.pg_has_role(current_user, v_owner, 'USAGE') THEN
-    RAISE EXCEPTION 'schema pgfence belongs to %, not to login %: run the install as %, or a superuser runs: GRANT % TO %',
-      v_owner, v_login, v_owner, quote_ident(v_owner), quote_ident(v_login)
+  IF v_owner IS NOT NULL AND v_owner <> v_login AND NOT v_super THEN
+    RAISE EXCEPTION 'schema pgfence belongs to %, not to login %: run the install as %', v_owner, v_login, v_owner
       USING ERRCODE = '42501',
-            DETAIL = 'Migrations change the tables, which only their owner (or a member of that role) may do.';
+            DETAIL = 'Migrations change the tables, which only their owner may do; tables created by another login would have two owners.';
   END IF;
 
   v_missing := ARRAY(
@@ -124,7 +123,7 @@ BEGIN
     RAISE EXCEPTION 'pgfence is already installed in database % (schema version %)',
       current_database(), (SELECT m.schema_version FROM pgfence.meta m)
       USING ERRCODE = '42P07',
-            HINT = 'Upgrade it with pgfence migrate; schema/pgfence.sql installs into a database without pgfence.';
+            HINT = 'Upgrade it with pgfence migrate; this file installs into a database without pgfence.';
   END IF;
 END
 $guard$;
@@ -5962,13 +5961,14 @@ COMMENT ON PROCEDURE pgfence.audit_purge(text, interval, integer, bigint) IS
 -- is a member of pgfence_definer (so that it can replace the functions on the next migrate);
 -- pgfence_definer is a member of nothing.
 --
--- A new table gets no privilege until it is listed here (tests/pgtap/99_owner.sql lists them).
+-- A new table gets no privilege until it is listed here (tests/pgtap/99_owner.sql lists them);
+-- pgfence.installed_migration gets none (only migrate reads it).
 
 GRANT USAGE ON SCHEMA pgfence TO pgfence_definer;
 
 REVOKE ALL ON pgfence.meta, pgfence.event, pgfence.outbox_channel, pgfence.outbox,
   pgfence.outbox_lapse, pgfence.plan_action, pgfence.plan, pgfence.plan_step, pgfence.operation,
-  pgfence.document_kind, pgfence.document, pgfence.document_revision, pgfence.installed_migration
+  pgfence.document_kind, pgfence.document, pgfence.document_revision
   FROM pgfence_definer;
 GRANT SELECT                         ON pgfence.meta              TO pgfence_definer;
 GRANT SELECT, INSERT, DELETE         ON pgfence.event             TO pgfence_definer;  -- append-only; the purge deletes
@@ -5982,6 +5982,10 @@ GRANT SELECT, INSERT, UPDATE, DELETE ON pgfence.operation         TO pgfence_def
 GRANT SELECT, INSERT, UPDATE         ON pgfence.document_kind     TO pgfence_definer;
 GRANT SELECT, INSERT, UPDATE         ON pgfence.document          TO pgfence_definer;  -- a delete is a tombstone version
 GRANT SELECT, INSERT                 ON pgfence.document_revision TO pgfence_definer;  -- immutable
+-- outbox_enqueue_many takes its ids from the identity sequence up front (nextval), to insert in
+-- input order; every other insert takes them from the identity default, which needs no grant.
+REVOKE ALL ON SEQUENCE pgfence.outbox_id_seq FROM pgfence_definer;
+GRANT USAGE ON SEQUENCE pgfence.outbox_id_seq TO pgfence_definer;
 
 -- Hand every function, procedure and view not yet owned by pgfence_definer to it (new ones, and
 -- all of them on the upgrade that introduced the role). A non-superuser may give an object to a

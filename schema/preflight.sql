@@ -36,11 +36,10 @@ BEGIN
             DETAIL = 'Installing pgfence creates schema pgfence, owned by the installing login.',
             HINT = format('Or create the schema for it: CREATE SCHEMA pgfence AUTHORIZATION %I', v_login);
   END IF;
-  IF v_owner IS NOT NULL AND NOT pg_catalog.pg_has_role(current_user, v_owner, 'USAGE') THEN
-    RAISE EXCEPTION 'schema pgfence belongs to %, not to login %: run the install as %, or a superuser runs: GRANT % TO %',
-      v_owner, v_login, v_owner, quote_ident(v_owner), quote_ident(v_login)
+  IF v_owner IS NOT NULL AND v_owner <> v_login AND NOT v_super THEN
+    RAISE EXCEPTION 'schema pgfence belongs to %, not to login %: run the install as %', v_owner, v_login, v_owner
       USING ERRCODE = '42501',
-            DETAIL = 'Migrations change the tables, which only their owner (or a member of that role) may do.';
+            DETAIL = 'Migrations change the tables, which only their owner may do; tables created by another login would have two owners.';
   END IF;
 
   v_missing := ARRAY(

@@ -92,29 +92,39 @@ def with_user(dsn: str, user: str) -> str:
     return make_conninfo("", **params)
 
 
-def install_as_owner(admin_dsn: str, name: str, owner: str = OWNER) -> str:
-    """Create database ``name`` owned by the non-superuser login ``owner`` and migrate it as that
-    login; return the database's DSN for the admin login.
+def owned_database(admin_dsn: str, name: str, owner: str = OWNER) -> str | None:
+    """Create database ``name`` owned by the non-superuser login ``owner``; return its admin DSN.
 
-    The admin (a superuser) first creates pgfence's roles and the login and makes it a member of
-    pgfence_definer, as the README tells a DBA to do once; the login has no CREATEROLE. When the
-    admin is not a superuser (``DATABASE_URL`` of a role that may only create databases), the
-    admin installs instead.
+    The admin (a superuser) first runs :data:`BOOTSTRAP`: pgfence's roles and the login, made a
+    member of pgfence_definer, as the README tells a DBA to do once; the login has no
+    CREATEROLE. Returns None (and creates nothing) when the admin is not a superuser.
     """
     with psycopg.connect(admin_dsn, autocommit=True) as conn:
         row = conn.execute("SELECT rolsuper FROM pg_roles WHERE rolname = current_user").fetchone()
-        superuser = bool(row and row[0])
-        if superuser:
-            conn.execute(BOOTSTRAP.format(owner=owner).encode())
-    if not superuser:
+        if not (row and row[0]):
+            return None
+        conn.execute(BOOTSTRAP.format(owner=owner).encode())
+        conn.execute(sql.SQL("CREATE DATABASE {} OWNER {}").format(sql.Identifier(name), sql.Identifier(owner)))
+    return make_conninfo("", **{**conninfo_to_dict(admin_dsn), "dbname": name})
+
+
+def install_as_owner(admin_dsn: str, name: str, owner: str = OWNER) -> str:
+    """Create database ``name`` (:func:`owned_database`) and migrate it as ``owner``; return the
+    database's DSN for the admin login. When the admin is not a superuser (``DATABASE_URL`` of a
+    role that may only create databases), the admin creates and installs it instead."""
+    dsn = owned_database(admin_dsn, name, owner)
+    if dsn is None:
         dsn = create_database(admin_dsn, name)
         migrate(dsn)
         return dsn
-    with psycopg.connect(admin_dsn, autocommit=True) as conn:
-        conn.execute(sql.SQL("CREATE DATABASE {} OWNER {}").format(sql.Identifier(name), sql.Identifier(owner)))
-    dsn = make_conninfo("", **{**conninfo_to_dict(admin_dsn), "dbname": name})
     migrate(with_user(dsn, owner))
     return dsn
+
+
+def psql_file(dsn: str, path: Path, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """``psql -X -v ON_ERROR_STOP=1 -f path`` against ``dsn``; output captured, never raises."""
+    return subprocess.run(["psql", "-X", "-q", "-v", "ON_ERROR_STOP=1", "-d", dsn, "-f", str(path)],
+                          capture_output=True, text=True, timeout=timeout, check=False)
 
 
 def wait_for(predicate: Callable[[], Any], timeout: float, what: str,

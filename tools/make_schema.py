@@ -80,7 +80,8 @@ def render_table(conn: psycopg.Connection[Any], oid: int, earlier: set[int]) -> 
 
     Returns the text and the foreign keys that must wait for a table created later.
     """
-    [(name, options)] = _rows(conn, "SELECT c.oid::regclass::text, c.reloptions FROM pg_class c WHERE c.oid = %s", (oid,))
+    [(name, options)] = _rows(conn, "SELECT oid::regclass::text, reloptions FROM pg_class WHERE oid = %s",
+                              (oid,))
     cols = _rows(conn, """
         SELECT quote_ident(a.attname), format_type(a.atttypid, a.atttypmod), a.attnotnull,
                pg_get_expr(d.adbin, d.adrelid), a.attidentity, a.attgenerated,
@@ -107,15 +108,16 @@ def render_table(conn: psycopg.Connection[Any], oid: int, earlier: set[int]) -> 
             line += f" DEFAULT {default}"
         lines.append(line)
     later: list[str] = []
-    for conname, condef, ref, comment in _rows(conn, """
-        SELECT quote_ident(c.conname), pg_get_constraintdef(c.oid), c.confrelid, obj_description(c.oid, 'pg_constraint')
+    for conname, condef, ref in _rows(conn, """
+        SELECT quote_ident(c.conname), pg_get_constraintdef(c.oid), c.confrelid
         FROM pg_constraint c WHERE c.conrelid = %s
         ORDER BY array_position(ARRAY['p', 'u', 'f', 'c', 'x'], c.contype::text), c.conname""", (oid,)):
         if ref and ref != oid and ref not in earlier:
             later.append(f"ALTER TABLE {name} ADD CONSTRAINT {conname} {condef};")
         else:
             lines.append(f"  CONSTRAINT {conname} {condef}")
-    out = [f"CREATE TABLE {name} (", ",\n".join(lines), ")" + (f" WITH ({', '.join(options)})" if options else "") + ";"]
+    with_options = f" WITH ({', '.join(options)})" if options else ""
+    out = [f"CREATE TABLE {name} (", ",\n".join(lines), f"){with_options};"]
     if (comment := _rows(conn, "SELECT obj_description(%s, 'pg_class')", (oid,))[0][0]) is not None:
         out.append(f"COMMENT ON TABLE {name} IS\n  {_lit(conn, comment)};")
     for col, *_, comment in cols:
@@ -126,9 +128,11 @@ def render_table(conn: psycopg.Connection[Any], oid: int, earlier: set[int]) -> 
         WHERE c.conrelid = %s AND obj_description(c.oid, 'pg_constraint') IS NOT NULL ORDER BY 1""", (oid,)):
         out.append(f"COMMENT ON CONSTRAINT {conname} ON {name} IS\n  {_lit(conn, comment)};")
     for index, indexdef, comment in _rows(conn, """
-        SELECT i.indexrelid::regclass::text, pg_get_indexdef(i.indexrelid), obj_description(i.indexrelid, 'pg_class')
+        SELECT i.indexrelid::regclass::text, pg_get_indexdef(i.indexrelid),
+               obj_description(i.indexrelid, 'pg_class')
         FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid
-        WHERE i.indrelid = %s AND NOT EXISTS (SELECT 1 FROM pg_constraint k WHERE k.conindid = i.indexrelid AND k.conrelid = i.indrelid)
+        WHERE i.indrelid = %s AND NOT EXISTS (
+          SELECT 1 FROM pg_constraint k WHERE k.conindid = i.indexrelid AND k.conrelid = i.indrelid)
         ORDER BY c.relname""", (oid,)):
         out.append(indexdef + ";")
         if comment is not None:
@@ -147,7 +151,8 @@ def check_identity_defaults(conn: psycopg.Connection[Any], table: int, column: s
         FROM pg_sequence s WHERE s.seqrelid = pg_get_serial_sequence(%s::regclass::text, %s)::regclass""",
                     (table, column.strip('"')))
     if not ok:
-        raise SystemExit(f"make_schema: identity column {column} has sequence options this generator does not render")
+        raise SystemExit(f"make_schema: identity column {column} has sequence options that this "
+                         "generator does not write: extend check_identity_defaults and render_table")
 
 
 def tables(conn: psycopg.Connection[Any]) -> list[tuple[int, str]]:
@@ -163,7 +168,8 @@ def seed_rows(conn: psycopg.Connection[Any], oid: int, name: str) -> str | None:
     cols = _rows(conn, """
         SELECT quote_ident(a.attname), format_type(a.atttypid, NULL) FROM pg_attribute a
         LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
-        WHERE a.attrelid = %s AND a.attnum > 0 AND NOT a.attisdropped AND a.attidentity = '' AND a.attgenerated = ''
+        WHERE a.attrelid = %s AND a.attnum > 0 AND NOT a.attisdropped
+          AND a.attidentity = '' AND a.attgenerated = ''
           AND NOT (d.adbin IS NOT NULL AND format_type(a.atttypid, NULL) LIKE 'timestamp%%')
         ORDER BY a.attnum""", (oid,))
     exprs = ", ".join(f"{c}::text" for c, _ in cols)
@@ -289,7 +295,9 @@ def render(conn: psycopg.Connection[Any], found: list[Table], applied: list[str]
         text, waiting = render_table(conn, oids[table.name], done)
         done.add(oids[table.name])
         later += waiting
-        note = f"-- {table.name}" + (f" (changed later by {', '.join(table.changed_by)})" if table.changed_by else "")
+        note = f"-- {table.name}"
+        if table.changed_by:
+            note += f" (changed later by {', '.join(table.changed_by)})"
         parts.append(f"\n{note}\n{text}")
         if rows := seed_rows(conn, oids[table.name], table.name):
             parts.append(rows)
@@ -312,7 +320,7 @@ BEGIN
     RAISE EXCEPTION 'pgfence is already installed in database % (schema version %)',
       current_database(), (SELECT m.schema_version FROM pgfence.meta m)
       USING ERRCODE = '42P07',
-            HINT = 'Upgrade it with pgfence migrate; schema/pgfence.sql installs into a database without pgfence.';
+            HINT = 'Upgrade it with pgfence migrate; this file installs into a database without pgfence.';
   END IF;
 END
 $guard$;

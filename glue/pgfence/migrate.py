@@ -95,6 +95,15 @@ def preflight(conn: psycopg.Connection[Any]) -> None:
         raise InstallPrivilegeError(exc.diag.message_primary or str(exc).strip()) from exc
 
 
+def recorded_version(conn: psycopg.Connection[Any]) -> int | None:
+    """The schema version in ``pgfence.meta`` (read from the table: the function may be a hot-fix)."""
+    row = conn.execute("SELECT to_regclass('pgfence.meta') IS NOT NULL").fetchone()
+    if not row or not row[0]:
+        return None
+    got = conn.execute("SELECT schema_version FROM pgfence.meta").fetchone()
+    return int(got[0]) if got else None
+
+
 def installed_from_file(conn: psycopg.Connection[Any]) -> set[str]:
     """Ids of the migrations ``schema/pgfence.sql`` installed here (empty for a migrated database)."""
     row = conn.execute("SELECT to_regclass('pgfence.installed_migration') IS NOT NULL").fetchone()
@@ -130,7 +139,7 @@ def migrate(dsn: str | None = None, *, lock_timeout: float = 120,
     migrations = read_migrations(str(migrations_dir()))
     with psycopg.connect(dsn, autocommit=True) as conn:
         preflight(conn)
-        if (found := schema_version(conn)) is not None and found > SCHEMA_VERSION:
+        if (found := recorded_version(conn)) is not None and found > SCHEMA_VERSION:
             check_version(found)  # raises: a newer schema is never downgraded
         conn.execute("CREATE SCHEMA IF NOT EXISTS pgfence")
         backend = get_backend(yoyo_uri(dsn), migration_table="_yoyo_migration")
