@@ -42,6 +42,18 @@ def cluster() -> Iterator[ClusterInfo | None]:
         pg.stop()
 
 
+@pytest.fixture()
+def own_cluster() -> Iterator[ClusterInfo]:
+    """A new throwaway cluster for this test alone (to restart it, or to start without any
+    pgfence role), stopped and removed after."""
+    pg = EmbeddedPostgres()
+    info = pg.start()
+    try:
+        yield info
+    finally:
+        pg.stop()
+
+
 @pytest.fixture(scope="session")
 def admin_dsn(cluster: ClusterInfo | None) -> str:
     """DSN of the maintenance database (``postgres``) on the test server."""

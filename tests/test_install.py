@@ -1,4 +1,4 @@
-"""Installing pgfence as a user would, each on a fresh cluster of its own (no pgfence role yet):
+"""Installing pgfence as a user would, each on a new cluster of its own (no pgfence role yet):
 
 - the built wheel in a new virtualenv: ``pgfence migrate`` as a login that owns its database and
   has CREATEROLE (no superuser), then a client enqueues and an executor login delivers to a real
@@ -20,7 +20,6 @@ import sys
 import sysconfig
 import tarfile
 import zipfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import psycopg
@@ -30,24 +29,13 @@ from catalog import catalog, diff
 from pgfence import SCHEMA_VERSION, __version__
 from pgfence.db import with_dbname
 from pgfence.demo.receivers import WebhookReceiver
-from pgfence.embedded import ClusterInfo, EmbeddedPostgres
+from pgfence.embedded import ClusterInfo
 from support import psql_file, wait_for, with_user
 from test_audit_docs import sql_blocks
 from test_docs import BOOTSTRAP, README
 
 ROOT = Path(__file__).resolve().parents[1]
 SQL_FOLDERS = ("migrations", "functions", "schema")
-
-
-@pytest.fixture()
-def fresh() -> Iterator[ClusterInfo]:
-    """A new throwaway cluster: no pgfence role exists in it yet."""
-    pg = EmbeddedPostgres()
-    info = pg.start()
-    try:
-        yield info
-    finally:
-        pg.stop()
 
 
 def admin(info: ClusterInfo, *statements: str) -> None:
@@ -99,7 +87,7 @@ def expected_sql() -> set[str]:
 
 
 @pytest.mark.timeout(240)
-def test_the_wheel_installs_migrates_and_delivers_from_a_fresh_venv(fresh: ClusterInfo, tmp_path: Path) -> None:
+def test_the_wheel_installs_migrates_and_delivers_from_a_fresh_venv(own_cluster: ClusterInfo, tmp_path: Path) -> None:
     wheel = build("wheel", tmp_path / "dist")
     assert wheel_sql(wheel) == expected_sql(), "the wheel carries every migration, function file and schema file"
     with zipfile.ZipFile(wheel) as z:
@@ -130,9 +118,9 @@ def test_the_wheel_installs_migrates_and_delivers_from_a_fresh_venv(fresh: Clust
     assert version.stdout.strip() == f"pgfence {__version__} (schema version {SCHEMA_VERSION})"
 
     # The database's owner, with CREATEROLE and nothing else, installs pgfence and its roles.
-    admin(fresh, "CREATE ROLE ops LOGIN CREATEROLE", "CREATE DATABASE app OWNER ops",
+    admin(own_cluster, "CREATE ROLE ops LOGIN CREATEROLE", "CREATE DATABASE app OWNER ops",
           "CREATE DATABASE app_file OWNER ops")
-    ops = dsn(fresh, "app", "ops")
+    ops = dsn(own_cluster, "app", "ops")
     migrated = run(cli, "--dsn", ops, "migrate", env=env, cwd=tmp_path)
     assert migrated.returncode == 0, migrated.stderr
     assert f"schema version {SCHEMA_VERSION}" in migrated.stdout
@@ -143,17 +131,17 @@ def test_the_wheel_installs_migrates_and_delivers_from_a_fresh_venv(fresh: Clust
     receiver = WebhookReceiver()
     executor = None
     try:
-        with psycopg.connect(dsn(fresh, "app", "shop"), autocommit=True) as conn:
+        with psycopg.connect(dsn(own_cluster, "app", "shop"), autocommit=True) as conn:
             [[mid]] = conn.execute(
                 "SELECT pgfence.outbox_enqueue('orders', %s, '{\"order\": 42}', p_idempotency_key => 'order-42-created')",
                 (receiver.url + "/hook",)).fetchall()
         executor = subprocess.Popen(
-            [*cli, "--dsn", dsn(fresh, "app", "worker"), "executor", "--route", "orders=webhook?allow=127.0.0.1",
+            [*cli, "--dsn", dsn(own_cluster, "app", "worker"), "executor", "--route", "orders=webhook?allow=127.0.0.1",
              "--poll-interval", "0.2", "--grace", "5"], env=env, cwd=tmp_path,
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
         def status() -> str:
-            with psycopg.connect(dsn(fresh, "app", "shop"), autocommit=True) as conn:
+            with psycopg.connect(dsn(own_cluster, "app", "shop"), autocommit=True) as conn:
                 row = conn.execute("SELECT status FROM pgfence.outbox_get(%s)", (mid,)).fetchone()
             return str(row[0]) if row else ""
 
@@ -169,14 +157,14 @@ def test_the_wheel_installs_migrates_and_delivers_from_a_fresh_venv(fresh: Clust
     # The wheel's schema/pgfence.sql, into another database by the same login: the same catalog,
     # and migrate then records the migrations it held and applies nothing.
     schema = site / "pgfence" / "_sql" / "schema" / "pgfence.sql"
-    installed = psql_file(dsn(fresh, "app_file", "ops"), schema)
+    installed = psql_file(dsn(own_cluster, "app_file", "ops"), schema)
     assert installed.returncode == 0, installed.stderr
-    got, want = catalog(dsn(fresh, "app_file", "ops"), data=False), catalog(ops, data=False)
+    got, want = catalog(dsn(own_cluster, "app_file", "ops"), data=False), catalog(ops, data=False)
     assert got == want, diff(got, want)  # (app holds the delivered message: compare no rows)
-    again = run(cli, "--dsn", dsn(fresh, "app_file", "ops"), "migrate", env=env, cwd=tmp_path)
+    again = run(cli, "--dsn", dsn(own_cluster, "app_file", "ops"), "migrate", env=env, cwd=tmp_path)
     assert again.returncode == 0, again.stderr
     assert "recorded as installed by schema/pgfence.sql" in again.stdout and "no pending migrations" in again.stdout
-    assert catalog(dsn(fresh, "app_file", "ops"), yoyo=True, data=False) == catalog(ops, yoyo=True, data=False)
+    assert catalog(dsn(own_cluster, "app_file", "ops"), yoyo=True, data=False) == catalog(ops, yoyo=True, data=False)
 
     # An install whose SQL files are gone says so in one line.
     shutil.rmtree(site / "pgfence" / "_sql")
@@ -192,10 +180,10 @@ def statement_in(line: str) -> str:
 
 
 @pytest.mark.timeout(180)
-def test_each_missing_privilege_is_one_line_naming_the_statement_to_run(fresh: ClusterInfo) -> None:
+def test_each_missing_privilege_is_one_line_naming_the_statement_to_run(own_cluster: ClusterInfo) -> None:
     cli = [sys.executable, "-m", "pgfence"]
-    admin(fresh, "CREATE ROLE app_owner LOGIN", "CREATE DATABASE app OWNER app_owner")
-    owner = dsn(fresh, "app", "app_owner")
+    admin(own_cluster, "CREATE ROLE app_owner LOGIN", "CREATE DATABASE app OWNER app_owner")
+    owner = dsn(own_cluster, "app", "app_owner")
 
     # No pgfence role exists and the login may not create roles: a superuser runs what it says.
     line = one_line_error(run(cli, "--dsn", owner, "migrate"))
@@ -206,45 +194,45 @@ def test_each_missing_privilege_is_one_line_naming_the_statement_to_run(fresh: C
                    "GRANT pgfence_definer TO app_owner;")
     with psycopg.connect(owner) as conn:
         assert conn.execute("SELECT to_regnamespace('pgfence')").fetchone() == (None,), "nothing was changed"
-    admin(fresh, fix)
+    admin(own_cluster, fix)
     done = run(cli, "--dsn", owner, "migrate")
     assert done.returncode == 0, done.stderr
 
     # The roles exist; another database owner is not a member of pgfence_definer.
-    admin(fresh, "CREATE ROLE other LOGIN", "CREATE DATABASE app2 OWNER other")
-    line = one_line_error(run(cli, "--dsn", dsn(fresh, "app2", "other"), "migrate"))
+    admin(own_cluster, "CREATE ROLE other LOGIN", "CREATE DATABASE app2 OWNER other")
+    line = one_line_error(run(cli, "--dsn", dsn(own_cluster, "app2", "other"), "migrate"))
     assert statement_in(line) == "GRANT pgfence_definer TO other"
-    admin(fresh, statement_in(line))
-    assert run(cli, "--dsn", dsn(fresh, "app2", "other"), "migrate").returncode == 0
+    admin(own_cluster, statement_in(line))
+    assert run(cli, "--dsn", dsn(own_cluster, "app2", "other"), "migrate").returncode == 0
 
     # A member of pgfence_definer without CREATE on the database.
-    admin(fresh, "CREATE ROLE lowly LOGIN IN ROLE pgfence_definer", "CREATE DATABASE app3")
-    line = one_line_error(run(cli, "--dsn", dsn(fresh, "app3", "lowly"), "migrate"))
+    admin(own_cluster, "CREATE ROLE lowly LOGIN IN ROLE pgfence_definer", "CREATE DATABASE app3")
+    line = one_line_error(run(cli, "--dsn", dsn(own_cluster, "app3", "lowly"), "migrate"))
     assert statement_in(line) == "GRANT CREATE ON DATABASE app3 TO lowly"
-    admin(fresh, statement_in(line))
-    assert run(cli, "--dsn", dsn(fresh, "app3", "lowly"), "migrate").returncode == 0
+    admin(own_cluster, statement_in(line))
+    assert run(cli, "--dsn", dsn(own_cluster, "app3", "lowly"), "migrate").returncode == 0
 
     # Schema pgfence belongs to another login: migrate says whose it is.
-    line = one_line_error(run(cli, "--dsn", dsn(fresh, "app", "lowly"), "migrate"))
+    line = one_line_error(run(cli, "--dsn", dsn(own_cluster, "app", "lowly"), "migrate"))
     assert "schema pgfence belongs to app_owner" in line and "run the install as app_owner" in line
 
     # Every database so installed has the same catalog, whoever installed it.
-    assert catalog(dsn(fresh, "app2", "other"), yoyo=True) == catalog(owner, yoyo=True)
-    assert catalog(dsn(fresh, "app3", "lowly"), yoyo=True) == catalog(owner, yoyo=True)
+    assert catalog(dsn(own_cluster, "app2", "other"), yoyo=True) == catalog(owner, yoyo=True)
+    assert catalog(dsn(own_cluster, "app3", "lowly"), yoyo=True) == catalog(owner, yoyo=True)
 
 
 @pytest.mark.timeout(120)
-def test_the_readme_bootstrap_lets_its_login_install(fresh: ClusterInfo, tmp_path: Path) -> None:
+def test_the_readme_bootstrap_lets_its_login_install(own_cluster: ClusterInfo, tmp_path: Path) -> None:
     """README's "Installing without a superuser" block, run as given by a superuser on a cluster
     without pgfence, is all its login needs: it then installs with no CREATEROLE."""
     [block] = [b for b in sql_blocks(README.read_text(encoding="utf-8")) if BOOTSTRAP in b]
     script = tmp_path / "bootstrap.sql"
     script.write_text(block)
-    proc = psql_file(fresh.url, script)
+    proc = psql_file(own_cluster.url, script)
     assert proc.returncode == 0, proc.stderr
-    migrated = run([sys.executable, "-m", "pgfence", "--dsn", dsn(fresh, "app", "app_owner"), "migrate"])
+    migrated = run([sys.executable, "-m", "pgfence", "--dsn", dsn(own_cluster, "app", "app_owner"), "migrate"])
     assert migrated.returncode == 0, migrated.stderr
-    with psycopg.connect(dsn(fresh, "app", "app_owner")) as conn:
+    with psycopg.connect(dsn(own_cluster, "app", "app_owner")) as conn:
         row = conn.execute("SELECT rolsuper OR rolcreaterole FROM pg_roles WHERE rolname = current_user").fetchone()
         assert row == (False,)
         assert conn.execute("SELECT pgfence.schema_version()").fetchone() == (SCHEMA_VERSION,)

@@ -47,6 +47,10 @@ class InstallPrivilegeError(RuntimeError):
     """The login running migrate lacks a privilege; the message names the statement to run."""
 
 
+class FunctionsError(RuntimeError):
+    """A ``functions/`` file failed to apply (the whole functions transaction was rolled back)."""
+
+
 @dataclass
 class MigrateResult:
     """What one ``migrate`` call did."""
@@ -69,7 +73,11 @@ def yoyo_uri(dsn: str) -> str:
 
 
 def apply_functions(conn: psycopg.Connection[Any]) -> list[str]:
-    """Apply every ``functions/*.sql`` in one transaction on ``conn``; return the file names."""
+    """Apply every ``functions/*.sql`` in one transaction on ``conn``; return the file names.
+
+    Raises:
+        FunctionsError: a file failed; nothing of any file was applied.
+    """
     files = sorted(functions_dir().glob("*.sql"))
     with conn.transaction():
         conn.execute("SELECT pg_advisory_xact_lock(%s)", (FUNCTIONS_LOCK_KEY,))
@@ -78,7 +86,9 @@ def apply_functions(conn: psycopg.Connection[Any]) -> list[str]:
             try:
                 conn.execute(path.read_text(encoding="utf-8").encode())
             except psycopg.Error as exc:
-                raise RuntimeError(f"applying {path.name} failed: {exc}") from exc
+                first = exc.diag.message_primary or str(exc).strip().splitlines()[0]
+                code = f" [{exc.sqlstate}]" if exc.sqlstate else ""
+                raise FunctionsError(f"applying {path.name} failed: {first}{code}") from exc
     return [p.name for p in files]
 
 
@@ -129,8 +139,8 @@ def migrate(dsn: str | None = None, *, lock_timeout: float = 120,
     Raises:
         InstallPrivilegeError: the login lacks a privilege (see :func:`preflight`).
         SchemaMismatch: the database's schema is newer than this package (upgrade pgfence).
-        RuntimeError: a functions file failed (its name and the server error are in the message;
-            the functions transaction is rolled back as a whole).
+        FunctionsError: a functions file failed (its name, the server's message and SQLSTATE are
+            in the message; the functions transaction is rolled back as a whole).
         pgfence.paths.SqlNotFound: this install has no SQL files.
         psycopg.Error, yoyo.exceptions.LockTimeout: connection problems or a stuck lock.
     """

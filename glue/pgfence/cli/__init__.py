@@ -18,7 +18,7 @@ from .. import SCHEMA_VERSION, __version__
 from ..db import NoDatabase
 from ..embedded import PostgresNotFound
 from ..errors import PgfenceError
-from ..migrate import InstallPrivilegeError
+from ..migrate import FunctionsError, InstallPrivilegeError
 from ..paths import SqlNotFound
 from ._common import CliState
 
@@ -46,7 +46,7 @@ class _Group(click.Group):
     def invoke(self, ctx: click.Context) -> object:
         try:
             return super().invoke(ctx)
-        except (NoDatabase, PostgresNotFound, SqlNotFound, InstallPrivilegeError) as exc:
+        except (NoDatabase, PostgresNotFound, SqlNotFound, InstallPrivilegeError, FunctionsError) as exc:
             click.echo(f"pgfence: {exc}", err=True)
             sys.exit(1)
         except PgfenceError as exc:
