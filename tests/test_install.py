@@ -39,17 +39,20 @@ SQL_FOLDERS = ("migrations", "functions", "schema")
 
 
 def admin(info: ClusterInfo, *statements: str) -> None:
+    """Run statements as the cluster's superuser, each in its own transaction."""
     with psycopg.connect(info.url, autocommit=True) as conn:
         for statement in statements:
             conn.execute(statement.encode())
 
 
 def dsn(info: ClusterInfo, db: str, user: str) -> str:
+    """The DSN of database ``db`` on the cluster, as login ``user``."""
     return with_user(with_dbname(info.url, db), user)
 
 
 def run(exe: list[str], *args: str, env: dict[str, str] | None = None,
         cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    """Run a command (two minutes at most), output captured; never raises on its exit status."""
     return subprocess.run([*exe, *args], capture_output=True, text=True, timeout=120, check=False,
                           env=env, cwd=cwd)
 
@@ -77,11 +80,13 @@ def build(kind: str, out: Path, source: Path = ROOT) -> Path:
 
 
 def wheel_sql(wheel: Path) -> set[str]:
+    """The SQL package data a wheel holds."""
     with zipfile.ZipFile(wheel) as z:
         return {n for n in z.namelist() if n.startswith("pgfence/_sql/")}
 
 
 def expected_sql() -> set[str]:
+    """Where every file of the checkout's SQL folders must be in a wheel."""
     return {f"pgfence/_sql/{p.relative_to(ROOT)}" for f in SQL_FOLDERS for p in (ROOT / f).iterdir()
             if p.is_file() and p.suffix in (".sql", ".md")}
 

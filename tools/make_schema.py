@@ -230,6 +230,7 @@ def build(conn: psycopg.Connection[Any], dsn: str) -> tuple[list[Table], list[st
 
 
 def header(applied: list[str]) -> str:
+    """The file's opening comment (how to install, what it holds) and its BEGIN."""
     return f"""\
 -- pgfence schema/pgfence.sql — the whole of schema pgfence in one file, schema version {SCHEMA_VERSION}.
 --
@@ -268,11 +269,13 @@ def generate(admin_dsn: str) -> str:
 
 
 def section(title: str) -> str:
+    """A comment banner between the file's parts."""
     bar = "-" * 95
     return f"\n-- {bar}\n-- {title}\n-- {bar}\n"
 
 
 def render(conn: psycopg.Connection[Any], found: list[Table], applied: list[str]) -> str:
+    """The whole file from the migrated scratch database on ``conn`` (see the module docstring)."""
     parts = [header(applied), section("1. Roles and the installing login's privileges: schema/preflight.sql"),
              preflight_file().read_text(encoding="utf-8").rstrip() + "\n",
              section("2. Schema pgfence and its tables"), GUARD]
@@ -328,6 +331,7 @@ $guard$;
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Write (or with ``--check`` compare) the file; returns the exit status."""
     parser = argparse.ArgumentParser(description="Generate schema/pgfence.sql (run under `pgfence db run`).")
     parser.add_argument("--check", action="store_true", help="write nothing; exit 1 if the file is stale")
     parser.add_argument("--output", type=Path, default=None, help="default: schema/pgfence.sql")
