@@ -17,6 +17,7 @@ help:
 	@echo "make test    pgTAP + pytest (installs what it needs)"
 	@echo "make bench   benchmarks (prints numbers and ratios, writes bench/results/)"
 	@echo "make lint    ruff + mypy"
+	@echo "make schema  regenerate schema/pgfence.sql (the one-file install) from migrations/ + functions/"
 
 $(VENV)/.installed: pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV) || { \
@@ -51,8 +52,13 @@ pytest:
 bench: venv deps
 	$(PGFENCE) db run --durable -- $(PY) bench/run.py
 
+# schema/pgfence.sql: generated from migrations/ and functions/ on a throwaway cluster (or
+# $$DATABASE_URL); deterministic, so the lead re-runs it after merging SQL changes.
+schema: venv deps
+	@$(PGFENCE) db run -- $(PY) tools/make_schema.py
+
 lint: venv
-	$(VENV)/bin/ruff check glue tests bench
+	$(VENV)/bin/ruff check glue tests bench tools hatch_build.py
 	$(VENV)/bin/mypy
 
 clean:

@@ -86,6 +86,10 @@ REVOKE ALL ON FUNCTION pgfence._event(text, bigint, text, text, text, bigint, js
 COMMENT ON FUNCTION pgfence._event(text, bigint, text, text, text, bigint, jsonb, text) IS
   'Private: append one row to pgfence.event in the current transaction. The actor is p_actor, else the transaction-local setting pgfence.actor (set by functions that take a worker / by argument, see _set_actor), else session_user.';
 
+-- The actor ends with the call that named it: such a function calls _set_actor(NULL) before
+-- each RETURN (an error rolls the setting back with the call's work). Not a function-level
+-- SET pgfence.actor = '' clause: on PostgreSQL 15 a SET clause naming a custom setting makes
+-- CREATE FUNCTION need GRANT SET ON PARAMETER, which a non-superuser owner does not have.
 CREATE OR REPLACE FUNCTION pgfence._set_actor(p_actor text)
 RETURNS void
 LANGUAGE sql VOLATILE
@@ -95,7 +99,7 @@ AS $$
 $$;
 REVOKE ALL ON FUNCTION pgfence._set_actor(text) FROM PUBLIC;
 COMMENT ON FUNCTION pgfence._set_actor(text) IS
-  'Private: name the actor (worker, approver, user) that the event log records for the changes that follow. A calling function must declare SET pgfence.actor = '''' in its definition, so that the name ends with the call instead of leaking into the rest of the caller''s transaction.';
+  'Private: name the actor (worker, approver, user) that the event log records for the changes that follow; NULL clears it. A calling function clears it (_set_actor(NULL)) before each RETURN, so that the name ends with the call instead of leaking into the rest of the caller''s transaction.';
 
 -- ---------------------------------------------------------------------------------------------
 -- Deletes only in a purge; the event log is append-only

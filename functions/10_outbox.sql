@@ -782,7 +782,6 @@ SET search_path = pg_catalog, pgfence, pg_temp
 SET plan_cache_mode = force_generic_plan
 SET enable_seqscan = off
 SET enable_bitmapscan = off
-SET pgfence.actor = ''
 AS $$
 DECLARE
   v_ids   bigint[];
@@ -806,6 +805,7 @@ BEGIN
     FOR UPDATE SKIP LOCKED
   ) s;
   IF v_ids IS NULL THEN
+    PERFORM pgfence._set_actor(NULL);
     RETURN 0;
   END IF;
   -- The lapse receipt (pgfence.outbox_lapse, migration 0006): the rows are locked by us, so
@@ -827,6 +827,7 @@ BEGIN
       locked_by = NULL, lease_expires_at = NULL, updated_at = now()
   WHERE o.id = ANY (v_ids) AND o.status = c_processing AND o.lease_expires_at < now();
   GET DIAGNOSTICS v_count = ROW_COUNT;
+  PERFORM pgfence._set_actor(NULL);
   RETURN v_count;
 END
 $$;

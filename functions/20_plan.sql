@@ -736,7 +736,6 @@ CREATE OR REPLACE FUNCTION pgfence.plan_propose(
 RETURNS bigint
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pgfence, pg_temp
-SET pgfence.actor = ''
 AS $$
 DECLARE
   v_steps      jsonb;
@@ -788,6 +787,7 @@ BEGIN
            e.step -> 'args', e.step ->> 'note'
     FROM jsonb_array_elements(v_steps) WITH ORDINALITY AS e(step, i)
     LEFT JOIN fp ON fp.name = e.step ->> 'action';
+    PERFORM pgfence._set_actor(NULL);
     RETURN v_id;
   END IF;
   SELECT p.id, pgfence._plan_steps_json(p.id) AS steps, p.proposed_by, p.compensates INTO v_old
@@ -801,6 +801,7 @@ BEGIN
     RAISE EXCEPTION 'plan_propose: idempotency key "%" already names plan %, with other steps or another proposer', p_idempotency_key, v_old.id
       USING ERRCODE = 'PF003', HINT = 'An idempotency key identifies one proposal; use a new key for a different plan.';
   END IF;
+  PERFORM pgfence._set_actor(NULL);
   RETURN v_old.id;
 END
 $$;
@@ -839,7 +840,6 @@ SET search_path = pg_catalog, pgfence, pg_temp
 SET plan_cache_mode = force_generic_plan
 SET enable_seqscan = off
 SET enable_bitmapscan = off
-SET pgfence.actor = ''
 AS $$
 DECLARE
   c_pending CONSTANT text := 'pending';  -- a parameter: see the header, Plans
@@ -861,6 +861,7 @@ BEGIN
     AND (v_super OR p.proposed_db_user <> session_user::text)
   RETURNING p.status INTO v_status;
   IF v_status IS NOT NULL THEN
+    PERFORM pgfence._set_actor(NULL);
     RETURN v_status;
   END IF;
   PERFORM pgfence._plan_require(p_id);
@@ -875,6 +876,7 @@ BEGIN
             DETAIL = 'Four eyes are two database logins: the approver''s name is whatever the caller passes.',
             HINT = 'Another person approves it from their own login (pgfence_admin).';
   END IF;
+  PERFORM pgfence._set_actor(NULL);
   RETURN NULL;
 END
 $$;
@@ -890,7 +892,6 @@ SET search_path = pg_catalog, pgfence, pg_temp
 SET plan_cache_mode = force_generic_plan
 SET enable_seqscan = off
 SET enable_bitmapscan = off
-SET pgfence.actor = ''
 AS $$
 DECLARE
   c_pending CONSTANT text := 'pending';  -- a parameter: see the header, Plans
@@ -915,6 +916,7 @@ BEGIN
   IF v_status IS NULL THEN
     PERFORM pgfence._plan_require(p_id);
   END IF;
+  PERFORM pgfence._set_actor(NULL);
   RETURN v_status IS NOT DISTINCT FROM 'rejected';
 END
 $$;
@@ -934,7 +936,6 @@ CREATE OR REPLACE FUNCTION pgfence.plan_start(
 RETURNS boolean
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pgfence, pg_temp
-SET pgfence.actor = ''
 AS $$
 BEGIN
   PERFORM pgfence._plan_check_name(p_worker, 'worker');
@@ -952,10 +953,12 @@ BEGIN
          OR (p.status = 'executing' AND (p.worker IS NULL OR p.worker = p_worker)
              AND p.heartbeat_expires_at >= now()));
   IF FOUND THEN
+    PERFORM pgfence._set_actor(NULL);
     RETURN true;
   END IF;
   PERFORM pgfence._plan_require(p_id);
   PERFORM pgfence._plan_heal(p_id, 1);
+  PERFORM pgfence._set_actor(NULL);
   RETURN false;
 END
 $$;
@@ -976,7 +979,6 @@ SET search_path = pg_catalog, pgfence, pg_temp
 SET plan_cache_mode = force_generic_plan
 SET enable_seqscan = off
 SET enable_bitmapscan = off
-SET pgfence.actor = ''
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -1031,6 +1033,7 @@ BEGIN
               p.heartbeat_interval
   )
   SELECT t.id, t.next_step, t.step_count, t.next_kind, t.heartbeat_interval FROM taken t ORDER BY t.id;
+  PERFORM pgfence._set_actor(NULL);
 END
 $$;
 REVOKE ALL ON FUNCTION pgfence.plan_claim(text, integer, boolean, interval) FROM PUBLIC;
@@ -1042,7 +1045,6 @@ CREATE OR REPLACE FUNCTION pgfence.plan_release(p_id bigint, p_worker text)
 RETURNS boolean
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pgfence, pg_temp
-SET pgfence.actor = ''
 AS $$
 DECLARE
   v pgfence.plan;
@@ -1051,12 +1053,14 @@ BEGIN
   PERFORM pgfence._set_actor(p_worker);
   v := pgfence._plan_lock(p_id);
   IF v.status <> 'executing' OR v.worker IS DISTINCT FROM p_worker THEN
+    PERFORM pgfence._set_actor(NULL);
     RETURN false;
   END IF;
   UPDATE pgfence.plan p
   SET worker = NULL, external_started_at = NULL, step_begun = NULL, step_begun_xact = NULL,
       heartbeat_at = now(), heartbeat_expires_at = now() + p.heartbeat_interval
   WHERE p.id = p_id;
+  PERFORM pgfence._set_actor(NULL);
   RETURN true;
 END
 $$;
@@ -1069,7 +1073,6 @@ CREATE OR REPLACE FUNCTION pgfence.plan_heartbeat(p_id bigint, p_worker text)
 RETURNS boolean
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pgfence, pg_temp
-SET pgfence.actor = ''
 AS $$
 DECLARE
   v pgfence.plan;
@@ -1112,7 +1115,6 @@ SET search_path = pg_catalog, pgfence, pg_temp
 SET plan_cache_mode = force_generic_plan
 SET enable_seqscan = off
 SET enable_bitmapscan = off
-SET pgfence.actor = ''
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -1143,6 +1145,7 @@ BEGIN
     -- _plan_lock raises 22004 / P0002 and marks a lapsed run failed (interrupted).
     v := pgfence._plan_lock(p_id);
     status := v.status;
+    PERFORM pgfence._set_actor(NULL);
     RETURN;
   END IF;
   status := v_step.status;
@@ -1151,6 +1154,7 @@ BEGIN
   kind := v_step.kind;
   args := v_step.args;
   IF v_step.kind = 'external' THEN
+    PERFORM pgfence._set_actor(NULL);
     RETURN;
   END IF;
   fn_md5 := v_step.function_md5;
@@ -1160,6 +1164,7 @@ BEGIN
   LEFT JOIN pg_catalog.pg_proc pr ON pr.oid = a.function
   LEFT JOIN pg_catalog.pg_namespace n ON n.oid = pr.pronamespace
   WHERE a.name = v_step.action;
+  PERFORM pgfence._set_actor(NULL);
 END
 $$;
 REVOKE ALL ON FUNCTION pgfence._plan_step_begin(bigint, text) FROM PUBLIC;
@@ -1178,11 +1183,11 @@ CREATE OR REPLACE FUNCTION pgfence._plan_step_finish(
 RETURNS text
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pgfence, pg_temp
-SET pgfence.actor = ''
 AS $$
 DECLARE
   v      pgfence.plan;
   v_step record;
+  v_out  text;
 BEGIN
   IF p_ok IS NULL OR p_step IS NULL OR (NOT p_ok AND p_error IS NULL) THEN
     RAISE EXCEPTION '_plan_step_finish: step, ok and (for an error) error are required' USING ERRCODE = '22004';
@@ -1191,6 +1196,7 @@ BEGIN
   -- Same transaction as _plan_step_begin: the row lock is ours already, nobody healed it since.
   SELECT * INTO v FROM pgfence.plan p WHERE p.id = p_id FOR UPDATE;
   IF v.status IS DISTINCT FROM 'executing' OR v.worker IS DISTINCT FROM p_worker THEN
+    PERFORM pgfence._set_actor(NULL);
     RETURN NULL;
   END IF;
   IF v.step_begun IS DISTINCT FROM p_step OR v.step_begun_xact IS DISTINCT FROM pg_catalog.pg_current_xact_id() THEN
@@ -1201,6 +1207,7 @@ BEGIN
             HINT = 'Run SQL steps with pgfence.plan_run_step or CALL pgfence.plan_execute: a receipt is written only in the transaction that ran the step.';
   END IF;
   IF v.next_step <> p_step THEN
+    PERFORM pgfence._set_actor(NULL);
     RETURN NULL;
   END IF;
   SELECT s.kind, s.action, s.function_md5, a.retired_at, a.function::text AS function,
@@ -1210,6 +1217,7 @@ BEGIN
   LEFT JOIN pgfence.plan_action a ON a.name = s.action
   WHERE s.plan_id = p_id AND s.step_index = p_step;
   IF v_step.kind IS DISTINCT FROM 'sql' THEN
+    PERFORM pgfence._set_actor(NULL);
     RETURN NULL;
   END IF;
   -- An ok receipt only for a step that plan_run_step would have run: checked again here (also
@@ -1228,7 +1236,9 @@ BEGIN
             DETAIL = format('%s: definition md5 %s at proposal, %s now.', v_step.function, v_step.function_md5, v_step.md5_now),
             HINT = 'Nothing was committed for this step; run it again with plan_run_step, which records the error receipt.';
   END IF;
-  RETURN pgfence._plan_commit_step(v, p_ok, p_output, p_error);
+  v_out := pgfence._plan_commit_step(v, p_ok, p_output, p_error);
+  PERFORM pgfence._set_actor(NULL);
+  RETURN v_out;
 END
 $$;
 REVOKE ALL ON FUNCTION pgfence._plan_step_finish(bigint, text, integer, boolean, jsonb, jsonb) FROM PUBLIC;
@@ -1329,7 +1339,6 @@ CREATE OR REPLACE FUNCTION pgfence.plan_record_step(
 RETURNS boolean
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pgfence, pg_temp
-SET pgfence.actor = ''
 AS $$
 DECLARE
   v pgfence.plan;
@@ -1349,6 +1358,7 @@ BEGIN
       USING ERRCODE = '22023';
   END IF;
   IF v.status <> 'executing' OR v.worker IS DISTINCT FROM p_worker OR p_step_index < v.next_step THEN
+    PERFORM pgfence._set_actor(NULL);
     RETURN false;  -- stale worker, terminal plan, or a step recorded already
   END IF;
   IF p_step_index > v.next_step THEN
@@ -1361,6 +1371,7 @@ BEGIN
   END IF;
   PERFORM pgfence._plan_commit_step(v, p_ok, p_output,
     CASE WHEN NOT p_ok THEN jsonb_build_object('message', left(p_error, 8000)) END);
+  PERFORM pgfence._set_actor(NULL);
   RETURN true;
 END
 $$;
@@ -1540,15 +1551,18 @@ CREATE OR REPLACE FUNCTION pgfence.plan_reap_stale(p_max_rows integer DEFAULT 10
 RETURNS integer
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pgfence, pg_temp
-SET pgfence.actor = ''
 AS $$
+DECLARE
+  v_count integer;
 BEGIN
   IF p_max_rows IS NULL OR p_max_rows < 1 THEN
     RAISE EXCEPTION 'plan_reap_stale: max_rows must be positive, got %', p_max_rows
       USING ERRCODE = '22023';
   END IF;
   PERFORM pgfence._set_actor('reaper');
-  RETURN pgfence._plan_heal(NULL, p_max_rows);
+  v_count := pgfence._plan_heal(NULL, p_max_rows);
+  PERFORM pgfence._set_actor(NULL);
+  RETURN v_count;
 END
 $$;
 REVOKE ALL ON FUNCTION pgfence.plan_reap_stale(integer) FROM PUBLIC;

@@ -296,7 +296,6 @@ CREATE OR REPLACE FUNCTION pgfence.operation_request(
 RETURNS TABLE (id bigint, status text, created boolean, result jsonb, error text)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pgfence, pg_temp
-SET pgfence.actor = ''
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -341,6 +340,7 @@ BEGIN
     IF v_row.id IS NOT NULL THEN
       PERFORM pg_notify('pgfence_operation', json_build_object('kind', p_kind, 'id', v_row.id)::text);
       RETURN QUERY SELECT v_row.id, v_row.status, true, v_row.result, v_row.error;
+      PERFORM pgfence._set_actor(NULL);
       RETURN;
     END IF;
 
@@ -354,6 +354,7 @@ BEGIN
                   HINT = 'An idempotency key identifies one request; use a new key for a different request.';
         END IF;
         RETURN QUERY SELECT v_row.id, v_row.status, false, v_row.result, v_row.error;
+        PERFORM pgfence._set_actor(NULL);
         RETURN;
       END IF;
     END IF;
@@ -413,7 +414,6 @@ SET search_path = pg_catalog, pgfence, pg_temp
 SET plan_cache_mode = force_generic_plan
 SET enable_seqscan = off
 SET enable_bitmapscan = off
-SET pgfence.actor = ''
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -457,6 +457,7 @@ BEGIN
   FROM upd u ORDER BY u.id;
   GET DIAGNOSTICS v_got = ROW_COUNT;
   IF v_got >= p_batch THEN
+    PERFORM pgfence._set_actor(NULL);
     RETURN;
   END IF;
 
@@ -495,6 +496,7 @@ BEGIN
       LIMIT p_batch - v_got);
   END IF;
   IF cardinality(v_ids) = 0 THEN
+    PERFORM pgfence._set_actor(NULL);
     RETURN;
   END IF;
   RETURN QUERY
@@ -509,6 +511,7 @@ BEGIN
          u.fence, u.lease, u.lease_expires_at, u.issue_started_at IS NOT NULL, u.issue_count,
          u.external_ref, u.external_state, u.cancel_requested_at IS NOT NULL, NULL::text, u.created_at
   FROM upd u ORDER BY u.id;
+  PERFORM pgfence._set_actor(NULL);
 END
 $$;
 REVOKE ALL ON FUNCTION pgfence.operation_claim(text, text[], interval, integer) FROM PUBLIC;
@@ -797,7 +800,6 @@ CREATE OR REPLACE FUNCTION pgfence.operation_cancel(p_id bigint, p_by text DEFAU
 RETURNS text
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pgfence, pg_temp
-SET pgfence.actor = ''
 AS $$
 DECLARE
   v_by  text := coalesce(nullif(p_by, ''), session_user::text);
@@ -815,14 +817,17 @@ BEGIN
         cancel_requested_at = now(), cancel_requested_by = v_by,
         error = format('canceled by %s before the external call was issued', v_by)
     WHERE o.id = p_id;
+    PERFORM pgfence._set_actor(NULL);
     RETURN 'canceled';
   END IF;
   IF v_row.status = 'running' THEN
     IF v_row.cancel_requested_at IS NULL THEN
       UPDATE pgfence.operation o SET cancel_requested_at = now(), cancel_requested_by = v_by WHERE o.id = p_id;
     END IF;
+    PERFORM pgfence._set_actor(NULL);
     RETURN 'cancel_requested';
   END IF;
+  PERFORM pgfence._set_actor(NULL);
   RETURN NULL;  -- already finished
 END
 $$;
@@ -841,7 +846,6 @@ SET search_path = pg_catalog, pgfence, pg_temp
 SET plan_cache_mode = force_generic_plan
 SET enable_seqscan = off
 SET enable_bitmapscan = off
-SET pgfence.actor = ''
 AS $$
 DECLARE
   v_count integer;
@@ -882,6 +886,7 @@ BEGIN
   IF v_count > 0 THEN
     PERFORM pg_notify('pgfence_operation', json_build_object('kind', NULL, 'id', NULL, 'reaped', v_count)::text);
   END IF;
+  PERFORM pgfence._set_actor(NULL);
   RETURN v_count;
 END
 $$;

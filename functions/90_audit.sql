@@ -567,10 +567,11 @@ CREATE OR REPLACE FUNCTION pgfence._audit_purge_batch(
 )
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pgfence, pg_temp
--- The modules' tables refuse DELETE unless pgfence.purging is on (tg_purge_only). A SET clause
--- rather than set_config(..., true): the setting is on for this call only and is restored when
--- it returns, so it cannot leak into the rest of a caller's transaction.
-SET pgfence.purging = 'on'
+-- The modules' tables refuse DELETE unless pgfence.purging is on (tg_purge_only). It is on for
+-- this call only: set at the start, put back as it was before returning, so it cannot leak into
+-- the rest of a caller's transaction (an error rolls the setting back with the batch). Not a
+-- SET clause: on PostgreSQL 15 a SET clause naming a custom setting makes CREATE FUNCTION need
+-- GRANT SET ON PARAMETER, which a non-superuser owner does not have.
 AS $$
 -- Walks the item table by primary key from p_after, p_batch rows at a time, so that every
 -- batch costs the same whatever the table size (no index on finished_at is needed, and none is
@@ -582,7 +583,9 @@ DECLARE
   v_scanned integer;
   v_min_at  timestamptz;
   v_n       integer := 0;
+  v_purging text := pg_catalog.current_setting('pgfence.purging', true);
 BEGIN
+  PERFORM pg_catalog.set_config('pgfence.purging', 'on', true);
   IF p_module = 'outbox' THEN
     SELECT max(w.id), count(*), min(w.created_at) INTO last_id, v_scanned, v_min_at
     FROM (SELECT o.id, o.created_at FROM pgfence.outbox o WHERE o.id > p_after ORDER BY o.id LIMIT p_batch) w;
@@ -666,12 +669,13 @@ BEGIN
   purged := v_n;
   done := v_scanned < p_batch OR v_min_at >= p_cutoff;
   last_id := coalesce(last_id, p_after);
+  PERFORM pg_catalog.set_config('pgfence.purging', coalesce(v_purging, ''), true);
 END
 $$;
 REVOKE ALL ON FUNCTION pgfence._audit_purge_batch(text, timestamptz, bigint, integer) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION pgfence._audit_purge_batch(text, timestamptz, bigint, integer) TO pgfence_admin;
 COMMENT ON FUNCTION pgfence._audit_purge_batch(text, timestamptz, bigint, integer) IS
-  'Private, one purge batch (CALL pgfence.audit_purge calls it and COMMIT after each): looks at the next p_batch items of the module after id p_after and deletes those that are terminal (outbox sent | failed | dead; plan executed | failed | rejected | expired; operation succeeded | failed | canceled) and finished before p_cutoff, skipping rows locked right now and plans that a kept plan compensates, with their events (and outbox lapse receipts, plan steps). For module document it deletes document events older than p_cutoff. Returns the last id looked at, how many items (events for documents) it deleted, and whether the walk is done. Runs with pgfence.purging = on (a SET clause: only for the duration of the call), the one setting under which the modules'' delete guards let rows go. Security definer for the procedure, which cannot be; granted to pgfence_admin.';
+  'Private, one purge batch (CALL pgfence.audit_purge calls it and COMMIT after each): looks at the next p_batch items of the module after id p_after and deletes those that are terminal (outbox sent | failed | dead; plan executed | failed | rejected | expired; operation succeeded | failed | canceled) and finished before p_cutoff, skipping rows locked right now and plans that a kept plan compensates, with their events (and outbox lapse receipts, plan steps). For module document it deletes document events older than p_cutoff. Returns the last id looked at, how many items (events for documents) it deleted, and whether the walk is done. Runs with pgfence.purging = on (set at its start and put back before it returns: only for the duration of the call), the one setting under which the modules'' delete guards let rows go. Security definer for the procedure, which cannot be; granted to pgfence_admin.';
 
 CREATE OR REPLACE FUNCTION pgfence._audit_check_purge(p_older_than interval, p_batch_size integer)
 RETURNS void

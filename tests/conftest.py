@@ -3,7 +3,9 @@
 The server is ``$DATABASE_URL`` (``make test`` starts a throwaway cluster and sets it); when it is
 unset, this session starts its own embedded cluster and stops it at the end. The role must be
 allowed to create databases. Every test that asks for ``db`` gets a new database cloned from a
-template that was migrated once, so tests never see each other's rows.
+template that was migrated once, so tests never see each other's rows. The template is installed
+as a production database should be: by a login that is not a superuser (``support.OWNER``); the
+tests connect as the server's admin login (a superuser, when the server is the throwaway one).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import pytest
 
 from pgfence.db import create_database, drop_database
 from pgfence.embedded import ClusterInfo, EmbeddedPostgres
-from pgfence.migrate import migrate
+from support import install_as_owner
 
 
 @pytest.fixture(scope="session")
@@ -40,6 +42,18 @@ def cluster() -> Iterator[ClusterInfo | None]:
         pg.stop()
 
 
+@pytest.fixture()
+def own_cluster() -> Iterator[ClusterInfo]:
+    """A new throwaway cluster for this test alone (to restart it, or to start without any
+    pgfence role), stopped and removed after."""
+    pg = EmbeddedPostgres()
+    info = pg.start()
+    try:
+        yield info
+    finally:
+        pg.stop()
+
+
 @pytest.fixture(scope="session")
 def admin_dsn(cluster: ClusterInfo | None) -> str:
     """DSN of the maintenance database (``postgres``) on the test server."""
@@ -48,11 +62,10 @@ def admin_dsn(cluster: ClusterInfo | None) -> str:
 
 @pytest.fixture(scope="session")
 def template_db(admin_dsn: str) -> Iterator[str]:
-    """Name of a database migrated once per session, cloned by :func:`db`."""
+    """Name of a database migrated once per session (by a non-superuser owner), cloned by :func:`db`."""
     name = f"pgfence_tpl_{os.getpid()}"
     drop_database(admin_dsn, name)
-    dsn = create_database(admin_dsn, name)
-    migrate(dsn)
+    install_as_owner(admin_dsn, name)
     try:
         yield name
     finally:

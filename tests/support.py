@@ -15,8 +15,12 @@ from typing import Any
 
 import psycopg
 import pytest
+from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
+from pgfence.db import create_database
 from pgfence.executor import Executor, ExecutorConfig, Module
+from pgfence.migrate import migrate
 
 TESTS = Path(__file__).resolve().parent
 
@@ -59,6 +63,68 @@ class Proc:
 
     def output(self) -> str:
         return self.log.read_text()
+
+
+#: The non-superuser login that installs the test databases (see :func:`install_as_owner`).
+OWNER = "fence_test_owner"
+
+#: What a superuser runs once so that a login without CREATEROLE can install pgfence (README,
+#: "Installing without a superuser"); ``{owner}`` is that login.
+BOOTSTRAP = """
+DO $$
+DECLARE r text;
+BEGIN
+  FOREACH r IN ARRAY ARRAY['pgfence_client', 'pgfence_executor', 'pgfence_admin', 'pgfence_definer', '{owner}'] LOOP
+    IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = r) THEN
+      EXECUTE format('CREATE ROLE %I %s', r, CASE WHEN r = '{owner}' THEN 'LOGIN' ELSE 'NOLOGIN' END);
+    END IF;
+  END LOOP;
+END $$;
+GRANT pgfence_definer TO {owner};
+"""
+
+
+def with_user(dsn: str, user: str) -> str:
+    """``dsn`` with another login (same server, database and other parameters)."""
+    params = conninfo_to_dict(dsn)
+    params["user"] = user
+    params.pop("password", None)
+    return make_conninfo("", **params)
+
+
+def owned_database(admin_dsn: str, name: str, owner: str = OWNER) -> str | None:
+    """Create database ``name`` owned by the non-superuser login ``owner``; return its admin DSN.
+
+    The admin (a superuser) first runs :data:`BOOTSTRAP`: pgfence's roles and the login, made a
+    member of pgfence_definer, as the README tells a DBA to do once; the login has no
+    CREATEROLE. Returns None (and creates nothing) when the admin is not a superuser.
+    """
+    with psycopg.connect(admin_dsn, autocommit=True) as conn:
+        row = conn.execute("SELECT rolsuper FROM pg_roles WHERE rolname = current_user").fetchone()
+        if not (row and row[0]):
+            return None
+        conn.execute(BOOTSTRAP.format(owner=owner).encode())
+        conn.execute(sql.SQL("CREATE DATABASE {} OWNER {}").format(sql.Identifier(name), sql.Identifier(owner)))
+    return make_conninfo("", **{**conninfo_to_dict(admin_dsn), "dbname": name})
+
+
+def install_as_owner(admin_dsn: str, name: str, owner: str = OWNER) -> str:
+    """Create database ``name`` (:func:`owned_database`) and migrate it as ``owner``; return the
+    database's DSN for the admin login. When the admin is not a superuser (``DATABASE_URL`` of a
+    role that may only create databases), the admin creates and installs it instead."""
+    dsn = owned_database(admin_dsn, name, owner)
+    if dsn is None:
+        dsn = create_database(admin_dsn, name)
+        migrate(dsn)
+        return dsn
+    migrate(with_user(dsn, owner))
+    return dsn
+
+
+def psql_file(dsn: str, path: Path, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """``psql -X -v ON_ERROR_STOP=1 -f path`` against ``dsn``; output captured, never raises."""
+    return subprocess.run(["psql", "-X", "-q", "-v", "ON_ERROR_STOP=1", "-d", dsn, "-f", str(path)],
+                          capture_output=True, text=True, timeout=timeout, check=False)
 
 
 def wait_for(predicate: Callable[[], Any], timeout: float, what: str,

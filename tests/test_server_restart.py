@@ -6,7 +6,6 @@ Uses a cluster of its own (whatever $DATABASE_URL says), because it restarts the
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Iterator
 from pathlib import Path
 
 import psycopg
@@ -14,19 +13,9 @@ import pytest
 
 from pgfence import outbox
 from pgfence.demo.receivers import WebhookReceiver
-from pgfence.embedded import ClusterInfo, EmbeddedPostgres, restart_cluster
+from pgfence.embedded import ClusterInfo, restart_cluster
 from pgfence.migrate import migrate
 from support import Proc, scalar, wait_for
-
-
-@pytest.fixture()
-def own_cluster() -> Iterator[ClusterInfo]:
-    pg = EmbeddedPostgres()
-    info = pg.start()
-    try:
-        yield info
-    finally:
-        pg.stop()
 
 
 @pytest.mark.timeout(90)

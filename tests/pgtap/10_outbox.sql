@@ -1,4 +1,4 @@
--- pgTAP: Module 1 — outbox. Every contract cell of DESIGN.md for the outbox, plus each
+-- pgTAP: Module 1 — outbox. Every contract cell of docs/design.md for the outbox, plus each
 -- documented SQLSTATE. Concurrency cells use real second sessions (dblink, see helpers/).
 BEGIN;
 \ir helpers/setup.sql

@@ -1,4 +1,4 @@
--- pgTAP: Module 2 — plan. Every contract cell of DESIGN.md for approved plans, plus each
+-- pgTAP: Module 2 — plan. Every contract cell of docs/design.md for approved plans, plus each
 -- documented SQLSTATE. Cells that need a second session (lost races, CALL plan_execute, which
 -- commits) are in 21_plan_concurrency.sql.
 BEGIN;

@@ -1,4 +1,4 @@
--- pgTAP: Module 3 — operation. Every contract cell of DESIGN.md for long external operations:
+-- pgTAP: Module 3 — operation. Every contract cell of docs/design.md for long external operations:
 -- the status machine and its guard, the one-in-flight index, the issue protocol (intent,
 -- reference, re-issue rule), the fence on every owner write, the lease check on poll, cancel
 -- paths, the reaper, the event log, and each documented SQLSTATE. Two-session cells are in

@@ -14,10 +14,12 @@ import click
 import psycopg
 from yoyo.exceptions import LockTimeout
 
-from .. import __version__
+from .. import SCHEMA_VERSION, __version__
 from ..db import NoDatabase
 from ..embedded import PostgresNotFound
 from ..errors import PgfenceError
+from ..migrate import FunctionsError, InstallPrivilegeError
+from ..paths import SqlNotFound
 from ._common import CliState
 
 _ROLE_HINT = ("this database login lacks the pgfence role for that command (pgfence_client, "
@@ -44,7 +46,7 @@ class _Group(click.Group):
     def invoke(self, ctx: click.Context) -> object:
         try:
             return super().invoke(ctx)
-        except (NoDatabase, PostgresNotFound) as exc:
+        except (NoDatabase, PostgresNotFound, SqlNotFound, InstallPrivilegeError, FunctionsError) as exc:
             click.echo(f"pgfence: {exc}", err=True)
             sys.exit(1)
         except PgfenceError as exc:
@@ -64,7 +66,8 @@ class _Group(click.Group):
 
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(__version__, prog_name="pgfence")
+@click.version_option(__version__, prog_name="pgfence",
+                      message=f"%(prog)s %(version)s (schema version {SCHEMA_VERSION})")
 @click.option("--dsn", envvar="PGFENCE_DSN", metavar="DSN",
               help="Database to use (libpq URI or key=value). Default: $DATABASE_URL, "
                    "else the dev cluster from `pgfence db start`.")

@@ -17,9 +17,14 @@ from ._common import CliState, pass_state
 def migrate_cmd(state: CliState, lock_timeout: float, break_lock: bool) -> None:
     """Install or upgrade schema pgfence: pending table migrations, then every function.
 
-    Safe to run any number of times; a second run in a row changes nothing.
+    Safe to run any number of times; a second run in a row changes nothing. Needs no superuser:
+    the login must own the database (or have CREATE on it) and either have CREATEROLE or find
+    pgfence's roles created and be a member of pgfence_definer; a missing privilege is reported
+    with the statement that grants it.
     """
     result = migrate(state.dsn, lock_timeout=lock_timeout, break_lock=break_lock)
+    if result.adopted:
+        click.echo(f"recorded as installed by schema/pgfence.sql: {', '.join(result.adopted)}")
     if result.applied:
         click.echo(f"applied migrations: {', '.join(result.applied)}")
     else:
