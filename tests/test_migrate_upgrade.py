@@ -161,7 +161,7 @@ def test_schema_9_with_a_run_in_flight_upgrades_to_fenced_runs(empty_db: str) ->
         with pytest.raises(InvalidArgument):
             plan.run_step(conn, pid, "old-w", 0)  # token 0 is never issued: nobody holds it
         assert plan.start(conn, pid, "old-w") == 1
-        [(event, detail)] = conn.execute("SELECT event, detail FROM pgfence.event WHERE module = 'plan'"
+        [(detail,)] = conn.execute("SELECT detail FROM pgfence.event WHERE module = 'plan'"
                                          " AND item_id = %s AND event = 'reenter'", (pid,)).fetchall()
         assert detail["previous_token"] == 0 and detail["token"] == 1
         assert plan.run_step(conn, pid, "old-w", 1).status == "executed"

@@ -7,8 +7,9 @@ call to the plan SQL functions:
   plus the executor's timer sweep.
 - **Take**: ``plan_claim`` (FOR UPDATE SKIP LOCKED), so of several executors exactly one runs a
   given plan. Each take comes with the run's fence token, passed to every owner call: a run
-  taken again elsewhere (even under this executor's worker name) refuses this one from then on. In ``external_only`` mode it takes only runs that their owner released at an
-  external step (e.g. ``CALL plan_execute`` from SQL), and hands SQL steps back.
+  taken again elsewhere (even under this executor's worker name) refuses this one from then on.
+  In ``external_only`` mode it takes only runs that their owner released at an external step
+  (e.g. ``CALL plan_execute`` from SQL), and hands SQL steps back.
 - **SQL steps**: ``plan_run_step`` on a pooled autocommit connection: one transaction per step,
   the action running with the executor's database role, its receipt committed with its effect.
   A connection lost mid-call is safe to retry: the step either committed with its receipt or
