@@ -8,9 +8,11 @@ which decide. What it does:
   every ``poll_interval`` seconds, and sleeps no longer than the next due time reported by the
   database. A dropped listener (server restart, ``pg_terminate_backend``) reconnects with
   capped, jittered backoff, re-LISTENs, and triggers a sweep.
-- **Claim**: in batches of up to ``batch``, never more than the free delivery slots
-  (``concurrency``). Each claim is its own short transaction; no transaction is open while a
-  delivery runs.
+- **Claim**: in rounds of up to ``batch``, never more than the free delivery slots
+  (``concurrency``). Each round is its own short transaction, and its units are started before
+  the next round is asked for: a round that fails (a connection lost mid-sweep, a pooler
+  error, a restart) cannot strand what the earlier rounds of the sweep claimed. No transaction
+  is open while a delivery runs.
 - **Deliver**: each message runs in its own task with a timeout shorter than its lease.
   Outcomes go back through the fenced SQL functions; successful ones are grouped into one
   ``outbox_mark_sent_many`` per burst. A failure to record an outcome is logged and retried
@@ -37,7 +39,7 @@ import socket
 import time
 import uuid
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Coroutine, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -50,6 +52,8 @@ from . import outbox as sql
 from .db import check_version
 from .outbox import Claimed
 from .transports import PermanentError, RetryableError, Transport
+
+SQL_UNTIL = "SELECT greatest(%s::timestamptz - now(), interval '0')"
 
 logger = logging.getLogger(__name__)
 
@@ -86,8 +90,14 @@ class Module(ABC):
         self.executor = executor
 
     @abstractmethod
-    async def claim(self, slots: int) -> list[Job]:
-        """Claim up to ``slots`` units of work; return one job per claimed unit."""
+    def claim(self, slots: int) -> AsyncIterator[list[Job]]:
+        """Claim up to ``slots`` units of work in rounds; yield each round's jobs (one per unit).
+
+        Implement it as an async generator that yields right after each claiming statement: the
+        executor starts a round's jobs before it asks for the next round, so an exception raised
+        by a later round (it ends the sweep and is logged) cannot leave the units that earlier
+        rounds claimed unstarted until their leases lapse.
+        """
 
     async def next_due(self) -> float | None:
         """Seconds until this module has due work (None = nothing scheduled)."""
@@ -247,18 +257,23 @@ class Executor:
             for module in self.modules:
                 if free <= 0:
                     break
+                started = 0
                 try:
-                    jobs = await module.claim(free)
+                    async for jobs in module.claim(free):
+                        # Started before the next round is asked for: whatever that round
+                        # raises, these units are running (not left to their leases).
+                        for job in jobs:
+                            self._spawn(job)
+                        started += len(jobs)
+                        free -= len(jobs)
+                        if jobs:
+                            await asyncio.sleep(0)  # let them start before the next query
                 except Exception as exc:
                     failed = True
-                    logger.warning("%s claim failed (%s: %s)", module.name, type(exc).__name__,
-                                   str(exc).strip().splitlines()[0] if str(exc) else "")
-                    continue
-                for job in jobs:
-                    self._spawn(job)
-                free -= len(jobs)
-                if jobs:
-                    await asyncio.sleep(0)  # let the deliveries start before the next query
+                    logger.warning("%s claim failed (%s: %s)%s", module.name, type(exc).__name__,
+                                   str(exc).strip().splitlines()[0] if str(exc) else "",
+                                   f"; the {started} unit(s) claimed before it were started"
+                                   if started else "")
             self._saturated = free <= 0
             if not self._saturated:
                 for module in self.modules:
@@ -324,6 +339,23 @@ class Executor:
                     self._wake.set()
 
     # -- database helpers for modules ----------------------------------------------------
+    async def retry_wait(self, exc: RetryableError) -> dt.timedelta | None:
+        """The wait a transport's retryable failure asks for, or None.
+
+        ``retry_after`` as is; a ``retry_at`` (a time the remote named without its own clock
+        reading) measured against the database clock, ``now()``, like every lease and backoff;
+        None if that query fails (the backoff alone then decides).
+        """
+        if exc.retry_after is not None or exc.retry_at is None:
+            return exc.retry_after
+        try:
+            rows = await self.fetch(SQL_UNTIL, (exc.retry_at,))
+        except psycopg.Error as err:
+            logger.warning("could not read the database clock for Retry-After (%s)", err)
+            return None
+        wait: dt.timedelta | None = rows[0][0] if rows else None
+        return wait
+
     async def fetch(self, query: str, params: Sequence[Any], *, retry_until: float | None = None,
                     row_factory: Any = None) -> list[Any]:
         """Run one statement on a pooled autocommit connection and return all rows.
@@ -425,19 +457,16 @@ class OutboxModule(Module):
     def _transport(self, channel: str) -> Transport | None:
         return self.routes.get(channel) or self.routes.get("*")
 
-    async def claim(self, slots: int) -> list[Job]:
+    async def claim(self, slots: int) -> AsyncIterator[list[Job]]:
         batch = min(slots, self.executor.config.batch)
-        jobs: list[Job] = []
         while slots > 0:
             rows: list[Claimed] = await self.executor.fetch(
                 sql.SQL_CLAIM, (self.executor.worker_id, min(batch, slots), self.channels,
                                 self.lease), row_factory=class_row(Claimed))
-            for message in rows:
-                jobs.append(self._job(message))
+            yield [self._job(message) for message in rows]
             slots -= len(rows)
             if len(rows) < batch:
                 break
-        return jobs
 
     async def next_due(self) -> float | None:
         rows = await self.executor.fetch(sql.SQL_NEXT_DUE, (self.channels,))
@@ -476,7 +505,7 @@ class OutboxModule(Module):
                 raw = await transport.deliver(message)
             receipt = _storable(raw, message)
         except RetryableError as exc:
-            error, retry_after = str(exc), exc.retry_after
+            error, retry_after = str(exc), await self.executor.retry_wait(exc)
         except PermanentError as exc:
             error, retryable = str(exc), False
         except TimeoutError as exc:

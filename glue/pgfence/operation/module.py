@@ -28,7 +28,7 @@ import datetime as dt
 import logging
 import random
 import time
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 from psycopg.rows import class_row, dict_row
@@ -84,15 +84,16 @@ class OperationModule(Module):
         self.finished: dict[int, str] = {}  # observable for tests: id -> final status
 
     # -- Module interface ----------------------------------------------------------------------
-    async def claim(self, slots: int) -> list[Job]:
-        if self._stopping():
-            return []
-        rows: list[ClaimedOperation] = await self.executor.fetch(
-            SQL_CLAIM,
-            (self.executor.worker_id, self.kinds, self.lease,
-             max(1, min(slots, self.executor.config.batch))),
-            row_factory=class_row(ClaimedOperation))
-        return [self._job(op) for op in rows]
+    async def claim(self, slots: int) -> AsyncIterator[list[Job]]:
+        batch = max(1, min(slots, self.executor.config.batch))
+        while slots > 0 and not self._stopping():
+            rows: list[ClaimedOperation] = await self.executor.fetch(
+                SQL_CLAIM, (self.executor.worker_id, self.kinds, self.lease, min(batch, slots)),
+                row_factory=class_row(ClaimedOperation))
+            yield [self._job(op) for op in rows]  # started before the next round
+            slots -= len(rows)
+            if len(rows) < batch:
+                break
 
     async def reap(self) -> int:
         rows = await self.executor.fetch(SQL_REAP, (1000,))

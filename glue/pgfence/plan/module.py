@@ -33,7 +33,7 @@ import contextlib
 import datetime as dt
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 import psycopg
@@ -101,12 +101,17 @@ class PlanModule(Module):
         return self.executor.stopping
 
     # -- Module interface ---------------------------------------------------------------------
-    async def claim(self, slots: int) -> list[Job]:
-        rows: list[sql.ClaimedPlan] = await self.executor.fetch(
-            sql.SQL_CLAIM, (self._worker, min(slots, self.executor.config.batch),
-                            self.external_only, self.heartbeat),
-            row_factory=class_row(sql.ClaimedPlan))
-        return [self._job(row) for row in rows]
+    async def claim(self, slots: int) -> AsyncIterator[list[Job]]:
+        batch = min(slots, self.executor.config.batch)
+        while slots > 0:
+            rows: list[sql.ClaimedPlan] = await self.executor.fetch(
+                sql.SQL_CLAIM, (self._worker, min(batch, slots), self.external_only,
+                                self.heartbeat),
+                row_factory=class_row(sql.ClaimedPlan))
+            yield [self._job(row) for row in rows]  # started before the next round
+            slots -= len(rows)
+            if len(rows) < batch:
+                break
 
     async def reap(self) -> int:
         rows = await self.executor.fetch(sql.SQL_REAP, (1000,))
@@ -230,7 +235,7 @@ class PlanModule(Module):
             except RunLost:
                 return False, None, "run lost"
             except RetryableError as exc:
-                error, retry_after = str(exc), exc.retry_after
+                error, retry_after = str(exc), await self.executor.retry_wait(exc)
             except PermanentError as exc:
                 return False, None, str(exc)
             except TimeoutError:
