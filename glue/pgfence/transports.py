@@ -15,8 +15,9 @@ delivery. Each transport says how the receiver can recognise the repeat:
   2xx = sent; 408, 425, 429, 5xx, timeouts and connection errors = retryable (``Retry-After``
   honoured: seconds, or an HTTP date measured against the response's ``Date``, else against
   the database clock — never the executor's); 3xx (redirects are not followed) and other
-  4xx = permanent. Receipts and errors never contain the response body (clients can read them); ``webhook?allow=…`` limits the hosts
-  a client-chosen recipient URL may name, ``webhook:<url>`` fixes the endpoint.
+  4xx = permanent. Receipts and errors never contain the response body (clients can read
+  them); ``webhook?allow=…`` limits the hosts a client-chosen recipient URL may name,
+  ``webhook:<url>`` fixes the endpoint.
 - ``smtp``: an e-mail whose ``Message-ID`` is derived from the idempotency key only
   (``<key@domain>``, e.g. ``<pgfence-outbox-42@domain>``), so a repeat is the same message to
   the receiving MTA;
