@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from ..db import resolve_dsn
 from ..migrate import migrate
 from ._common import CliState, pass_state
 
@@ -19,7 +20,8 @@ def migrate_cmd(state: CliState, lock_timeout: float, break_lock: bool) -> None:
 
     Safe to run any number of times; a second run in a row changes nothing.
     """
-    result = migrate(state.dsn, lock_timeout=lock_timeout, break_lock=break_lock)
+    dsn = state.liveness.dsn(resolve_dsn(state.dsn))
+    result = migrate(dsn, lock_timeout=lock_timeout, break_lock=break_lock)
     if result.applied:
         click.echo(f"applied migrations: {', '.join(result.applied)}")
     else:

@@ -67,6 +67,14 @@ class OperationModule(Module):
 
     name = "operation"
     notify_channels = (NOTIFY_CHANNEL,)
+    functions = ("pgfence.operation_claim(text, text[], interval, integer)",
+                 "pgfence.operation_begin_issue(bigint, integer, boolean, interval)",
+                 "pgfence.operation_record_external(bigint, integer, text, jsonb)",
+                 "pgfence.operation_poll(bigint, integer, jsonb, interval)",
+                 "pgfence.operation_finish(bigint, integer, boolean, jsonb, text)",
+                 "pgfence.operation_release(bigint, integer)",
+                 "pgfence.operation_reap(integer)",
+                 "pgfence.operation_get(bigint)")
 
     def __init__(self, handlers: Mapping[str, OperationHandler], *,
                  lease: dt.timedelta = dt.timedelta(minutes=2), margin: float = 1.0) -> None:

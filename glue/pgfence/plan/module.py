@@ -71,6 +71,13 @@ class PlanModule(Module):
 
     name = "plan"
     notify_channels = (sql.NOTIFY_CHANNEL,)
+    functions = ("pgfence.plan_claim(text, integer, boolean, interval)",
+                 "pgfence.plan_run_step(bigint, text, bigint, boolean)",
+                 "pgfence.plan_record_step(bigint, integer, text, bigint, boolean, jsonb, text)",
+                 "pgfence.plan_heartbeat(bigint, text, bigint)",
+                 "pgfence.plan_release(bigint, text, bigint)",
+                 "pgfence.plan_reap_stale(integer)",
+                 "pgfence.backoff(integer, interval, interval, double precision)")
 
     def __init__(self, routes: Mapping[str, Transport] | None = None, *,
                  external_only: bool = False, heartbeat: dt.timedelta | None = None,
@@ -137,6 +144,8 @@ class PlanModule(Module):
                 step: sql.StepResult = (await self.executor.fetch(
                     sql.SQL_RUN_STEP, (plan_id, self._worker, token, self.external_only),
                     row_factory=class_row(sql.StepResult),
+                    # a SQL step may run long: bounded by the run's heartbeat, not query_timeout
+                    timeout=interval.total_seconds(),
                     retry_until=time.monotonic() + interval.total_seconds()))[0]
                 ms = (time.monotonic() - started) * 1000
                 if step.outcome is None:
