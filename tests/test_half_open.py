@@ -100,11 +100,10 @@ def test_a_frozen_path_is_detected_logged_and_survived(db: str, conn: psycopg.Co
 
         # Freeze while the delivery runs: its outcome must go out over a frozen connection.
         link.freeze()
-        frozen_at = time.monotonic()
         late = outbox.enqueue(conn, "hooks", "r", {"sleep": 0})  # its NOTIFY goes nowhere
+        # within the bound: probe interval + probe timeout (2 s here), plus slack
         wait_for(lambda: "listener heartbeat: no answer" in proc.output(), 10,
                  "the listener to notice the frozen path (probe interval + probe timeout)")
-        detected = time.monotonic() - frozen_at
         wait_for(lambda: "database call: no answer" in proc.output(), 10,
                  "the outcome's call over the frozen pool connection to time out")
         assert status(db, slow) == ("processing", 1), "nothing recorded while frozen"
@@ -121,7 +120,6 @@ def test_a_frozen_path_is_detected_logged_and_survived(db: str, conn: psycopg.Co
     finally:
         assert proc.terminate() == 0, proc.output()
     log = proc.output()
-    assert detected < 10, f"the listener noticed after {detected:.1f}s"
     assert "listener connection lost (NoAnswer: listener heartbeat" in log, log
     assert status(db, slow) == ("sent", 1), "recorded by its first attempt: no lapse, no redelivery"
     assert status(db, late) == ("sent", 1)
@@ -129,3 +127,19 @@ def test_a_frozen_path_is_detected_logged_and_survived(db: str, conn: psycopg.Co
         "each delivered once"
     assert link.link.swallowed >= 1, "a connection attempt met the frozen path"
     assert scalar(db, "SELECT count(*) FROM pgfence.outbox_lapse") == 0
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("command", [["status"], ["migrate"]])
+def test_a_cli_command_against_a_server_that_never_answers_gives_up(
+        link: LinkThread, command: list[str]) -> None:
+    import subprocess
+    import sys
+
+    link.freeze()  # accepts the TCP connection, then never answers
+    proc = subprocess.run([sys.executable, "-m", "pgfence", "--connect-timeout", "2", "--dsn",
+                           link.dsn, *command], capture_output=True, text=True, timeout=30,
+                          check=False)  # before: it waited forever (TimeoutExpired here)
+    assert proc.returncode == 1, proc.stderr
+    assert "pgfence: cannot reach the database: connection timeout expired" in proc.stderr
+    assert "Traceback" not in proc.stderr
