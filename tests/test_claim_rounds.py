@@ -20,12 +20,13 @@ import pytest
 
 from pgfence import operation as op_api
 from pgfence import outbox, plan
-from pgfence.executor import Executor, ExecutorConfig, Module, OutboxModule
+from pgfence.executor import ExecutorConfig, Module, OutboxModule
 from pgfence.operation.handlers import ExternalState, Issued
 from pgfence.operation.module import OperationModule
 from pgfence.outbox import Claimed
 from pgfence.plan.module import PlanModule
 from pgfence.transports import CallableTransport
+from support import executor_until
 
 # Fails the second, fourth, ... transaction that moves a row of `table` from `from_status` to
 # `to_status` (a claim), on its first such row; the others pass. A sequence counts them (it is
@@ -64,16 +65,8 @@ def injected(conn: psycopg.Connection[Any], table: str) -> int:
 
 
 async def serve_until(db: str, module: Module, done: Any, timeout: float) -> None:
-    """An in-process executor serving ``module`` until ``done()``; fails after ``timeout`` s."""
-    executor = Executor(db, [module], ExecutorConfig(**CONFIG))  # type: ignore[arg-type]
-    task = asyncio.create_task(executor.run())
-    try:
-        async with asyncio.timeout(timeout):
-            while not done():
-                await asyncio.sleep(0.05)
-    finally:
-        executor.stop()
-        await asyncio.wait_for(task, 15)
+    """An in-process executor with the short settings above, until ``done()``."""
+    await executor_until(db, module, done, timeout=timeout, config=ExecutorConfig(**CONFIG))  # type: ignore[arg-type]
 
 
 @pytest.mark.timeout(60)

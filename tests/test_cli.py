@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import psycopg
 import pytest
@@ -144,23 +146,30 @@ def test_executor_config_file_shape_errors_are_one_line(db: str, tmp_path: objec
     assert "x must be a string" in run(db, "executor", "--config", str(path), code=2)
 
 
-@pytest.mark.timeout(60)
-def test_executor_without_the_executor_role_stops_at_start_naming_the_grant(db: str) -> None:
+@contextmanager
+def client_login(db: str, name: str) -> Iterator[str]:
+    """A login role in pgfence_client only, dropped afterwards; yields a DSN for it."""
     from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
     with psycopg.connect(db, autocommit=True) as conn:
-        conn.execute("DROP ROLE IF EXISTS pgfence_test_noexec")
-        conn.execute("CREATE ROLE pgfence_test_noexec LOGIN IN ROLE pgfence_client")
+        conn.execute(f"DROP ROLE IF EXISTS {name}")
+        conn.execute(f"CREATE ROLE {name} LOGIN IN ROLE pgfence_client")
     try:
         params = conninfo_to_dict(db)
-        params["user"] = "pgfence_test_noexec"
-        out = run(make_conninfo("", **params), "executor", "--route", "x=noop", code=1)
-        assert "may not execute pgfence.outbox_claim(text, integer, text[], interval)" in out, out
-        assert "hint: GRANT pgfence_executor TO pgfence_test_noexec;" in out
-        assert "[42501]" in out and "Traceback" not in out
+        params["user"] = name
+        yield make_conninfo("", **params)
     finally:
         with psycopg.connect(db, autocommit=True) as conn:
-            conn.execute("DROP ROLE pgfence_test_noexec")
+            conn.execute(f"DROP ROLE {name}")
+
+
+@pytest.mark.timeout(60)
+def test_executor_without_the_executor_role_stops_at_start_naming_the_grant(db: str) -> None:
+    with client_login(db, "pgfence_test_noexec") as dsn:
+        out = run(dsn, "executor", "--route", "x=noop", code=1)
+    assert "may not execute pgfence.outbox_claim(text, integer, text[], interval)" in out, out
+    assert "hint: GRANT pgfence_executor TO pgfence_test_noexec;" in out
+    assert "[42501]" in out and "Traceback" not in out
 
 
 def test_every_function_a_module_needs_exists(conn: psycopg.Connection) -> None:
@@ -175,19 +184,9 @@ def test_every_function_a_module_needs_exists(conn: psycopg.Connection) -> None:
 
 
 def test_permission_denied_is_one_line_with_a_hint(db: str) -> None:
-    with psycopg.connect(db, autocommit=True) as conn:
-        conn.execute("DROP ROLE IF EXISTS pgfence_test_client")
-        conn.execute("CREATE ROLE pgfence_test_client LOGIN IN ROLE pgfence_client")
-    try:
-        from psycopg.conninfo import conninfo_to_dict, make_conninfo
-
-        params = conninfo_to_dict(db)
-        params["user"] = "pgfence_test_client"
-        out = run(make_conninfo("", **params), "outbox", "list", code=1)
-        assert "[42501]" in out and "lacks the pgfence role" in out and "Traceback" not in out
-    finally:
-        with psycopg.connect(db, autocommit=True) as conn:
-            conn.execute("DROP ROLE pgfence_test_client")
+    with client_login(db, "pgfence_test_client") as dsn:
+        out = run(dsn, "outbox", "list", code=1)
+    assert "[42501]" in out and "lacks the pgfence role" in out and "Traceback" not in out
 
 
 def test_migrate_break_lock(db: str) -> None:
