@@ -80,7 +80,7 @@ SELECT 'outbox'::text                          AS module,
 FROM pgfence.outbox o
 WHERE o.status = 'processing'
 UNION ALL
-SELECT 'plan', p.id, '*', p.status, p.worker, NULL::bigint, p.started_at, p.heartbeat_at,
+SELECT 'plan', p.id, '*', p.status, p.worker, p.run_token, p.started_at, p.heartbeat_at,
        p.heartbeat_expires_at, p.heartbeat_expires_at - now(), p.heartbeat_expires_at < now()
 FROM pgfence.plan p
 WHERE p.status = 'executing'
@@ -93,7 +93,7 @@ WHERE o.status = 'running';
 REVOKE ALL ON pgfence.audit_owned FROM PUBLIC;
 GRANT SELECT ON pgfence.audit_owned TO pgfence_admin, pg_monitor;
 COMMENT ON VIEW pgfence.audit_owned IS
-  'Who owns what right now, until when (database clock): every outbox message being delivered (processing), plan being executed and operation running. queue = the outbox channel or operation kind (''*'' for plans); owner = the worker (NULL for a plan released between steps and waiting for another worker); fence = the token the owner must present (outbox attempt, operation fence; plans are fenced by owner name and heartbeat, so NULL); claimed_at = when the current claim started (plans: when the run started); last_seen_at = the owner''s last sign of life (outbox: the claim; plan: the last heartbeat or step; operation: the last lease extension); expires_at = lease or heartbeat deadline; remaining = expires_at - now() (negative once lapsed); lapsed = the deadline has passed (see pgfence.audit_stuck). For one item use pgfence.audit_owner_of(module, id).';
+  'Who owns what right now, until when (database clock): every outbox message being delivered (processing), plan being executed and operation running. queue = the outbox channel or operation kind (''*'' for plans); owner = the worker (NULL for a plan released between steps and waiting for another worker); fence = the token the owner must present (outbox attempt, plan run token, operation fence); claimed_at = when the current claim started (plans: when the run started); last_seen_at = the owner''s last sign of life (outbox: the claim; plan: the last heartbeat or step; operation: the last lease extension); expires_at = lease or heartbeat deadline; remaining = expires_at - now() (negative once lapsed); lapsed = the deadline has passed (see pgfence.audit_stuck). For one item use pgfence.audit_owner_of(module, id).';
 
 CREATE OR REPLACE FUNCTION pgfence.audit_owner_of(p_module text, p_id bigint)
 RETURNS TABLE (
@@ -132,7 +132,8 @@ BEGIN
   ELSIF p_module = 'plan' THEN
     RETURN QUERY
     SELECT 'plan'::text, p.id, '*'::text, p.status, p.status = 'executing',
-           CASE WHEN p.status = 'executing' THEN p.worker END, NULL::bigint,
+           CASE WHEN p.status = 'executing' THEN p.worker END,
+           CASE WHEN p.status = 'executing' THEN p.run_token END,
            CASE WHEN p.status = 'executing' THEN p.started_at END,
            CASE WHEN p.status = 'executing' THEN p.heartbeat_at END,
            CASE WHEN p.status = 'executing' THEN p.heartbeat_expires_at END,
@@ -189,7 +190,7 @@ SELECT 'outbox'::text                          AS module,
 FROM pgfence.outbox o
 WHERE o.status = 'processing' AND o.lease_expires_at < now()
 UNION ALL
-SELECT 'plan', p.id, '*', p.status, p.worker, NULL::bigint, p.started_at, p.heartbeat_at,
+SELECT 'plan', p.id, '*', p.status, p.worker, p.run_token, p.started_at, p.heartbeat_at,
        p.heartbeat_expires_at, now() - p.heartbeat_expires_at,
        format('the next read (plan_get, plan_list) or plan_reap_stale marks it failed (interrupted) at step %s of %s',
               p.next_step, p.step_count)
@@ -218,7 +219,7 @@ WHERE o.status = 'running' AND o.lease_expires_at < now();
 REVOKE ALL ON pgfence.audit_stuck FROM PUBLIC;
 GRANT SELECT ON pgfence.audit_stuck TO pgfence_admin, pg_monitor;
 COMMENT ON VIEW pgfence.audit_stuck IS
-  'What is stuck, and since when: every owned item whose lease or heartbeat has lapsed by the database clock — outbox messages processing past their lease, plans executing past their heartbeat deadline (including runs released and never taken over; plans heal lazily, so they are listed until the next read or reaper marks them failed), operations running past their lease. owner = the worker that went silent; fence = its token (outbox attempt, operation fence); claimed_at / last_seen_at = when it took the item / last showed life; expired_at = the deadline; overdue = now() - expired_at; next = what pgfence does about it on its own (the reaper or the next claim) and what may already have happened outside. Empty when nothing is stuck. Usually self-healing within one reaper interval; a row that stays means no executor is running the reaper for that module.';
+  'What is stuck, and since when: every owned item whose lease or heartbeat has lapsed by the database clock — outbox messages processing past their lease, plans executing past their heartbeat deadline (including runs released and never taken over; plans heal lazily, so they are listed until the next read or reaper marks them failed), operations running past their lease. owner = the worker that went silent; fence = its token (outbox attempt, plan run token, operation fence); claimed_at / last_seen_at = when it took the item / last showed life; expired_at = the deadline; overdue = now() - expired_at; next = what pgfence does about it on its own (the reaper or the next claim) and what may already have happened outside. Empty when nothing is stuck. Usually self-healing within one reaper interval; a row that stays means no executor is running the reaper for that module.';
 
 -- ---------------------------------------------------------------------------------------------
 -- Which external effects may have been duplicated (or happened without a receipt)

@@ -48,3 +48,12 @@ async def odd_receipt(message: Claimed) -> dict[str, object]:
     if message.payload.get("odd"):
         return {"x": {1, 2}}  # a set: not JSON
     return {"ok": True}
+
+
+async def slow_record(message: Claimed) -> dict[str, object]:
+    """Record the delivery as it starts, then take ``payload["sleep"]`` seconds (default 0)."""
+    import asyncio
+
+    _record(message)
+    await asyncio.sleep(float(message.payload.get("sleep", 0)))
+    return {"pid": os.getpid()}

@@ -148,11 +148,13 @@ def scalar(dsn: str, query: str, params: Sequence[Any] = ()) -> Any:
 
 
 async def executor_until(db: str, module: Module, done: Callable[[], bool], *,
-                         reap_interval: float = 0.5, timeout: float = 30.0) -> None:
+                         reap_interval: float = 0.5, timeout: float = 30.0,
+                         config: ExecutorConfig | None = None) -> None:
     """Run an in-process executor serving ``module`` until ``done()`` (checked every 50 ms), then
-    stop it and wait for it to finish; fails after ``timeout`` seconds."""
-    executor = Executor(db, [module], ExecutorConfig(poll_interval=0.2,
-                                                     reap_interval=reap_interval, grace=5.0))
+    stop it and wait for it to finish; fails after ``timeout`` seconds. ``config`` replaces
+    the short default settings (poll 0.2 s, grace 5 s)."""
+    executor = Executor(db, [module], config or ExecutorConfig(
+        poll_interval=0.2, reap_interval=reap_interval, grace=5.0))
     task = asyncio.create_task(executor.run())
     try:
         async with asyncio.timeout(timeout):
@@ -160,7 +162,7 @@ async def executor_until(db: str, module: Module, done: Callable[[], bool], *,
                 await asyncio.sleep(0.05)
     finally:
         executor.stop()
-        await asyncio.wait_for(task, 10)
+        await asyncio.wait_for(task, 15)
 
 
 class PlanScans:

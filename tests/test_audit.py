@@ -46,7 +46,7 @@ def stale_plan(conn: psycopg.Connection) -> int:
     plan.register_action(conn, "t.noop", "public.t_audit_noop(jsonb)", "no-op")
     pid = plan.propose(conn, [{"action": "t.noop"}], "agent")
     plan.approve(conn, pid, "ops")
-    assert plan.start(conn, pid, "w-plan")
+    assert plan.start(conn, pid, "w-plan") == 1
     conn.execute("UPDATE pgfence.plan SET heartbeat_expires_at = now() - interval '20 seconds' WHERE id = %s", (pid,))
     return pid
 

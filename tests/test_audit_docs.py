@@ -78,9 +78,9 @@ SELECT pgfence.plan_propose('[
   {"action": "demo.adjust_stock", "args": {"sku": "gizmo-demo", "delta": 10}}]', 'agent', p_idempotency_key => 'restock-demo');
 SELECT pgfence.plan_approve(1, 'dana (ops)');
 SELECT pgfence.plan_start(1, 'executor-1', interval '2 seconds');
-SELECT outcome FROM pgfence.plan_run_step(1, 'executor-1');
-SELECT outcome FROM pgfence.plan_run_step(1, 'executor-1');
-SELECT outcome FROM pgfence.plan_run_step(1, 'executor-1');
+SELECT outcome FROM pgfence.plan_run_step(1, 'executor-1', 1);
+SELECT outcome FROM pgfence.plan_run_step(1, 'executor-1', 1);
+SELECT outcome FROM pgfence.plan_run_step(1, 'executor-1', 1);
 UPDATE pgfence.plan SET heartbeat_expires_at = now() - interval '1 second' WHERE id = 1;
 SELECT pgfence.plan_reap_stale();
 SELECT pgfence.plan_compensate(1, '[
@@ -89,10 +89,10 @@ SELECT pgfence.plan_compensate(1, '[
   {"action": "demo.notify", "args": {"recipient": "http://127.0.0.1:9/ok", "payload": {"event": "restock-cancelled"}}}]', 'agent');
 SELECT pgfence.plan_approve(2, 'dana (ops)');
 SELECT pgfence.plan_start(2, 'executor-2');
-SELECT outcome FROM pgfence.plan_run_step(2, 'executor-2');
-SELECT outcome FROM pgfence.plan_run_step(2, 'executor-2');
-SELECT outcome FROM pgfence.plan_run_step(2, 'executor-2');
-SELECT pgfence.plan_record_step(2, 3, 'executor-2', true, '{"http_status": 200}');
+SELECT outcome FROM pgfence.plan_run_step(2, 'executor-2', 1);
+SELECT outcome FROM pgfence.plan_run_step(2, 'executor-2', 1);
+SELECT outcome FROM pgfence.plan_run_step(2, 'executor-2', 1);
+SELECT pgfence.plan_record_step(2, 3, 'executor-2', 1, true, '{"http_status": 200}');
 SELECT pgfence.plan_propose('[
   {"action": "demo.adjust_stock", "args": {"sku": "widget-demo", "delta": 1}},
   {"action": "demo.adjust_stock", "args": {"sku": "gadget-demo", "delta": 1}},

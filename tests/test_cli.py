@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import psycopg
+import pytest
 from click.testing import CliRunner
 
 from pgfence.cli import main
@@ -80,27 +83,110 @@ def test_executor_config_is_validated(db: str, tmp_path: object) -> None:
     bad = Path(str(tmp_path)) / "bad.toml"
     bad.write_text('[executor]\nplans = false\n[routes]\nx = "noop"\n')
     out = run(db, "executor", "--config", str(bad), code=2)
-    assert "plans must be start, external or off" in out
+    assert "'false' is not one of 'start', 'external', 'off'" in out
     bad.write_text('[executor]\nconcurency = 4\n[routes]\nx = "noop"\n')
     assert "unknown setting(s) concurency" in run(db, "executor", "--config", str(bad), code=2)
     bad.write_text('[route]\nx = "noop"\n')
     assert "unknown table(s) route" in run(db, "executor", "--config", str(bad), code=2)
 
 
-def test_permission_denied_is_one_line_with_a_hint(db: str) -> None:
-    with psycopg.connect(db, autocommit=True) as conn:
-        conn.execute("DROP ROLE IF EXISTS pgfence_test_client")
-        conn.execute("CREATE ROLE pgfence_test_client LOGIN IN ROLE pgfence_client")
-    try:
-        from psycopg.conninfo import conninfo_to_dict, make_conninfo
+def _config(tmp_path: object, executor: str, routes: str = 'x = "bogus-transport"') -> str:
+    from pathlib import Path
 
+    path = Path(str(tmp_path)) / "executor.toml"
+    path.write_text(f"[executor]\n{executor}\n[routes]\n{routes}\n")
+    return str(path)
+
+
+# Settings that pass get as far as the routes: "bogus-transport" then stops the command.
+ACCEPTED = "unknown transport 'bogus-transport'"
+
+
+@pytest.mark.parametrize(("setting", "message"), [
+    ("concurrency = -5", "-5 is not in the range 1<=x<=10000"),
+    ("poll_interval = 0", "is not in the range 0.05<=x<=3600"),
+    ("concurrency = \"many\"", "'many' is not a valid integer"),
+    ("concurrency = 2.5", "'2.5' is not a valid integer"),
+    ("concurrency = [1]", "expected a single value"),
+    ("grace = true", "'true' is not a valid float"),
+    ("log_level = \"loud\"", "'loud' is not one of 'debug', 'info', 'warning', 'error'"),
+    ("query_timeout = 0.1", "is not in the range 0.5<=x<=3600"),
+])
+def test_executor_file_settings_fail_like_options(db: str, tmp_path: object, setting: str,
+                                                  message: str) -> None:
+    out = run(db, "executor", "--config", _config(tmp_path, setting), code=2)
+    key = setting.split(" =")[0]
+    assert message in out and f"'[executor] {key}'" in out, out
+    assert "Traceback" not in out
+    # the same value as an option: the same message
+    value = setting.split("= ", 1)[1].strip('"')
+    if not value.startswith("["):
+        flag = "--" + key.replace("_", "-")
+        assert message in run(db, "executor", flag, value.lower(), "--route", "x=noop", code=2)
+
+
+def test_executor_file_settings_accepted_and_overridden(db: str, tmp_path: object) -> None:
+    good = ('concurrency = 4\npoll_interval = 0.5\nlog_level = "debug"\nprepare = false\n'
+            'listen_dsn = "host=/tmp"\nprobe_interval = 1\nworker_id = "w-1"')
+    assert ACCEPTED in run(db, "executor", "--config", _config(tmp_path, good), code=2)
+    # an option wins over the file: the bad file value is never used
+    assert ACCEPTED in run(db, "executor", "--config", _config(tmp_path, "concurrency = -5"),
+                           "--concurrency", "4", code=2)
+
+
+def test_executor_config_file_shape_errors_are_one_line(db: str, tmp_path: object) -> None:
+    from pathlib import Path
+
+    path = Path(str(tmp_path)) / "executor.toml"
+    path.write_text("[executor\nconcurrency = 4\n")
+    assert "is not valid TOML" in run(db, "executor", "--config", str(path), code=2)
+    path.write_text('executor = 5\n[routes]\nx = "noop"\n')
+    assert "[executor] must be a table" in run(db, "executor", "--config", str(path), code=2)
+    path.write_text("[routes]\nx = 5\n")
+    assert "x must be a string" in run(db, "executor", "--config", str(path), code=2)
+
+
+@contextmanager
+def client_login(db: str, name: str) -> Iterator[str]:
+    """A login role in pgfence_client only, dropped afterwards; yields a DSN for it."""
+    from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+    with psycopg.connect(db, autocommit=True) as conn:
+        conn.execute(f"DROP ROLE IF EXISTS {name}")
+        conn.execute(f"CREATE ROLE {name} LOGIN IN ROLE pgfence_client")
+    try:
         params = conninfo_to_dict(db)
-        params["user"] = "pgfence_test_client"
-        out = run(make_conninfo("", **params), "outbox", "list", code=1)
-        assert "[42501]" in out and "lacks the pgfence role" in out and "Traceback" not in out
+        params["user"] = name
+        yield make_conninfo("", **params)
     finally:
         with psycopg.connect(db, autocommit=True) as conn:
-            conn.execute("DROP ROLE pgfence_test_client")
+            conn.execute(f"DROP ROLE {name}")
+
+
+@pytest.mark.timeout(60)
+def test_executor_without_the_executor_role_stops_at_start_naming_the_grant(db: str) -> None:
+    with client_login(db, "pgfence_test_noexec") as dsn:
+        out = run(dsn, "executor", "--route", "x=noop", code=1)
+    assert "may not execute pgfence.outbox_claim(text, integer, text[], interval)" in out, out
+    assert "hint: GRANT pgfence_executor TO pgfence_test_noexec;" in out
+    assert "[42501]" in out and "Traceback" not in out
+
+
+def test_every_function_a_module_needs_exists(conn: psycopg.Connection) -> None:
+    from pgfence.executor import OutboxModule
+    from pgfence.operation.module import OperationModule
+    from pgfence.plan.module import PlanModule
+
+    for module in (OutboxModule, PlanModule, OperationModule):
+        for signature in module.functions:
+            assert conn.execute("SELECT to_regprocedure(%s)", (signature,)).fetchone() != (None,), \
+                f"{module.__name__} names {signature}, which does not exist"
+
+
+def test_permission_denied_is_one_line_with_a_hint(db: str) -> None:
+    with client_login(db, "pgfence_test_client") as dsn:
+        out = run(dsn, "outbox", "list", code=1)
+    assert "[42501]" in out and "lacks the pgfence role" in out and "Traceback" not in out
 
 
 def test_migrate_break_lock(db: str) -> None:

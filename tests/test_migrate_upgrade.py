@@ -12,9 +12,10 @@ import psycopg
 import pytest
 from yoyo import get_backend, read_migrations
 
-from pgfence import SCHEMA_VERSION, operation, outbox
-from pgfence.migrate import apply_functions, migrate, preflight, yoyo_uri
-from pgfence.paths import migrations_dir
+from pgfence import SCHEMA_VERSION, operation, outbox, plan
+from pgfence.errors import InvalidArgument
+from pgfence.migrate import migrate, preflight, yoyo_uri
+from pgfence.paths import functions_dir, migrations_dir
 from test_migrate import fingerprint
 
 
@@ -28,7 +29,9 @@ SELECT string_agg(indexdef, E'\\n' ORDER BY indexname) FROM pg_indexes WHERE sch
 
 
 def _migrate_to(dsn: str, last: str) -> None:
-    """Apply the migrations up to and including ``last`` (as an older pgfence would have)."""
+    """Apply the migrations up to and including ``last`` (as an older pgfence would have), and
+    today's functions on those tables, as far as these tests need them: the audit views read
+    columns of later migrations (plan.run_token, 0010), so they wait for ``migrate()``."""
     with psycopg.connect(dsn, autocommit=True) as conn:
         preflight(conn)  # the roles today's functions/ need
         conn.execute("CREATE SCHEMA IF NOT EXISTS pgfence")
@@ -40,7 +43,10 @@ def _migrate_to(dsn: str, last: str) -> None:
                 backend.apply_migrations(backend.to_apply(wanted))
         finally:
             backend.connection.close()
-        apply_functions(conn)
+        with conn.transaction():
+            for path in sorted(functions_dir().glob("*.sql")):
+                if path.name != "90_audit.sql":
+                    conn.execute(path.read_text(encoding="utf-8").encode())
 
 
 def test_schema_6_with_messages_upgrades_and_every_pending_message_stays_claimable(
@@ -132,3 +138,34 @@ def test_schema_8_with_operations_upgrades_and_every_queued_operation_stays_clai
         every = operation.claim(conn, "new-w", None, batch=10)  # operation_queued_idx
         assert [o.id for o in every] == queued["up.b"][1:], "the all-kinds claim sees every queued one"
     assert migrate(empty_db).applied == []
+
+
+def test_schema_9_with_a_run_in_flight_upgrades_to_fenced_runs(empty_db: str) -> None:
+    """0010 gives every plan run token 0, which no caller holds: the run in flight during the
+    upgrade is taken again (a new token, a reenter event for its own owner's name), and the old
+    unfenced owner functions are gone."""
+    _migrate_to(empty_db, "0009_operation_kind_queue")
+    with psycopg.connect(empty_db, autocommit=True) as conn:
+        conn.execute("CREATE FUNCTION public.up_noop(p jsonb) RETURNS jsonb LANGUAGE sql AS $$ SELECT p $$")
+        plan.register_action(conn, "up.noop", "public.up_noop(jsonb)", "no-op")
+        pid = plan.propose(conn, [{"action": "up.noop"}], "agent")
+        # approved and started as an old pgfence left it (today's guard needs the token column)
+        with conn.transaction():
+            conn.execute("SET LOCAL session_replication_role = replica")
+            conn.execute("UPDATE pgfence.plan SET status = 'executing', approved_by = 'ops',"
+                         " approved_at = now(), worker = 'old-w', started_at = now(),"
+                         " heartbeat_interval = '120 seconds', heartbeat_at = now(),"
+                         " heartbeat_expires_at = now() + interval '120 seconds' WHERE id = %s", (pid,))
+
+    assert migrate(empty_db).applied == ["0010_plan_run_token"]
+    with psycopg.connect(empty_db, autocommit=True) as conn:
+        assert conn.execute("SELECT run_token FROM pgfence.plan WHERE id = %s", (pid,)).fetchone() == (0,)
+        assert conn.execute("SELECT to_regprocedure('pgfence.plan_run_step(bigint,text,boolean)')"
+                            ).fetchone() == (None,), "the unfenced signature was dropped"
+        with pytest.raises(InvalidArgument):
+            plan.run_step(conn, pid, "old-w", 0)  # token 0 is never issued: nobody holds it
+        assert plan.start(conn, pid, "old-w") == 1
+        [(detail,)] = conn.execute("SELECT detail FROM pgfence.event WHERE module = 'plan'"
+                                         " AND item_id = %s AND event = 'reenter'", (pid,)).fetchall()
+        assert detail["previous_token"] == 0 and detail["token"] == 1
+        assert plan.run_step(conn, pid, "old-w", 1).status == "executed"

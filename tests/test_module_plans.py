@@ -62,12 +62,12 @@ def _plans(conn: psycopg.Connection[Any], n: int, state: str) -> None:
              if state == "released" else '[{"action": "noop"}, {"action": "noop"}]')
     moves = {
         "executed": "PERFORM pgfence.plan_approve(v, 'bob'); PERFORM pgfence.plan_start(v, 'w0');"
-                    " PERFORM pgfence.plan_run_step(v, 'w0'); PERFORM pgfence.plan_run_step(v, 'w0');",
+                    " PERFORM pgfence.plan_run_step(v, 'w0', 1); PERFORM pgfence.plan_run_step(v, 'w0', 1);",
         "pending": "",
         "approved": "PERFORM pgfence.plan_approve(v, 'bob');",
         "executing": "PERFORM pgfence.plan_approve(v, 'bob'); PERFORM pgfence.plan_start(v, 'w1');",
         "released": "PERFORM pgfence.plan_approve(v, 'bob'); PERFORM pgfence.plan_start(v, 'w1');"
-                    " PERFORM pgfence.plan_release(v, 'w1');",
+                    " PERFORM pgfence.plan_release(v, 'w1', 1);",
     }[state]
     conn.execute(f"""DO $$ DECLARE v bigint; BEGIN FOR i IN 1..{n} LOOP
                        v := pgfence.plan_propose('{steps}', 'alice'); {moves}
@@ -119,23 +119,23 @@ def test_plan_statements_use_their_index(db: str, conn: psycopg.Connection[Any],
         # both stated, a scan of it always has both as its condition: a lookup as well. plan_step
         # by its key (in generic plans the guard trigger's receipt checks show up even when they
         # do not run).
-        _, scans = plans.scans("SELECT pgfence.plan_heartbeat(%s, 'w1')", (running[0],))
+        _, scans = plans.scans("SELECT pgfence.plan_heartbeat(%s, 'w1', 1)", (running[0],))
         assert scans - {STEP_PK} == {PLAN_PK}
-        rows, scans = plans.scans("SELECT outcome FROM pgfence.plan_run_step(%s, 'w1')", (running[0],))
+        rows, scans = plans.scans("SELECT outcome FROM pgfence.plan_run_step(%s, 'w1', 1)", (running[0],))
         assert rows == [("ok",)]
         assert scans <= BY_ID and STEP_PK in scans, \
             "step: lock and stamp the run by id, never a scan of plan_heartbeat_idx"
-        rows, scans = plans.scans("SELECT outcome FROM pgfence.plan_run_step(%s, 'w3')", (released,))
+        rows, scans = plans.scans("SELECT outcome FROM pgfence.plan_run_step(%s, 'w3', 2)", (released,))
         assert rows == [("external",)]
         assert scans <= BY_ID and STEP_PK in scans
-        rows, scans = plans.scans("SELECT pgfence.plan_record_step(%s, 1, 'w3', true)", (released,))
+        rows, scans = plans.scans("SELECT pgfence.plan_record_step(%s, 1, 'w3', 2, true)", (released,))
         assert rows == [(True,)]
         assert scans == {PLAN_PK, STEP_PK}
-        rows, scans = plans.scans("SELECT pgfence.plan_release(%s, 'w1')", (running[1],))
+        rows, scans = plans.scans("SELECT pgfence.plan_release(%s, 'w1', 1)", (running[1],))
         assert rows == [(True,)]
         assert scans == {PLAN_PK, STEP_PK}
         rows, scans = plans.scans("SELECT pgfence.plan_start(%s, 'w4')", (running[1],))
-        assert rows == [(True,)]
+        assert rows == [(2,)], "a takeover of the released run: the run's second token"
         assert scans - {STEP_PK} == {PLAN_PK}
 
         rows, scans = plans.scans("SELECT pgfence.plan_approve(%s, 'bob')", (pending[0],))

@@ -85,25 +85,26 @@ def test_run_step_record_step_and_errors(pconn: psycopg.Connection) -> None:
     pid = plan.propose(pconn, [put("s1", 1), {"action": "hook", "args": {"recipient": "http://127.0.0.1:9/h",
                                                                          "payload": {"n": 1}}}], "agent")
     plan.approve(pconn, pid, "alice")
-    assert plan.claim(pconn, "w1", 5) == [plan.ClaimedPlan(pid, 1, 2, "sql", plan.DEFAULT_HEARTBEAT)]
-    assert plan.start(pconn, pid, "w2") is False
+    assert plan.claim(pconn, "w1", 5) == [plan.ClaimedPlan(pid, 1, 2, "sql", plan.DEFAULT_HEARTBEAT, 1)]
+    assert plan.start(pconn, pid, "w2") is None
     with pytest.raises(plan.NotExternalStep):
-        plan.record_step(pconn, pid, 1, "w1", True)
-    first = plan.run_step(pconn, pid, "w1")
+        plan.record_step(pconn, pid, 1, "w1", 1, True)
+    first = plan.run_step(pconn, pid, "w1", 1)
     assert (first.step_index, first.outcome, first.status) == (1, "ok", "executing")
-    ext = plan.run_step(pconn, pid, "w1")
+    ext = plan.run_step(pconn, pid, "w1", 1)
     assert (ext.outcome, ext.args, ext.idempotency_key) == \
         ("external", {"recipient": "http://127.0.0.1:9/h", "payload": {"n": 1}}, f"pgfence-plan-{pid}-step-2")
-    assert plan.heartbeat(pconn, pid, "w1") is True
-    assert plan.heartbeat(pconn, pid, "w2") is False
-    assert plan.record_step(pconn, pid, 1, "w1", True) is False, "step 1 is receipted already"
+    assert plan.heartbeat(pconn, pid, "w1", 1) is True
+    assert plan.heartbeat(pconn, pid, "w2", 1) is False
+    assert plan.heartbeat(pconn, pid, "w1", 2) is False, "a token this run never issued"
+    assert plan.record_step(pconn, pid, 1, "w1", 1, True) is False, "step 1 is receipted already"
     with pytest.raises(InvalidArgument):
-        plan.record_step(pconn, pid, 3, "w1", True)
-    assert plan.record_step(pconn, pid, 2, "w2", True) is False, "not the owner"
-    assert plan.record_step(pconn, pid, 2, "w1", True, output={"http_status": 200}) is True
+        plan.record_step(pconn, pid, 3, "w1", 1, True)
+    assert plan.record_step(pconn, pid, 2, "w2", 1, True) is False, "not the owner"
+    assert plan.record_step(pconn, pid, 2, "w1", 1, True, output={"http_status": 200}) is True
     assert plan.get(pconn, pid)["status"] == "executed"
     assert [r["output"] for r in plan.receipts(pconn, pid)] == [{"k": "s1"}, {"http_status": 200}]
-    refused = plan.run_step(pconn, pid, "w1")
+    refused = plan.run_step(pconn, pid, "w1", 1)
     assert (refused.outcome, refused.status) == (None, "executed")
 
 
@@ -127,9 +128,13 @@ def test_errors_are_translated(pconn: psycopg.Connection) -> None:
     ext = plan.propose(pconn, [{"action": "hook", "args": {"recipient": "http://x/1"}},
                                {"action": "hook", "args": {"recipient": "http://x/2"}}], "agent")
     plan.approve(pconn, ext, "alice")
-    assert plan.start(pconn, ext, "w")
+    token = plan.start(pconn, ext, "w")
+    assert token == 1
     with pytest.raises(plan.StepOutOfOrder):
-        plan.record_step(pconn, ext, 2, "w", True)
+        plan.record_step(pconn, ext, 2, "w", token, True)
+    with pytest.raises(InvalidArgument) as no_token:
+        plan.run_step(pconn, ext, "w", None)  # type: ignore[arg-type]
+    assert no_token.value.sqlstate == "22004" and "plan_start" in (no_token.value.hint or "")
     assert plan.retire_action(pconn, "take") is True
     with pytest.raises(plan.UnknownAction):
         plan.propose(pconn, [{"action": "take", "args": {}}], "agent")

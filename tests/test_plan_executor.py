@@ -124,10 +124,11 @@ def test_sigkill_mid_plan_leaves_no_step_effected_without_receipt(
     assert (info["status"], info["failure"], info["next_step"]) == ("failed", "interrupted", len(done) + 1)
 
     # The dead executor's name coming back (a restarted process reusing it) is refused.
-    refused = plan.run_step(pconn, pid, "doomed")
+    token = int(pconn.execute("SELECT run_token FROM pgfence.plan WHERE id = %s", (pid,)).fetchone()[0])
+    refused = plan.run_step(pconn, pid, "doomed", token)
     assert (refused.outcome, refused.status) == (None, "failed")
-    assert plan.heartbeat(pconn, pid, "doomed") is False
-    assert plan.start(pconn, pid, "doomed") is False
+    assert plan.heartbeat(pconn, pid, "doomed", token) is False
+    assert plan.start(pconn, pid, "doomed") is None
     # A new executor does not resume a failed plan: no retries, a new attempt is a new proposal.
     other = start_executor(db, tmp_path, "survivor")
     try:

@@ -2,8 +2,8 @@
 # Make sure the machine has what pgfence's demo and tests need, installing it with apt when we
 # are root on Debian/Ubuntu, or saying exactly what to install otherwise.
 #   tools/ensure-system-deps.sh            PostgreSQL server binaries (initdb, pg_ctl, postgres)
-#   tools/ensure-system-deps.sh --pgtap    ... plus pgTAP and pg_prove, and headless Chromium with
-#                                          its chromedriver for the browser tests (for `make test`)
+#   tools/ensure-system-deps.sh --pgtap    ... plus pgTAP, pg_prove, PgBouncer, and headless Chromium
+#                                          with its chromedriver for the browser tests (for `make test`)
 # With DATABASE_URL set, the server binaries are not needed (only psql/pg_prove for pgTAP).
 set -euo pipefail
 
@@ -76,6 +76,20 @@ if [ "$want_pgtap" = 1 ]; then
     else
       echo "pgfence: pgTAP and pg_prove are needed for 'make test'." >&2
       echo "  Install them: sudo apt-get install postgresql-$major-pgtap   (brings pg_prove)" >&2
+      exit 1
+    fi
+  fi
+  # The pooler tests (tests/test_pgbouncer.py) run a PgBouncer of their own, on a free port.
+  if ! command -v pgbouncer >/dev/null 2>&1 && [ ! -x /usr/sbin/pgbouncer ]; then
+    if can_apt; then
+      echo "pgfence: installing PgBouncer (apt)..." >&2
+      apt_install pgbouncer
+      # The package may start a pgbouncer on 127.0.0.1:6432 from /etc/pgbouncer; the tests do
+      # not use it. Stop the one that the install itself started.
+      if command -v service >/dev/null 2>&1; then service pgbouncer stop >/dev/null 2>&1 || true; fi
+    else
+      echo "pgfence: PgBouncer is needed for 'make test' (the pooler tests)." >&2
+      echo "  Install it: sudo apt-get install pgbouncer" >&2
       exit 1
     fi
   fi

@@ -7,12 +7,17 @@ The database is chosen in this order:
 3. the dev cluster started by ``pgfence db start`` in this directory (``.pgfence/devdb.json``);
 
 otherwise :func:`resolve_dsn` raises :class:`NoDatabase` with what to do.
+
+Every connection pgfence opens carries client-side liveness settings (:class:`Liveness`): a
+connect timeout, TCP keepalives and ``tcp_user_timeout``, unless the DSN sets them itself, so
+that a server or path that stops answering is noticed instead of waited on forever.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+from dataclasses import dataclass
 from typing import Any
 
 import psycopg
@@ -49,6 +54,49 @@ def resolve_dsn(dsn: str | None = None) -> str:
     )
 
 
+@dataclass(frozen=True)
+class Liveness:
+    """Client-side liveness settings for one connection (libpq parameters); seconds.
+
+    - ``connect_timeout``: the whole connection set-up (TCP, TLS, authentication) must finish
+      within it (libpq rounds it to whole seconds, at least 2) — a server that accepts but
+      never answers fails the connect instead of hanging it;
+    - ``keepalives_idle`` / ``keepalives_interval`` / ``keepalives_count``: TCP keepalive
+      probes after that much silence, every interval, that many unanswered before the kernel
+      drops the connection (a dead host or a dropped NAT entry: noticed in ~25 s instead of the
+      kernel's default 2 hours);
+    - ``tcp_user_timeout``: data sent but not acknowledged for that long drops the connection
+      (0 = the kernel's default).
+
+    None of these help against a peer that still acknowledges TCP but never answers (a stuck
+    proxy): the executor bounds every call itself for that (``query_timeout``, the listener's
+    heartbeat). Over a Unix socket libpq ignores the TCP settings.
+    """
+
+    connect_timeout: float = 10.0
+    keepalives_idle: int = 10
+    keepalives_interval: int = 5
+    keepalives_count: int = 3
+    tcp_user_timeout: float = 30.0
+
+    def params(self, dsn: str) -> dict[str, str]:
+        """The libpq parameters to add to ``dsn``: these settings, minus those it sets itself."""
+        mine = {
+            "connect_timeout": str(max(1, round(self.connect_timeout))),
+            "keepalives": "1",
+            "keepalives_idle": str(self.keepalives_idle),
+            "keepalives_interval": str(self.keepalives_interval),
+            "keepalives_count": str(self.keepalives_count),
+            "tcp_user_timeout": str(round(self.tcp_user_timeout * 1000)),
+        }
+        given = conninfo_to_dict(dsn)
+        return {k: v for k, v in mine.items() if given.get(k) is None}
+
+    def dsn(self, dsn: str) -> str:
+        """``dsn`` with these settings added (the DSN's own values win)."""
+        return make_conninfo(dsn, **self.params(dsn))
+
+
 def with_dbname(dsn: str, dbname: str) -> str:
     """Return ``dsn`` pointing at database ``dbname`` instead (same host, port, user)."""
     params = conninfo_to_dict(dsn)
@@ -57,18 +105,26 @@ def with_dbname(dsn: str, dbname: str) -> str:
 
 
 def connect(dsn: str | None = None, *, autocommit: bool = True, check_schema: bool = True,
-            **kwargs: Any) -> psycopg.Connection[Any]:
+            liveness: Liveness | None = None, **kwargs: Any) -> psycopg.Connection[Any]:
     """Open a connection (autocommit by default: every pgfence call is its own transaction).
 
     Args:
         dsn: libpq connection string or URI; None = :func:`resolve_dsn`.
         autocommit: False to own the transaction (e.g. enqueue inside business work).
         check_schema: verify ``pgfence.schema_version()`` first (see :func:`check_schema`).
+        liveness: connect timeout and TCP keepalives (:class:`Liveness`; None = its defaults);
+            settings the DSN gives itself win.
+        kwargs: passed to ``psycopg.connect`` (e.g. ``prepare_threshold=None`` behind a
+            transaction-mode pooler).
 
     Raises:
-        NoDatabase, SchemaMismatch, psycopg.OperationalError.
+        NoDatabase, SchemaMismatch, psycopg.OperationalError (also when the connect timeout
+        expires: ``connection timeout expired``).
     """
-    conn = psycopg.connect(resolve_dsn(dsn), autocommit=autocommit, **kwargs)
+    target = resolve_dsn(dsn)
+    params: dict[str, Any] = dict((liveness or Liveness()).params(target))
+    params.update(kwargs)
+    conn = psycopg.connect(target, autocommit=autocommit, **params)
     if check_schema:
         try:
             verify_schema(conn)

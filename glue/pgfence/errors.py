@@ -51,6 +51,11 @@ class SchemaMismatch(PgfenceError):
     """The database's ``pgfence.schema_version()`` is not the one this glue was written for."""
 
 
+class MissingPrivilege(PgfenceError):
+    """42501, found before the first call: the login may not execute functions it will need
+    (e.g. an executor without ``pgfence_executor``); ``hint`` is the GRANT to run."""
+
+
 _BY_SQLSTATE: dict[str, type[PgfenceError]] = {
     "22023": InvalidArgument,
     "22004": InvalidArgument,

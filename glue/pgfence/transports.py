@@ -13,9 +13,11 @@ delivery. Each transport says how the receiver can recognise the repeat:
 - ``webhook``: HTTP POST of the payload as JSON, with ``Idempotency-Key`` = the message's
   idempotency key, or ``pgfence-outbox-<id>`` when it has none (stable across attempts);
   2xx = sent; 408, 425, 429, 5xx, timeouts and connection errors = retryable (``Retry-After``
-  honoured); 3xx (redirects are not followed) and other 4xx = permanent. Receipts and errors
-  never contain the response body (clients can read them); ``webhook?allow=…`` limits the hosts
-  a client-chosen recipient URL may name, ``webhook:<url>`` fixes the endpoint.
+  honoured: seconds, or an HTTP date measured against the response's ``Date``, else against
+  the database clock — never the executor's); 3xx (redirects are not followed) and other
+  4xx = permanent. Receipts and errors never contain the response body (clients can read
+  them); ``webhook?allow=…`` limits the hosts a client-chosen recipient URL may name,
+  ``webhook:<url>`` fixes the endpoint.
 - ``smtp``: an e-mail whose ``Message-ID`` is derived from the idempotency key only
   (``<key@domain>``, e.g. ``<pgfence-outbox-42@domain>``), so a repeat is the same message to
   the receiving MTA;
@@ -57,11 +59,18 @@ Receipt = dict[str, Any] | None
 
 
 class RetryableError(Exception):
-    """The delivery failed but may succeed later. ``retry_after``: the remote's requested wait."""
+    """The delivery failed but may succeed later.
 
-    def __init__(self, message: str, *, retry_after: dt.timedelta | None = None) -> None:
+    ``retry_after``: the remote's requested wait. ``retry_at``: a time the remote named without
+    saying what its own clock read (an HTTP-date ``Retry-After`` in a response without a
+    ``Date`` header): the executor turns it into a wait on the database clock, never its own.
+    """
+
+    def __init__(self, message: str, *, retry_after: dt.timedelta | None = None,
+                 retry_at: dt.datetime | None = None) -> None:
         super().__init__(message)
         self.retry_after = retry_after
+        self.retry_at = retry_at
 
 
 class PermanentError(Exception):
@@ -119,19 +128,36 @@ _RETRYABLE_HTTP = {408, 425, 429}
 _SAFE_LOCAL = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 
 
-def _retry_after(value: str | None) -> dt.timedelta | None:
+def _http_date(value: str | None) -> dt.datetime | None:
     if not value:
         return None
+    try:
+        when = email.utils.parsedate_to_datetime(value.strip())
+    except (TypeError, ValueError, IndexError):
+        return None
+    return when if when.tzinfo is not None else when.replace(tzinfo=dt.UTC)
+
+
+def retry_after(value: str | None, date: str | None) -> tuple[dt.timedelta | None, dt.datetime | None]:
+    """Read a ``Retry-After`` header: ``(wait, None)``, ``(None, time)`` or ``(None, None)``.
+
+    Delay-seconds are a wait. An HTTP date is measured against the response's own ``Date``
+    header (both on the remote's clock, so neither this host's clock nor a skew between the
+    two matters); without a usable ``Date`` it is returned as a time, for the caller to turn
+    into a wait on the database clock (:meth:`pgfence.executor.Executor.retry_wait`).
+    """
+    if not value:
+        return None, None
     value = value.strip()
     if value.isdigit():
-        return dt.timedelta(seconds=int(value))
-    try:
-        when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError):
-        return None
-    if when.tzinfo is None:
-        when = when.replace(tzinfo=dt.UTC)
-    return max(when - dt.datetime.now(dt.UTC), dt.timedelta(0))
+        return dt.timedelta(seconds=int(value)), None
+    when = _http_date(value)
+    if when is None:
+        return None, None
+    sent = _http_date(date)
+    if sent is None:
+        return None, when
+    return max(when - sent, dt.timedelta(0)), None
 
 
 class WebhookTransport:
@@ -192,7 +218,8 @@ class WebhookTransport:
                                            headers=headers, allow_redirects=False) as resp:
                 body = await resp.text()
                 status = resp.status
-                retry_after = _retry_after(resp.headers.get("Retry-After"))
+                wait, retry_at = retry_after(resp.headers.get("Retry-After"),
+                                             resp.headers.get("Date"))
                 location = resp.headers.get("Location")
                 request_id = resp.headers.get("X-Request-Id") or resp.headers.get("Request-Id")
         except (TimeoutError, aiohttp.ClientError, OSError) as exc:
@@ -210,7 +237,7 @@ class WebhookTransport:
         if 300 <= status < 400:
             raise PermanentError(f"{detail}: redirect to {location!r} not followed")
         if status in _RETRYABLE_HTTP or status >= 500:
-            raise RetryableError(detail, retry_after=retry_after)
+            raise RetryableError(detail, retry_after=wait, retry_at=retry_at)
         raise PermanentError(detail)
 
     async def aclose(self) -> None:

@@ -3,7 +3,7 @@
 -- commits) are in 21_plan_concurrency.sql.
 BEGIN;
 \ir helpers/setup.sql
-SELECT plan(324);
+SELECT plan(356);
 
 -- Fixtures: a small table, SQL actions on it, an external action (rolled back at the end).
 CREATE TABLE public.tap_plan_t (k text PRIMARY KEY, v integer NOT NULL CHECK (v >= 0));
@@ -21,6 +21,9 @@ CREATE FUNCTION public.tap_plan_noop(p jsonb) RETURNS jsonb LANGUAGE sql AS $$ S
 CREATE FUNCTION public.tap_plan_other(p jsonb) RETURNS jsonb LANGUAGE sql AS $$ SELECT p $$;
 CREATE TEMP TABLE ids (name text PRIMARY KEY, id bigint);
 CREATE FUNCTION pg_temp.pid(p_name text) RETURNS bigint LANGUAGE sql AS $$ SELECT id FROM ids WHERE name = p_name $$;
+-- The run token the plan's owner holds now (security definer: also under SET ROLE tests).
+CREATE FUNCTION pg_temp.tok(p_name text) RETURNS bigint LANGUAGE sql SECURITY DEFINER AS $$
+  SELECT p.run_token FROM pgfence.plan p WHERE p.id = (SELECT id FROM ids WHERE name = p_name) $$;
 
 -- =============================================================================================
 -- Catalog: signatures, definer, volatility, search_path, privileges
@@ -33,10 +36,15 @@ SELECT has_function('pgfence', 'plan_approve', ARRAY['bigint','text'], 'plan_app
 SELECT has_function('pgfence', 'plan_reject', ARRAY['bigint','text','text'], 'plan_reject signature');
 SELECT has_function('pgfence', 'plan_start', ARRAY['bigint','text','interval'], 'plan_start signature');
 SELECT has_function('pgfence', 'plan_claim', ARRAY['text','integer','boolean','interval'], 'plan_claim signature');
-SELECT has_function('pgfence', 'plan_release', ARRAY['bigint','text'], 'plan_release signature');
-SELECT has_function('pgfence', 'plan_heartbeat', ARRAY['bigint','text'], 'plan_heartbeat signature');
-SELECT has_function('pgfence', 'plan_run_step', ARRAY['bigint','text','boolean'], 'plan_run_step signature');
-SELECT has_function('pgfence', 'plan_record_step', ARRAY['bigint','integer','text','boolean','jsonb','text'], 'plan_record_step signature');
+SELECT has_function('pgfence', 'plan_release', ARRAY['bigint','text','bigint'], 'plan_release signature (id, worker, run token)');
+SELECT has_function('pgfence', 'plan_heartbeat', ARRAY['bigint','text','bigint'], 'plan_heartbeat signature (id, worker, run token)');
+SELECT has_function('pgfence', 'plan_run_step', ARRAY['bigint','text','bigint','boolean'], 'plan_run_step signature (id, worker, run token, external only)');
+SELECT has_function('pgfence', 'plan_record_step', ARRAY['bigint','integer','text','bigint','boolean','jsonb','text'], 'plan_record_step signature (id, step, worker, run token, ...)');
+SELECT hasnt_function('pgfence', 'plan_run_step', ARRAY['bigint','text','boolean'], 'the unfenced plan_run_step is gone (migration 0010)');
+SELECT hasnt_function('pgfence', 'plan_record_step', ARRAY['bigint','integer','text','boolean','jsonb','text'], 'the unfenced plan_record_step is gone');
+SELECT hasnt_function('pgfence', 'plan_heartbeat', ARRAY['bigint','text'], 'the unfenced plan_heartbeat is gone');
+SELECT hasnt_function('pgfence', 'plan_release', ARRAY['bigint','text'], 'the unfenced plan_release is gone');
+SELECT function_returns('pgfence', 'plan_start', ARRAY['bigint','text','interval'], 'bigint', 'plan_start returns the run token');
 SELECT has_function('pgfence', 'plan_execute', ARRAY['bigint','text','interval','text','jsonb'], 'plan_execute signature');
 SELECT is((SELECT prokind::text FROM pg_proc WHERE oid = 'pgfence.plan_execute(bigint,text,interval,text,jsonb)'::regprocedure), 'p',
   'plan_execute is a procedure (it commits after every step)');
@@ -47,10 +55,10 @@ SELECT has_function('pgfence', 'plan_reap_stale', ARRAY['integer'], 'plan_reap_s
 SELECT has_view('pgfence', 'plan_receipts', 'plan_receipts view');
 SELECT has_view('pgfence', 'plan_actions', 'plan_actions view');
 
-SELECT isnt_definer('pgfence', 'plan_run_step', ARRAY['bigint','text','boolean'], 'plan_run_step is NOT security definer: actions run with the executing role''s privileges');
+SELECT isnt_definer('pgfence', 'plan_run_step', ARRAY['bigint','text','bigint','boolean'], 'plan_run_step is NOT security definer: actions run with the executing role''s privileges');
 SELECT isnt_definer('pgfence', 'plan_execute', ARRAY['bigint','text','interval','text','jsonb'], 'plan_execute is NOT security definer');
-SELECT is_definer('pgfence', '_plan_step_begin', ARRAY['bigint','text'], 'the lock-and-check helper is security definer');
-SELECT is_definer('pgfence', '_plan_step_finish', ARRAY['bigint','text','integer','boolean','jsonb','jsonb'], 'the receipt-writing helper is security definer');
+SELECT is_definer('pgfence', '_plan_step_begin', ARRAY['bigint','text','bigint'], 'the lock-and-check helper is security definer');
+SELECT is_definer('pgfence', '_plan_step_finish', ARRAY['bigint','text','bigint','integer','boolean','jsonb','jsonb'], 'the receipt-writing helper is security definer');
 SELECT is(
   (SELECT array_agg(p.proname::text ORDER BY p.proname) FROM pg_proc p
    WHERE p.pronamespace = 'pgfence'::regnamespace AND p.proname LIKE 'plan\_%' AND NOT p.prosecdef),
@@ -62,7 +70,7 @@ FROM pg_proc p WHERE p.pronamespace = 'pgfence'::regnamespace AND p.proname LIKE
 SELECT is((SELECT proconfig FROM pg_proc WHERE oid = 'pgfence.plan_execute(bigint,text,interval,text,jsonb)'::regprocedure), NULL,
   'plan_execute has no SET clause (a procedure with one cannot COMMIT)');
 SELECT volatility_is('pgfence', 'plan_get', ARRAY['bigint'], 'volatile', 'plan_get is volatile (it heals lazily)');
-SELECT volatility_is('pgfence', 'plan_run_step', ARRAY['bigint','text','boolean'], 'volatile', 'plan_run_step is volatile');
+SELECT volatility_is('pgfence', 'plan_run_step', ARRAY['bigint','text','bigint','boolean'], 'volatile', 'plan_run_step is volatile');
 
 SELECT function_privs_are('pgfence', 'plan_propose', ARRAY['jsonb','text','interval','text','bigint'], 'pgfence_client', ARRAY['EXECUTE'], 'client may propose');
 SELECT function_privs_are('pgfence', 'plan_propose', ARRAY['jsonb','text','interval','text','bigint'], 'pgfence_executor', ARRAY[]::text[], 'executor may not propose');
@@ -75,14 +83,14 @@ SELECT function_privs_are('pgfence', 'plan_register_action', ARRAY['text','regpr
 SELECT function_privs_are('pgfence', 'plan_register_action', ARRAY['text','regprocedure','text'], 'pgfence_admin', ARRAY['EXECUTE'], 'admin may register actions');
 SELECT function_privs_are('pgfence', 'plan_start', ARRAY['bigint','text','interval'], 'pgfence_client', ARRAY[]::text[], 'client may not start a run');
 SELECT function_privs_are('pgfence', 'plan_start', ARRAY['bigint','text','interval'], 'pgfence_executor', ARRAY['EXECUTE'], 'executor may start a run');
-SELECT function_privs_are('pgfence', 'plan_run_step', ARRAY['bigint','text','boolean'], 'pgfence_executor', ARRAY['EXECUTE'], 'executor may run steps');
-SELECT function_privs_are('pgfence', '_plan_step_begin', ARRAY['bigint','text'], 'pgfence_executor', ARRAY['EXECUTE'], 'executor may call the step helper that plan_run_step uses');
-SELECT function_privs_are('pgfence', '_plan_step_begin', ARRAY['bigint','text'], 'pgfence_client', ARRAY[]::text[], 'client may not');
+SELECT function_privs_are('pgfence', 'plan_run_step', ARRAY['bigint','text','bigint','boolean'], 'pgfence_executor', ARRAY['EXECUTE'], 'executor may run steps');
+SELECT function_privs_are('pgfence', '_plan_step_begin', ARRAY['bigint','text','bigint'], 'pgfence_executor', ARRAY['EXECUTE'], 'executor may call the step helper that plan_run_step uses');
+SELECT function_privs_are('pgfence', '_plan_step_begin', ARRAY['bigint','text','bigint'], 'pgfence_client', ARRAY[]::text[], 'client may not');
 SELECT function_privs_are('pgfence', 'plan_execute', ARRAY['bigint','text','interval','text','jsonb'], 'pgfence_executor', ARRAY['EXECUTE'], 'executor may CALL plan_execute');
 SELECT function_privs_are('pgfence', 'plan_execute', ARRAY['bigint','text','interval','text','jsonb'], 'pgfence_client', ARRAY[]::text[], 'client may not CALL plan_execute');
-SELECT function_privs_are('pgfence', 'plan_record_step', ARRAY['bigint','integer','text','boolean','jsonb','text'], 'pgfence_executor', ARRAY['EXECUTE'], 'executor may record steps');
-SELECT function_privs_are('pgfence', 'plan_record_step', ARRAY['bigint','integer','text','boolean','jsonb','text'], 'pgfence_client', ARRAY[]::text[], 'client may not record steps');
-SELECT function_privs_are('pgfence', 'plan_heartbeat', ARRAY['bigint','text'], 'pgfence_executor', ARRAY['EXECUTE'], 'executor may heartbeat');
+SELECT function_privs_are('pgfence', 'plan_record_step', ARRAY['bigint','integer','text','bigint','boolean','jsonb','text'], 'pgfence_executor', ARRAY['EXECUTE'], 'executor may record steps');
+SELECT function_privs_are('pgfence', 'plan_record_step', ARRAY['bigint','integer','text','bigint','boolean','jsonb','text'], 'pgfence_client', ARRAY[]::text[], 'client may not record steps');
+SELECT function_privs_are('pgfence', 'plan_heartbeat', ARRAY['bigint','text','bigint'], 'pgfence_executor', ARRAY['EXECUTE'], 'executor may heartbeat');
 SELECT function_privs_are('pgfence', 'plan_reap_stale', ARRAY['integer'], 'pgfence_executor', ARRAY['EXECUTE'], 'executor may run the reaper');
 SELECT function_privs_are('pgfence', 'plan_get', ARRAY['bigint'], 'pgfence_client', ARRAY['EXECUTE'], 'client may read a plan');
 SELECT table_privs_are('pgfence', 'plan_receipts', 'pgfence_client', ARRAY['SELECT'], 'client reads plan_receipts');
@@ -179,7 +187,7 @@ SELECT is(pgfence.plan_reject(pg_temp.pid('rej'), 'tap-alice', 'writes to the wr
 SELECT results_eq($$SELECT status, rejected_by, reject_reason, finished_at IS NOT NULL FROM pgfence.plan WHERE id = pg_temp.pid('rej')$$,
   $$VALUES ('rejected'::text, 'tap-alice'::text, 'writes to the wrong table'::text, true)$$, 'rejected: who, why, finished');
 SELECT is(pgfence.plan_approve(pg_temp.pid('rej'), 'tap-bob'), NULL, 'a rejected plan cannot be approved (NULL)');
-SELECT is(pgfence.plan_start(pg_temp.pid('rej'), 'tap-w1'), false, 'a rejected plan cannot start');
+SELECT is(pgfence.plan_start(pg_temp.pid('rej'), 'tap-w1'), NULL, 'a rejected plan cannot start');
 SELECT throws_ok($$SELECT pgfence.plan_reject(-1, 'tap-alice', 'x')$$, 'P0002', NULL, 'reject an unknown plan: P0002');
 
 -- expiry: proposed 2 days ago with a 1-day ttl (back-dated; triggers off only for this fixture)
@@ -193,7 +201,7 @@ SET LOCAL session_replication_role = origin;
 SELECT is(pgfence.plan_approve(pg_temp.pid('exp'), 'tap-alice'), 'expired', 'approving after expires_at returns expired ...');
 SELECT results_eq($$SELECT status, approved_by IS NULL, finished_at IS NOT NULL FROM pgfence.plan WHERE id = pg_temp.pid('exp')$$,
   $$VALUES ('expired'::text, true, true)$$, '... and the plan is expired, not approved');
-SELECT is(pgfence.plan_start(pg_temp.pid('exp'), 'tap-w1'), false, 'an expired plan cannot start');
+SELECT is(pgfence.plan_start(pg_temp.pid('exp'), 'tap-w1'), NULL, 'an expired plan cannot start');
 SELECT is((SELECT status FROM pgfence.plan_get(pg_temp.pid('exp2'))), 'expired', 'plan_get expires a pending plan past expires_at (lazy)');
 SELECT is(pgfence.plan_reap_stale(), 1, 'the reaper expires the other one');
 SELECT is((SELECT status FROM pgfence.plan WHERE id = pg_temp.pid('exp3')), 'expired', '... which is now expired');
@@ -201,14 +209,14 @@ SELECT is((SELECT status FROM pgfence.plan WHERE id = pg_temp.pid('exp3')), 'exp
 -- =============================================================================================
 -- Start: approved -> executing, one owner, heartbeat from the database clock
 -- =============================================================================================
-SELECT is(pgfence.plan_start(pg_temp.pid('key'), 'tap-w1'), false, 'a pending plan cannot start (false)');
-SELECT is(pgfence.plan_start(pg_temp.pid('p1'), 'tap-w1'), true, 'start an approved plan');
+SELECT is(pgfence.plan_start(pg_temp.pid('key'), 'tap-w1'), NULL, 'a pending plan cannot start (NULL)');
+SELECT is(pgfence.plan_start(pg_temp.pid('p1'), 'tap-w1'), 1::bigint, 'start an approved plan: its first run token');
 SELECT results_eq(
   $$SELECT status, worker, started_at, heartbeat_interval, heartbeat_expires_at FROM pgfence.plan WHERE id = pg_temp.pid('p1')$$,
   $$VALUES ('executing'::text, 'tap-w1'::text, now(), interval '120 seconds', now() + interval '120 seconds')$$,
   'executing by tap-w1, default heartbeat 120 s from now()');
-SELECT is(pgfence.plan_start(pg_temp.pid('p1'), 'tap-w2'), false, 'a second worker loses (false)');
-SELECT is(pgfence.plan_start(pg_temp.pid('p1'), 'tap-w1'), true, 'the owner asking again keeps it (true)');
+SELECT is(pgfence.plan_start(pg_temp.pid('p1'), 'tap-w2'), NULL, 'a second worker loses (NULL)');
+SELECT is(pgfence.plan_start(pg_temp.pid('p1'), 'tap-w1'), 2::bigint, 'the owner''s name asking again re-enters the run: a new token');
 SELECT throws_ok($$SELECT pgfence.plan_start(-1, 'tap-w1')$$, 'P0002', NULL, 'start an unknown plan: P0002');
 SELECT throws_ok(format('SELECT pgfence.plan_start(%s, %L, interval %L)', pg_temp.pid('p1'), 'tap-w1', '0.5 seconds'), '22023', NULL, 'heartbeat under 1 s: 22023');
 SELECT throws_ok(format('SELECT pgfence.plan_start(%s, %L)', pg_temp.pid('p1'), ''), '22023', NULL, 'empty worker: 22023');
@@ -216,26 +224,26 @@ SELECT throws_ok(format('SELECT pgfence.plan_start(%s, %L)', pg_temp.pid('p1'), 
 -- =============================================================================================
 -- Run steps: receipt with the effect; a stale worker runs nothing
 -- =============================================================================================
-SELECT results_eq($$SELECT step_index, action, outcome, status, output FROM pgfence.plan_run_step(pg_temp.pid('p1'), 'tap-w1')$$,
+SELECT results_eq($$SELECT step_index, action, outcome, status, output FROM pgfence.plan_run_step(pg_temp.pid('p1'), 'tap-w1', pg_temp.tok('p1'))$$,
   $$VALUES (1, 'tap-put'::text, 'ok'::text, 'executing'::text, '{"put": "a"}'::jsonb)$$, 'run step 1: ok with the action''s output');
 SELECT is((SELECT v FROM public.tap_plan_t WHERE k = 'a'), 1, 'step 1''s effect is there');
 SELECT results_eq($$SELECT step_index, outcome, worker, output FROM pgfence.plan_receipts WHERE plan_id = pg_temp.pid('p1')$$,
   $$VALUES (1, 'ok'::text, 'tap-w1'::text, '{"put": "a"}'::jsonb)$$, '... with its receipt, in the same transaction');
-SELECT results_eq($$SELECT step_index, outcome, status FROM pgfence.plan_run_step(pg_temp.pid('p1'), 'tap-w2')$$,
+SELECT results_eq($$SELECT step_index, outcome, status FROM pgfence.plan_run_step(pg_temp.pid('p1'), 'tap-w2', pg_temp.tok('p1'))$$,
   $$VALUES (NULL::int, NULL::text, 'executing'::text)$$, 'another worker is refused: outcome NULL');
 SELECT is((SELECT count(*)::int FROM public.tap_plan_t), 1, '... and nothing ran');
 SELECT is((SELECT next_step FROM pgfence.plan WHERE id = pg_temp.pid('p1')), 2, 'the plan waits at step 2');
-SELECT results_eq($$SELECT step_index, outcome FROM pgfence.plan_run_step(pg_temp.pid('p1'), 'tap-w1')$$, $$VALUES (2, 'ok'::text)$$, 'step 2 ok');
-SELECT results_eq($$SELECT step_index, outcome, status FROM pgfence.plan_run_step(pg_temp.pid('p1'), 'tap-w1')$$,
+SELECT results_eq($$SELECT step_index, outcome FROM pgfence.plan_run_step(pg_temp.pid('p1'), 'tap-w1', pg_temp.tok('p1'))$$, $$VALUES (2, 'ok'::text)$$, 'step 2 ok');
+SELECT results_eq($$SELECT step_index, outcome, status FROM pgfence.plan_run_step(pg_temp.pid('p1'), 'tap-w1', pg_temp.tok('p1'))$$,
   $$VALUES (3, 'ok'::text, 'executed'::text)$$, 'the last ok step makes the plan executed');
 SELECT results_eq($$SELECT status, next_step, finished_at IS NOT NULL, failure FROM pgfence.plan WHERE id = pg_temp.pid('p1')$$,
   $$VALUES ('executed'::text, 4, true, NULL::text)$$, 'executed: next_step past the end, finished');
 SELECT is((SELECT array_agg(k ORDER BY k) FROM public.tap_plan_t), ARRAY['a','b','c'], 'all three effects committed');
 
 -- terminal repeat: runs nothing, answers from its receipts
-SELECT results_eq($$SELECT step_index, outcome, status FROM pgfence.plan_run_step(pg_temp.pid('p1'), 'tap-w1')$$,
+SELECT results_eq($$SELECT step_index, outcome, status FROM pgfence.plan_run_step(pg_temp.pid('p1'), 'tap-w1', pg_temp.tok('p1'))$$,
   $$VALUES (NULL::int, NULL::text, 'executed'::text)$$, 'an executed plan asked to run again: refused, status executed');
-SELECT is(pgfence.plan_start(pg_temp.pid('p1'), 'tap-w1'), false, 'an executed plan cannot start again');
+SELECT is(pgfence.plan_start(pg_temp.pid('p1'), 'tap-w1'), NULL, 'an executed plan cannot start again');
 SELECT is((SELECT count(*)::int FROM public.tap_plan_t), 3, '... nothing ran again');
 SELECT is((SELECT array_agg(state ORDER BY step_index) FROM pgfence.plan_steps(pg_temp.pid('p1'))), ARRAY['ok','ok','ok'], 'plan_steps: all receipts ok');
 SELECT is((SELECT idempotency_key FROM pgfence.plan_steps(pg_temp.pid('p1')) WHERE step_index = 2), 'pgfence-plan-' || pg_temp.pid('p1') || '-step-2',
@@ -249,10 +257,10 @@ INSERT INTO ids SELECT 'f', pgfence.plan_propose(
   '[{"action": "tap-put", "args": {"k": "f1", "v": 1}}, {"action": "tap-put", "args": {"k": "f2", "v": 2}},
     {"action": "tap-boom", "args": {"k": "f3"}}, {"action": "tap-put", "args": {"k": "f4", "v": 4}}]', 'tap-agent');
 SELECT is(pgfence.plan_approve(pg_temp.pid('f'), 'tap-alice'), 'approved', 'approve the failing plan');
-SELECT is(pgfence.plan_start(pg_temp.pid('f'), 'tap-w1'), true, 'start it');
-SELECT results_eq($$SELECT step_index, outcome FROM pgfence.plan_run_step(pg_temp.pid('f'), 'tap-w1')$$, $$VALUES (1, 'ok'::text)$$, 'step 1 ok');
-SELECT results_eq($$SELECT step_index, outcome FROM pgfence.plan_run_step(pg_temp.pid('f'), 'tap-w1')$$, $$VALUES (2, 'ok'::text)$$, 'step 2 ok');
-SELECT results_eq($$SELECT step_index, outcome, status, error ->> 'sqlstate' FROM pgfence.plan_run_step(pg_temp.pid('f'), 'tap-w1')$$,
+SELECT isnt(pgfence.plan_start(pg_temp.pid('f'), 'tap-w1'), NULL, 'start it');
+SELECT results_eq($$SELECT step_index, outcome FROM pgfence.plan_run_step(pg_temp.pid('f'), 'tap-w1', pg_temp.tok('f'))$$, $$VALUES (1, 'ok'::text)$$, 'step 1 ok');
+SELECT results_eq($$SELECT step_index, outcome FROM pgfence.plan_run_step(pg_temp.pid('f'), 'tap-w1', pg_temp.tok('f'))$$, $$VALUES (2, 'ok'::text)$$, 'step 2 ok');
+SELECT results_eq($$SELECT step_index, outcome, status, error ->> 'sqlstate' FROM pgfence.plan_run_step(pg_temp.pid('f'), 'tap-w1', pg_temp.tok('f'))$$,
   $$VALUES (3, 'error'::text, 'failed'::text, '22012'::text)$$, 'step 3 raises: error receipt with SQLSTATE 22012, plan failed');
 SELECT is((SELECT count(*)::int FROM public.tap_plan_t WHERE k = 'f3'), 0, 'the failing step''s own write was rolled back');
 SELECT is((SELECT array_agg(k ORDER BY k) FROM public.tap_plan_t WHERE k LIKE 'f%'), ARRAY['f1','f2'], 'steps 1-2 stay committed; step 4 never ran');
@@ -262,7 +270,7 @@ SELECT results_eq($$SELECT step_index, outcome, sqlstate, message FROM pgfence.p
 SELECT results_eq($$SELECT status, failure, next_step FROM pgfence.plan WHERE id = pg_temp.pid('f')$$,
   $$VALUES ('failed'::text, 'step_error'::text, 3)$$, 'failed (step_error) at step 3');
 SELECT is((SELECT array_agg(state ORDER BY step_index) FROM pgfence.plan_steps(pg_temp.pid('f'))), ARRAY['ok','ok','error','not_run'], 'plan_steps: ok, ok, error, not_run');
-SELECT results_eq($$SELECT outcome, status FROM pgfence.plan_run_step(pg_temp.pid('f'), 'tap-w1')$$,
+SELECT results_eq($$SELECT outcome, status FROM pgfence.plan_run_step(pg_temp.pid('f'), 'tap-w1', pg_temp.tok('f'))$$,
   $$VALUES (NULL::text, 'failed'::text)$$, 'a failed plan runs nothing more');
 
 -- =============================================================================================
@@ -282,15 +290,15 @@ INSERT INTO ids SELECT 'priv', pgfence.plan_propose('[{"action": "tap-secret", "
 INSERT INTO ids SELECT 'priv2', pgfence.plan_propose('[{"action": "tap-secret", "args": {"x": "strong"}}]', 'tap-agent');
 SELECT is(pgfence.plan_approve(pg_temp.pid('priv'), 'tap-alice') || pgfence.plan_approve(pg_temp.pid('priv2'), 'tap-alice'), 'approvedapproved', 'approve both');
 SET LOCAL ROLE tap_plan_weak;
-SELECT is(pgfence.plan_start(pg_temp.pid('priv'), 'tap-weak'), true, 'as a role without INSERT on the table: start');
-SELECT results_eq($$SELECT outcome, status, error ->> 'sqlstate', error ->> 'message' FROM pgfence.plan_run_step(pg_temp.pid('priv'), 'tap-weak')$$,
+SELECT isnt(pgfence.plan_start(pg_temp.pid('priv'), 'tap-weak'), NULL, 'as a role without INSERT on the table: start');
+SELECT results_eq($$SELECT outcome, status, error ->> 'sqlstate', error ->> 'message' FROM pgfence.plan_run_step(pg_temp.pid('priv'), 'tap-weak', pg_temp.tok('priv'))$$,
   $$VALUES ('error'::text, 'failed'::text, '42501'::text, 'permission denied for table tap_plan_secret'::text)$$,
   'the action the executing role may not perform becomes an error receipt (42501 on the table), not a success');
 RESET ROLE;
 SELECT is((SELECT count(*)::int FROM public.tap_plan_secret), 0, '... and wrote nothing, although pgfence''s owner could have');
 SET LOCAL ROLE tap_plan_strong;
-SELECT is(pgfence.plan_start(pg_temp.pid('priv2'), 'tap-strong'), true, 'as a role with INSERT: start');
-SELECT results_eq($$SELECT outcome, status FROM pgfence.plan_run_step(pg_temp.pid('priv2'), 'tap-strong')$$,
+SELECT isnt(pgfence.plan_start(pg_temp.pid('priv2'), 'tap-strong'), NULL, 'as a role with INSERT: start');
+SELECT results_eq($$SELECT outcome, status FROM pgfence.plan_run_step(pg_temp.pid('priv2'), 'tap-strong', pg_temp.tok('priv2'))$$,
   $$VALUES ('ok'::text, 'executed'::text)$$, 'the same action succeeds for a role that may perform it');
 SELECT throws_ok($$SELECT count(*) FROM pgfence.plan_step$$, '42501', NULL, 'the executing role still cannot read the receipts table directly');
 RESET ROLE;
@@ -304,32 +312,32 @@ INSERT INTO ids SELECT 'x', pgfence.plan_propose(
     {"action": "tap-put", "args": {"k": "x3", "v": 3}},
     {"action": "tap-hook", "args": {"recipient": "http://127.0.0.1:9/hook"}}]', 'tap-agent');
 SELECT is(pgfence.plan_approve(pg_temp.pid('x'), 'tap-alice'), 'approved', 'approve a plan with external steps');
-SELECT is(pgfence.plan_start(pg_temp.pid('x'), 'tap-w1'), true, 'start it');
-SELECT is((SELECT outcome FROM pgfence.plan_run_step(pg_temp.pid('x'), 'tap-w1')), 'ok', 'step 1 (sql) ok');
+SELECT isnt(pgfence.plan_start(pg_temp.pid('x'), 'tap-w1'), NULL, 'start it');
+SELECT is((SELECT outcome FROM pgfence.plan_run_step(pg_temp.pid('x'), 'tap-w1', pg_temp.tok('x'))), 'ok', 'step 1 (sql) ok');
 SELECT results_eq(
-  $$SELECT step_index, action, outcome, status, args, idempotency_key FROM pgfence.plan_run_step(pg_temp.pid('x'), 'tap-w1')$$,
+  $$SELECT step_index, action, outcome, status, args, idempotency_key FROM pgfence.plan_run_step(pg_temp.pid('x'), 'tap-w1', pg_temp.tok('x'))$$,
   $$VALUES (2, 'tap-hook'::text, 'external'::text, 'executing'::text,
             '{"recipient": "http://127.0.0.1:9/hook", "payload": {"n": 2}}'::jsonb, 'pgfence-plan-' || pg_temp.pid('x') || '-step-2')$$,
   'an external step is handed out, not run: args and idempotency key = plan id + step index');
 SELECT is((SELECT external_started_at FROM pgfence.plan WHERE id = pg_temp.pid('x')), now(), '... and marked in flight');
 SELECT is((SELECT state FROM pgfence.plan_steps(pg_temp.pid('x')) WHERE step_index = 2), 'running', 'plan_steps shows it running');
-SELECT results_eq($$SELECT step_index, outcome FROM pgfence.plan_run_step(pg_temp.pid('x'), 'tap-w1')$$,
+SELECT results_eq($$SELECT step_index, outcome FROM pgfence.plan_run_step(pg_temp.pid('x'), 'tap-w1', pg_temp.tok('x'))$$,
   $$VALUES (2, 'external'::text)$$, 'asking again hands out the same external step (nothing runs past it)');
-SELECT is(pgfence.plan_record_step(pg_temp.pid('x'), 2, 'tap-w2', true, '{"http_status": 200}'), false, 'record by another worker: refused (false)');
-SELECT throws_ok(format('SELECT pgfence.plan_record_step(%s, 3, %L, true)', pg_temp.pid('x'), 'tap-w1'), 'PF104', NULL, 'record a step after the next one: PF104');
-SELECT throws_ok(format('SELECT pgfence.plan_record_step(%s, 9, %L, true)', pg_temp.pid('x'), 'tap-w1'), '22023', NULL, 'record a step outside the plan: 22023');
-SELECT throws_ok(format('SELECT pgfence.plan_record_step(%s, 2, %L, false)', pg_temp.pid('x'), 'tap-w1'), '22004', NULL, 'record a failure without its error: 22004');
-SELECT throws_ok($$SELECT pgfence.plan_record_step(-1, 1, 'tap-w1', true)$$, 'P0002', NULL, 'record for an unknown plan: P0002');
-SELECT is(pgfence.plan_record_step(pg_temp.pid('x'), 2, 'tap-w1', true, '{"http_status": 200}'), true, 'the owner records the external step');
+SELECT is(pgfence.plan_record_step(pg_temp.pid('x'), 2, 'tap-w2', pg_temp.tok('x'), true, '{"http_status": 200}'), false, 'record by another worker: refused (false)');
+SELECT throws_ok(format('SELECT pgfence.plan_record_step(%s, 3, %L, %s, true)', pg_temp.pid('x'), 'tap-w1', pg_temp.tok('x')), 'PF104', NULL, 'record a step after the next one: PF104');
+SELECT throws_ok(format('SELECT pgfence.plan_record_step(%s, 9, %L, %s, true)', pg_temp.pid('x'), 'tap-w1', pg_temp.tok('x')), '22023', NULL, 'record a step outside the plan: 22023');
+SELECT throws_ok(format('SELECT pgfence.plan_record_step(%s, 2, %L, %s, false)', pg_temp.pid('x'), 'tap-w1', pg_temp.tok('x')), '22004', NULL, 'record a failure without its error: 22004');
+SELECT throws_ok($$SELECT pgfence.plan_record_step(-1, 1, 'tap-w1', 1, true)$$, 'P0002', NULL, 'record for an unknown plan: P0002');
+SELECT is(pgfence.plan_record_step(pg_temp.pid('x'), 2, 'tap-w1', pg_temp.tok('x'), true, '{"http_status": 200}'), true, 'the owner records the external step');
 SELECT results_eq($$SELECT outcome, kind, output, worker FROM pgfence.plan_receipts WHERE plan_id = pg_temp.pid('x') AND step_index = 2$$,
   $$VALUES ('ok'::text, 'external'::text, '{"http_status": 200}'::jsonb, 'tap-w1'::text)$$, 'its receipt');
 SELECT results_eq($$SELECT next_step, external_started_at IS NULL FROM pgfence.plan WHERE id = pg_temp.pid('x')$$,
   $$VALUES (3, true)$$, 'the plan moved to step 3; nothing in flight');
-SELECT is(pgfence.plan_record_step(pg_temp.pid('x'), 2, 'tap-w1', true, '{"http_status": 200}'), false, 'recording it again (redelivered report): false, nothing changes');
-SELECT throws_ok(format('SELECT pgfence.plan_record_step(%s, 3, %L, true)', pg_temp.pid('x'), 'tap-w1'), 'PF105', NULL, 'record a SQL step: PF105');
-SELECT is((SELECT outcome FROM pgfence.plan_run_step(pg_temp.pid('x'), 'tap-w1')), 'ok', 'step 3 (sql) ok');
-SELECT is((SELECT outcome FROM pgfence.plan_run_step(pg_temp.pid('x'), 'tap-w1')), 'external', 'step 4 handed out');
-SELECT is(pgfence.plan_record_step(pg_temp.pid('x'), 4, 'tap-w1', false, NULL, 'HTTP 410 Gone'), true, 'record an external failure');
+SELECT is(pgfence.plan_record_step(pg_temp.pid('x'), 2, 'tap-w1', pg_temp.tok('x'), true, '{"http_status": 200}'), false, 'recording it again (redelivered report): false, nothing changes');
+SELECT throws_ok(format('SELECT pgfence.plan_record_step(%s, 3, %L, %s, true)', pg_temp.pid('x'), 'tap-w1', pg_temp.tok('x')), 'PF105', NULL, 'record a SQL step: PF105');
+SELECT is((SELECT outcome FROM pgfence.plan_run_step(pg_temp.pid('x'), 'tap-w1', pg_temp.tok('x'))), 'ok', 'step 3 (sql) ok');
+SELECT is((SELECT outcome FROM pgfence.plan_run_step(pg_temp.pid('x'), 'tap-w1', pg_temp.tok('x'))), 'external', 'step 4 handed out');
+SELECT is(pgfence.plan_record_step(pg_temp.pid('x'), 4, 'tap-w1', pg_temp.tok('x'), false, NULL, 'HTTP 410 Gone'), true, 'record an external failure');
 SELECT results_eq($$SELECT status, failure, next_step FROM pgfence.plan WHERE id = pg_temp.pid('x')$$,
   $$VALUES ('failed'::text, 'step_error'::text, 4)$$, 'an external error fails the plan at that step');
 SELECT is((SELECT message FROM pgfence.plan_receipts WHERE plan_id = pg_temp.pid('x') AND step_index = 4), 'HTTP 410 Gone', 'with the transport''s message');
@@ -344,44 +352,83 @@ INSERT INTO ids SELECT 'hb3', pgfence.plan_propose(
   '[{"action": "tap-put", "args": {"k": "j1", "v": 1}}, {"action": "tap-hook", "args": {"recipient": "http://127.0.0.1:9/j"}}]', 'tap-agent');
 SELECT is(pgfence.plan_approve(pg_temp.pid('hb'), 'tap-alice') || pgfence.plan_approve(pg_temp.pid('hb2'), 'tap-alice') || pgfence.plan_approve(pg_temp.pid('hb3'), 'tap-alice'),
   'approvedapprovedapproved', 'approve three plans');
-SELECT is(pgfence.plan_start(pg_temp.pid('hb'), 'tap-w1', interval '30 seconds'), true, 'start with a 30 s heartbeat');
-SELECT is(pgfence.plan_heartbeat(pg_temp.pid('hb'), 'tap-w1'), true, 'the owner heartbeats');
+SELECT isnt(pgfence.plan_start(pg_temp.pid('hb'), 'tap-w1', interval '30 seconds'), NULL, 'start with a 30 s heartbeat');
+SELECT is(pgfence.plan_heartbeat(pg_temp.pid('hb'), 'tap-w1', pg_temp.tok('hb')), true, 'the owner heartbeats');
 SELECT is((SELECT heartbeat_expires_at FROM pgfence.plan WHERE id = pg_temp.pid('hb')), now() + interval '30 seconds', 'deadline = now() + its interval');
-SELECT is(pgfence.plan_heartbeat(pg_temp.pid('hb'), 'tap-w2'), false, 'another worker''s heartbeat is refused');
-SELECT is((SELECT outcome FROM pgfence.plan_run_step(pg_temp.pid('hb'), 'tap-w1')), 'ok', 'step 1 ok');
+SELECT is(pgfence.plan_heartbeat(pg_temp.pid('hb'), 'tap-w2', pg_temp.tok('hb')), false, 'another worker''s heartbeat is refused');
+SELECT is((SELECT outcome FROM pgfence.plan_run_step(pg_temp.pid('hb'), 'tap-w1', pg_temp.tok('hb'))), 'ok', 'step 1 ok');
 SELECT ok((SELECT heartbeat_expires_at >= now() + interval '30 seconds' FROM pgfence.plan WHERE id = pg_temp.pid('hb')), 'a receipt stamps the heartbeat too');
 -- the worker dies: back-date its heartbeat (the clock is never faked)
 UPDATE pgfence.plan SET heartbeat_expires_at = now() - interval '1 second' WHERE id = pg_temp.pid('hb');
 SELECT results_eq($$SELECT status, failure, next_step FROM pgfence.plan_get(pg_temp.pid('hb'))$$,
   $$VALUES ('failed'::text, 'interrupted'::text, 2)$$, 'plan_get heals lazily: failed (interrupted) at step 2');
 SELECT is((SELECT array_agg(state ORDER BY step_index) FROM pgfence.plan_steps(pg_temp.pid('hb'))), ARRAY['ok','not_run'], 'the committed step keeps its receipt');
-SELECT results_eq($$SELECT outcome, status FROM pgfence.plan_run_step(pg_temp.pid('hb'), 'tap-w1')$$,
+SELECT results_eq($$SELECT outcome, status FROM pgfence.plan_run_step(pg_temp.pid('hb'), 'tap-w1', pg_temp.tok('hb'))$$,
   $$VALUES (NULL::text, 'failed'::text)$$, 'the worker that comes back cannot run a step');
-SELECT is(pgfence.plan_heartbeat(pg_temp.pid('hb'), 'tap-w1'), false, '... nor heartbeat');
+SELECT is(pgfence.plan_heartbeat(pg_temp.pid('hb'), 'tap-w1', pg_temp.tok('hb')), false, '... nor heartbeat');
 SELECT is((SELECT count(*)::int FROM public.tap_plan_t WHERE k = 'h2'), 0, 'step 2 never ran');
 SELECT is((SELECT detail ->> 'reason' FROM pgfence.event WHERE module = 'plan' AND item_id = pg_temp.pid('hb') AND event = 'fail'), 'interrupted', 'the fail event says interrupted');
 
 -- the owner's own lock-and-check heals too: a lapsed run is not resumed by a late worker
-SELECT is(pgfence.plan_start(pg_temp.pid('hb2'), 'tap-w1'), true, 'start hb2');
+SELECT isnt(pgfence.plan_start(pg_temp.pid('hb2'), 'tap-w1'), NULL, 'start hb2');
 UPDATE pgfence.plan SET heartbeat_expires_at = now() - interval '1 second' WHERE id = pg_temp.pid('hb2');
-SELECT results_eq($$SELECT outcome, status FROM pgfence.plan_run_step(pg_temp.pid('hb2'), 'tap-w1')$$,
+SELECT results_eq($$SELECT outcome, status FROM pgfence.plan_run_step(pg_temp.pid('hb2'), 'tap-w1', pg_temp.tok('hb2'))$$,
   $$VALUES (NULL::text, 'failed'::text)$$, 'plan_run_step after a lapse: refused, and the plan is failed');
 SELECT is((SELECT failure FROM pgfence.plan WHERE id = pg_temp.pid('hb2')), 'interrupted', '... (interrupted)');
-SELECT is(pgfence.plan_start(pg_temp.pid('hb2'), 'tap-w1'), false, 'and cannot be started again');
+SELECT is(pgfence.plan_start(pg_temp.pid('hb2'), 'tap-w1'), NULL, 'and cannot be started again');
 
 -- an external step in flight when the run lapses: outcome unknown; the late report is refused
-SELECT is(pgfence.plan_start(pg_temp.pid('hb3'), 'tap-w1'), true, 'start hb3');
-SELECT is((SELECT outcome FROM pgfence.plan_run_step(pg_temp.pid('hb3'), 'tap-w1')), 'ok', 'step 1 ok');
-SELECT is((SELECT outcome FROM pgfence.plan_run_step(pg_temp.pid('hb3'), 'tap-w1')), 'external', 'step 2 (external) handed out');
+SELECT isnt(pgfence.plan_start(pg_temp.pid('hb3'), 'tap-w1'), NULL, 'start hb3');
+SELECT is((SELECT outcome FROM pgfence.plan_run_step(pg_temp.pid('hb3'), 'tap-w1', pg_temp.tok('hb3'))), 'ok', 'step 1 ok');
+SELECT is((SELECT outcome FROM pgfence.plan_run_step(pg_temp.pid('hb3'), 'tap-w1', pg_temp.tok('hb3'))), 'external', 'step 2 (external) handed out');
 UPDATE pgfence.plan SET heartbeat_expires_at = now() - interval '1 second' WHERE id = pg_temp.pid('hb3');
 SELECT is(pgfence.plan_reap_stale(), 1, 'the reaper fails the lapsed run');
 SELECT is((SELECT array_agg(state ORDER BY step_index) FROM pgfence.plan_steps(pg_temp.pid('hb3'))), ARRAY['ok','unknown'],
   'the external step in flight is shown as unknown (it may have happened)');
-SELECT is(pgfence.plan_record_step(pg_temp.pid('hb3'), 2, 'tap-w1', true, '{}'), false, 'the stale worker''s late report is refused');
+SELECT is(pgfence.plan_record_step(pg_temp.pid('hb3'), 2, 'tap-w1', pg_temp.tok('hb3'), true, '{}'), false, 'the stale worker''s late report is refused');
 SELECT is((SELECT count(*)::int FROM pgfence.plan_receipts WHERE plan_id = pg_temp.pid('hb3')), 1, '... and wrote no receipt');
 SELECT is(pgfence.plan_reap_stale(), 0, 'the reaper has nothing more to do');
 SELECT throws_ok($$SELECT pgfence.plan_reap_stale(0)$$, '22023', NULL, 'plan_reap_stale(0): 22023');
-SELECT throws_ok($$SELECT pgfence.plan_heartbeat(-1, 'tap-w1')$$, 'P0002', NULL, 'heartbeat for an unknown plan: P0002');
+SELECT throws_ok($$SELECT pgfence.plan_heartbeat(-1, 'tap-w1', 1)$$, 'P0002', NULL, 'heartbeat for an unknown plan: P0002');
+
+-- =============================================================================================
+-- The run token: every take bumps it; an older token is refused, whatever the worker's name
+-- =============================================================================================
+INSERT INTO ids SELECT 'tok', pgfence.plan_propose(
+  '[{"action": "tap-put", "args": {"k": "t1", "v": 1}}, {"action": "tap-hook", "args": {"recipient": "http://127.0.0.1:9/t"}},
+    {"action": "tap-put", "args": {"k": "t3", "v": 3}}]', 'tap-agent');
+SELECT is(pgfence.plan_approve(pg_temp.pid('tok'), 'tap-alice'), 'approved', 'approve tok');
+SELECT is((SELECT run_token FROM pgfence.plan WHERE id = pg_temp.pid('tok')), 0::bigint, 'an approved plan has token 0: nobody holds it');
+SELECT is(pgfence.plan_start(pg_temp.pid('tok'), 'pod-9'), 1::bigint, 'pod-9 takes the run: token 1');
+SELECT is((SELECT outcome FROM pgfence.plan_run_step(pg_temp.pid('tok'), 'pod-9', 1)), 'ok', 'token 1 runs step 1');
+SELECT is((SELECT outcome FROM pgfence.plan_run_step(pg_temp.pid('tok'), 'pod-9', 1)), 'external', 'token 1 is handed external step 2');
+SELECT is(pgfence.plan_start(pg_temp.pid('tok'), 'pod-9'), 2::bigint, 'a second process named pod-9 re-enters the live run: token 2');
+SELECT results_eq($$SELECT actor, from_status, to_status, detail FROM pgfence.event WHERE module = 'plan' AND item_id = pg_temp.pid('tok') AND event = 'reenter'$$,
+  $$VALUES ('pod-9'::text, 'executing'::text, 'executing'::text,
+            '{"worker": "pod-9", "token": 2, "previous_token": 1, "step": 2, "external_in_flight": true}'::jsonb)$$,
+  'the re-entry is an event: who, the new and the previous token, the step, and that an external step was in flight');
+SELECT results_eq($$SELECT step_index, outcome, status FROM pgfence.plan_run_step(pg_temp.pid('tok'), 'pod-9', 1)$$,
+  $$VALUES (NULL::int, NULL::text, 'executing'::text)$$, 'the holder of token 1 is refused: nothing handed out, although its name is the owner''s');
+SELECT is(pgfence.plan_heartbeat(pg_temp.pid('tok'), 'pod-9', 1), false, '... its heartbeat is refused');
+SELECT is(pgfence.plan_record_step(pg_temp.pid('tok'), 2, 'pod-9', 1, true, '{"by": "token 1"}'), false, '... its report of the external step is refused');
+SELECT is(pgfence.plan_release(pg_temp.pid('tok'), 'pod-9', 1), false, '... and so is its release');
+SELECT is(pgfence.plan_heartbeat(pg_temp.pid('tok'), 'pod-9', 3), false, 'a token not issued yet is refused too');
+SELECT is(pgfence.plan_heartbeat(pg_temp.pid('tok'), 'pod-9', 2), true, 'token 2 is the owner: its heartbeat counts');
+SELECT is(pgfence.plan_record_step(pg_temp.pid('tok'), 2, 'pod-9', 2, true, '{"by": "token 2"}'), true, 'token 2 records the external step');
+SELECT is((SELECT output FROM pgfence.plan_receipts WHERE plan_id = pg_temp.pid('tok') AND step_index = 2), '{"by": "token 2"}'::jsonb, '... its receipt is the one written');
+SELECT is(pgfence.plan_release(pg_temp.pid('tok'), 'pod-9', 2), true, 'token 2 releases the run');
+SELECT is(pgfence.plan_start(pg_temp.pid('tok'), 'tap-w3'), 3::bigint, 'a takeover of the released run: token 3');
+SELECT is((SELECT detail ->> 'token' FROM pgfence.event WHERE module = 'plan' AND item_id = pg_temp.pid('tok') AND event = 'take'), '3', 'the take event names the new token');
+SELECT is((SELECT count(*)::int FROM pgfence.event WHERE module = 'plan' AND item_id = pg_temp.pid('tok') AND event = 'reenter'), 1, 'a takeover under another name is a take, not a re-entry');
+SELECT results_eq($$SELECT outcome, status FROM pgfence.plan_run_step(pg_temp.pid('tok'), 'tap-w3', 3)$$, $$VALUES ('ok'::text, 'executed'::text)$$, 'token 3 finishes the plan');
+SELECT throws_ok(format('SELECT * FROM pgfence.plan_run_step(%s, %L, NULL)', pg_temp.pid('tok'), 'tap-w3'), '22004', NULL, 'plan_run_step without a token: 22004');
+SELECT throws_ok(format('SELECT pgfence.plan_record_step(%s, 2, %L, NULL, true)', pg_temp.pid('tok'), 'tap-w3'), '22004', NULL, 'plan_record_step without a token: 22004');
+SELECT throws_ok(format('SELECT pgfence.plan_heartbeat(%s, %L, NULL)', pg_temp.pid('tok'), 'tap-w3'), '22004', NULL, 'plan_heartbeat without a token: 22004');
+SELECT throws_ok(format('SELECT pgfence.plan_release(%s, %L, NULL)', pg_temp.pid('tok'), 'tap-w3'), '22004', NULL, 'plan_release without a token: 22004');
+SELECT throws_ok(format('UPDATE pgfence.plan SET run_token = 1 WHERE id = %s', pg_temp.pid('tok')), 'PF002', NULL, 'the run token never goes back: PF002');
+SELECT throws_ok(format('SELECT pgfence.plan_heartbeat(%s, %L, 0)', pg_temp.pid('tok'), 'tap-w3'), '22023', NULL, 'token 0 is never issued: 22023');
+SELECT is((SELECT array_agg(step_index::text || ':' || worker ORDER BY step_index) FROM pgfence.plan_receipts WHERE plan_id = pg_temp.pid('tok')),
+  ARRAY['1:pod-9', '2:pod-9', '3:tap-w3'], 'receipts: steps 1 and 2 by pod-9 (tokens 1 and 2), step 3 by tap-w3');
 
 -- =============================================================================================
 -- Release and take over; claim with SKIP LOCKED; external-only takers
@@ -391,29 +438,29 @@ INSERT INTO ids SELECT 'rel', pgfence.plan_propose(
     {"action": "tap-put", "args": {"k": "r3", "v": 3}}]', 'tap-agent');
 SELECT is(pgfence.plan_approve(pg_temp.pid('rel'), 'tap-alice'), 'approved', 'approve rel');
 SELECT is((SELECT count(*)::int FROM pgfence.plan_claim('tap-ext', 10, true)), 0, 'an external-only claimer does not take approved plans');
-SELECT results_eq($$SELECT id, next_step, step_count, next_kind FROM pgfence.plan_claim('tap-w1', 10)$$,
-  $$VALUES (pg_temp.pid('rel'), 1, 3, 'sql'::text)$$, 'plan_claim takes the approved plan');
+SELECT results_eq($$SELECT id, next_step, step_count, next_kind, run_token FROM pgfence.plan_claim('tap-w1', 10)$$,
+  $$VALUES (pg_temp.pid('rel'), 1, 3, 'sql'::text, 1::bigint)$$, 'plan_claim takes the approved plan, with its first run token');
 SELECT is((SELECT worker FROM pgfence.plan WHERE id = pg_temp.pid('rel')), 'tap-w1', 'claimed by tap-w1');
 SELECT is((SELECT count(*)::int FROM pgfence.plan_claim('tap-w2', 10)), 0, 'nothing left to claim');
-SELECT is((SELECT outcome FROM pgfence.plan_run_step(pg_temp.pid('rel'), 'tap-w1')), 'ok', 'step 1 ok');
-SELECT is(pgfence.plan_release(pg_temp.pid('rel'), 'tap-w2'), false, 'only the owner can release');
-SELECT is(pgfence.plan_release(pg_temp.pid('rel'), 'tap-w1'), true, 'the owner releases before the external step');
+SELECT is((SELECT outcome FROM pgfence.plan_run_step(pg_temp.pid('rel'), 'tap-w1', pg_temp.tok('rel'))), 'ok', 'step 1 ok');
+SELECT is(pgfence.plan_release(pg_temp.pid('rel'), 'tap-w2', pg_temp.tok('rel')), false, 'only the owner can release');
+SELECT is(pgfence.plan_release(pg_temp.pid('rel'), 'tap-w1', pg_temp.tok('rel')), true, 'the owner releases before the external step');
 SELECT results_eq($$SELECT status, worker, heartbeat_expires_at FROM pgfence.plan WHERE id = pg_temp.pid('rel')$$,
   $$VALUES ('executing'::text, NULL::text, now() + interval '120 seconds')$$, 'released: executing without owner, to be taken within a heartbeat');
-SELECT results_eq($$SELECT outcome, status FROM pgfence.plan_run_step(pg_temp.pid('rel'), 'tap-w1')$$,
+SELECT results_eq($$SELECT outcome, status FROM pgfence.plan_run_step(pg_temp.pid('rel'), 'tap-w1', pg_temp.tok('rel'))$$,
   $$VALUES (NULL::text, 'executing'::text)$$, 'the former owner is refused');
-SELECT results_eq($$SELECT id, next_kind FROM pgfence.plan_claim('tap-ext', 10, true)$$,
-  $$VALUES (pg_temp.pid('rel'), 'external'::text)$$, 'an external-only claimer takes the released run whose next step is external');
-SELECT is((SELECT outcome FROM pgfence.plan_run_step(pg_temp.pid('rel'), 'tap-ext', true)), 'external', 'it is handed the external step');
-SELECT is(pgfence.plan_record_step(pg_temp.pid('rel'), 2, 'tap-ext', true, '{"http_status": 204}'), true, '... records it');
-SELECT results_eq($$SELECT step_index, outcome, status FROM pgfence.plan_run_step(pg_temp.pid('rel'), 'tap-ext', true)$$,
+SELECT results_eq($$SELECT id, next_kind, run_token FROM pgfence.plan_claim('tap-ext', 10, true)$$,
+  $$VALUES (pg_temp.pid('rel'), 'external'::text, 2::bigint)$$, 'an external-only claimer takes the released run whose next step is external, under the next token');
+SELECT is((SELECT outcome FROM pgfence.plan_run_step(pg_temp.pid('rel'), 'tap-ext', pg_temp.tok('rel'), true)), 'external', 'it is handed the external step');
+SELECT is(pgfence.plan_record_step(pg_temp.pid('rel'), 2, 'tap-ext', pg_temp.tok('rel'), true, '{"http_status": 204}'), true, '... records it');
+SELECT results_eq($$SELECT step_index, outcome, status FROM pgfence.plan_run_step(pg_temp.pid('rel'), 'tap-ext', pg_temp.tok('rel'), true)$$,
   $$VALUES (3, 'released'::text, 'executing'::text)$$, 'an external-only runner reaching a SQL step runs nothing and releases the run');
 SELECT results_eq($$SELECT worker, next_step FROM pgfence.plan WHERE id = pg_temp.pid('rel')$$,
   $$VALUES (NULL::text, 3)$$, '... released, still at step 3');
 SELECT is((SELECT count(*)::int FROM public.tap_plan_t WHERE k = 'r3'), 0, '... and step 3 did not run');
 SELECT is((SELECT count(*)::int FROM pgfence.plan_claim('tap-ext', 10, true)), 0, 'an external-only claimer leaves a run whose next step is SQL');
-SELECT is(pgfence.plan_start(pg_temp.pid('rel'), 'tap-w3'), true, 'a SQL runner takes it over with plan_start');
-SELECT results_eq($$SELECT outcome, status FROM pgfence.plan_run_step(pg_temp.pid('rel'), 'tap-w3')$$,
+SELECT isnt(pgfence.plan_start(pg_temp.pid('rel'), 'tap-w3'), NULL, 'a SQL runner takes it over with plan_start');
+SELECT results_eq($$SELECT outcome, status FROM pgfence.plan_run_step(pg_temp.pid('rel'), 'tap-w3', pg_temp.tok('rel'))$$,
   $$VALUES ('ok'::text, 'executed'::text)$$, 'and finishes it');
 SELECT results_eq($$SELECT step_index, worker FROM pgfence.plan_receipts WHERE plan_id = pg_temp.pid('rel') ORDER BY step_index$$,
   $$VALUES (1, 'tap-w1'::text), (2, 'tap-ext'), (3, 'tap-w3')$$, 'each receipt names the worker that ran the step');
@@ -427,13 +474,13 @@ INSERT INTO ids SELECT 'ret', pgfence.plan_propose('[{"action": "tap-other", "ar
 INSERT INTO ids SELECT 'drop', pgfence.plan_propose('[{"action": "tap-put", "args": {"k": "d", "v": 1}}]', 'tap-agent');
 SELECT is(pgfence.plan_approve(pg_temp.pid('ret'), 'tap-alice') || pgfence.plan_approve(pg_temp.pid('drop'), 'tap-alice'), 'approvedapproved', 'approve both');
 SELECT is(pgfence.plan_retire_action('tap-other'), true, 'retire its action after approval');
-SELECT is(pgfence.plan_start(pg_temp.pid('ret'), 'tap-w1'), true, 'start it');
-SELECT results_eq($$SELECT outcome, error ->> 'sqlstate' FROM pgfence.plan_run_step(pg_temp.pid('ret'), 'tap-w1')$$,
+SELECT isnt(pgfence.plan_start(pg_temp.pid('ret'), 'tap-w1'), NULL, 'start it');
+SELECT results_eq($$SELECT outcome, error ->> 'sqlstate' FROM pgfence.plan_run_step(pg_temp.pid('ret'), 'tap-w1', pg_temp.tok('ret'))$$,
   $$VALUES ('error'::text, 'PF101'::text)$$, 'a step of a retired action records an error receipt (PF101) instead of running');
 SAVEPOINT before_drop;
 DROP FUNCTION public.tap_plan_put(jsonb);
-SELECT is(pgfence.plan_start(pg_temp.pid('drop'), 'tap-w1'), true, 'start a plan whose function was dropped');
-SELECT results_eq($$SELECT outcome, error ->> 'sqlstate' FROM pgfence.plan_run_step(pg_temp.pid('drop'), 'tap-w1')$$,
+SELECT isnt(pgfence.plan_start(pg_temp.pid('drop'), 'tap-w1'), NULL, 'start a plan whose function was dropped');
+SELECT results_eq($$SELECT outcome, error ->> 'sqlstate' FROM pgfence.plan_run_step(pg_temp.pid('drop'), 'tap-w1', pg_temp.tok('drop'))$$,
   $$VALUES ('error'::text, '42883'::text)$$, 'a dropped function records an error receipt (42883)');
 SELECT throws_ok($$SELECT pgfence.plan_propose('[{"action": "tap-put", "args": {"k": "gone", "v": 1}}]', 'tap-agent')$$, '42883', NULL,
   'proposing a step whose action''s function was dropped: 42883');
@@ -471,7 +518,7 @@ SELECT throws_ok(format($$UPDATE pgfence.plan SET status = 'pending', failure = 
 SELECT throws_ok(format($$UPDATE pgfence.plan SET reject_reason = 'edited' WHERE id = %s$$, pg_temp.pid('rej')), 'PF001', NULL, 'any change to a rejected plan: PF001');
 INSERT INTO ids SELECT 'g', pgfence.plan_propose('[{"action": "tap-put", "args": {"k": "g1", "v": 1}}, {"action": "tap-put", "args": {"k": "g2", "v": 1}}]', 'tap-agent');
 SELECT is(pgfence.plan_approve(pg_temp.pid('g'), 'tap-alice'), 'approved', 'approve g');
-SELECT is(pgfence.plan_start(pg_temp.pid('g'), 'tap-w1'), true, 'start g');
+SELECT isnt(pgfence.plan_start(pg_temp.pid('g'), 'tap-w1'), NULL, 'start g');
 SELECT throws_ok(format($$UPDATE pgfence.plan SET next_step = 2 WHERE id = %s$$, pg_temp.pid('g')), 'PF001', NULL, 'skipping a step without its receipt: PF001');
 SELECT throws_ok(format($$UPDATE pgfence.plan SET worker = 'tap-thief' WHERE id = %s$$, pg_temp.pid('g')), 'PF001', NULL, 'handing a run to another worker without a release: PF001');
 SELECT throws_ok(format($$UPDATE pgfence.plan SET status = 'failed', failure = 'step_error', finished_at = now() WHERE id = %s$$, pg_temp.pid('g')), 'PF001', NULL, 'step_error without an error receipt: PF001');
@@ -518,27 +565,27 @@ GRANT SELECT, INSERT ON public.tap_plan_t TO tap_plan_exec;
 INSERT INTO ids SELECT 'forge', pgfence.plan_propose('[{"action": "tap-put", "args": {"k": "forge1", "v": 1}}, {"action": "tap-put", "args": {"k": "forge2", "v": 1}}]', 'tap-agent');
 SELECT is(pgfence.plan_approve(pg_temp.pid('forge'), 'tap-alice'), 'approved', 'approve forge');
 SET LOCAL ROLE tap_plan_exec;
-SELECT is(pgfence.plan_start(pg_temp.pid('forge'), 'evil'), true, 'an executor login starts the run');
-SELECT throws_ok(format($$SELECT pgfence._plan_step_finish(%s, 'evil', 1, true, '{"qty": 999999}', NULL)$$, pg_temp.pid('forge')),
+SELECT isnt(pgfence.plan_start(pg_temp.pid('forge'), 'evil'), NULL, 'an executor login starts the run');
+SELECT throws_ok(format($$SELECT pgfence._plan_step_finish(%s, 'evil', %s, 1, true, '{"qty": 999999}', NULL)$$, pg_temp.pid('forge'), pg_temp.tok('forge')),
   'PF107', NULL, 'writing an ok receipt without running the step (no _plan_step_begin in this transaction): PF107');
-SELECT throws_ok(format($$SELECT pgfence._plan_step_finish(%s, 'evil', 1, false, NULL, '{"message": "fake"}')$$, pg_temp.pid('forge')),
+SELECT throws_ok(format($$SELECT pgfence._plan_step_finish(%s, 'evil', %s, 1, false, NULL, '{"message": "fake"}')$$, pg_temp.pid('forge'), pg_temp.tok('forge')),
   'PF107', NULL, '... an error receipt likewise: PF107');
 RESET ROLE;
 SELECT results_eq($$SELECT status, next_step, (SELECT count(*)::int FROM pgfence.plan_receipts r WHERE r.plan_id = p.id) FROM pgfence.plan p WHERE id = pg_temp.pid('forge')$$,
   $$VALUES ('executing'::text, 1, 0)$$, '... the plan did not move and has no receipt');
 SELECT is((SELECT count(*)::int FROM public.tap_plan_t WHERE k LIKE 'forge%'), 0, '... and nothing ran');
 SET LOCAL ROLE tap_plan_exec;
-SELECT results_eq($$SELECT step_index, outcome, status FROM pgfence.plan_run_step(pg_temp.pid('forge'), 'evil')$$,
+SELECT results_eq($$SELECT step_index, outcome, status FROM pgfence.plan_run_step(pg_temp.pid('forge'), 'evil', pg_temp.tok('forge'))$$,
   $$VALUES (1, 'ok'::text, 'executing'::text)$$, 'plan_run_step itself still writes the receipt (begin and finish in one transaction)');
 RESET ROLE;
 SELECT results_eq($$SELECT step_begun, step_begun_xact FROM pgfence.plan WHERE id = pg_temp.pid('forge')$$,
   $$VALUES (NULL::integer, NULL::xid8)$$, '... and the receipt clears the begin stamp');
-SELECT throws_ok(format($$SELECT pgfence._plan_step_finish(%s, 'evil', 2, true, '{}', NULL)$$, pg_temp.pid('forge')),
+SELECT throws_ok(format($$SELECT pgfence._plan_step_finish(%s, 'evil', %s, 2, true, '{}', NULL)$$, pg_temp.pid('forge'), pg_temp.tok('forge')),
   'PF107', NULL, 'a stamp of step 1 does not let step 2 be receipted: PF107');
-SELECT is((SELECT step_index FROM pgfence._plan_step_begin(pg_temp.pid('forge'), 'evil')), 2, 'the remaining trust: _plan_step_begin hands out step 2 ...');
-SELECT throws_ok(format($$SELECT pgfence._plan_step_finish(%s, 'evil', 1, true, '{}', NULL)$$, pg_temp.pid('forge')),
+SELECT is((SELECT step_index FROM pgfence._plan_step_begin(pg_temp.pid('forge'), 'evil', pg_temp.tok('forge'))), 2, 'the remaining trust: _plan_step_begin hands out step 2 ...');
+SELECT throws_ok(format($$SELECT pgfence._plan_step_finish(%s, 'evil', %s, 1, true, '{}', NULL)$$, pg_temp.pid('forge'), pg_temp.tok('forge')),
   'PF107', NULL, '... a receipt for another step than the one begun: PF107');
-SELECT is(pgfence._plan_step_finish(pg_temp.pid('forge'), 'evil', 2, true, '{"put": "forge2"}', NULL), 'executed',
+SELECT is(pgfence._plan_step_finish(pg_temp.pid('forge'), 'evil', pg_temp.tok('forge'), 2, true, '{"put": "forge2"}', NULL), 'executed',
   '... and a role that calls both helpers in one transaction is trusted to run the action in between (documented)');
 
 -- =============================================================================================
@@ -556,9 +603,9 @@ SELECT results_eq($$SELECT step_index, function_md5 FROM pgfence.plan_step WHERE
 SELECT is((SELECT function_md5 FROM pgfence.plan_step WHERE plan_id = pg_temp.pid('noargs') AND step_index = 1), NULL, '... an external step has none');
 SELECT is(pgfence.plan_approve(pg_temp.pid('mut'), 'tap-alice') || pgfence.plan_approve(pg_temp.pid('mut-same'), 'tap-alice'), 'approvedapproved', 'approve both');
 CREATE OR REPLACE FUNCTION public.tap_plan_mut(p jsonb) RETURNS jsonb LANGUAGE sql AS $$ SELECT jsonb_build_object('version', 2, 'evil', true) $$;
-SELECT is(pgfence.plan_start(pg_temp.pid('mut'), 'tap-w1'), true, 'start mut after its function was replaced');
-SELECT is((SELECT outcome FROM pgfence.plan_run_step(pg_temp.pid('mut'), 'tap-w1')), 'ok', 'step 1 (unchanged function) runs');
-SELECT results_eq($$SELECT step_index, outcome, status, output, error ->> 'sqlstate' FROM pgfence.plan_run_step(pg_temp.pid('mut'), 'tap-w1')$$,
+SELECT isnt(pgfence.plan_start(pg_temp.pid('mut'), 'tap-w1'), NULL, 'start mut after its function was replaced');
+SELECT is((SELECT outcome FROM pgfence.plan_run_step(pg_temp.pid('mut'), 'tap-w1', pg_temp.tok('mut'))), 'ok', 'step 1 (unchanged function) runs');
+SELECT results_eq($$SELECT step_index, outcome, status, output, error ->> 'sqlstate' FROM pgfence.plan_run_step(pg_temp.pid('mut'), 'tap-w1', pg_temp.tok('mut'))$$,
   $$VALUES (2, 'error'::text, 'failed'::text, NULL::jsonb, 'PF108'::text)$$,
   'a step whose function changed since the proposal does not run: error receipt PF108, the plan fails');
 SELECT results_eq($$SELECT status, failure, next_step FROM pgfence.plan WHERE id = pg_temp.pid('mut')$$,
@@ -566,15 +613,15 @@ SELECT results_eq($$SELECT status, failure, next_step FROM pgfence.plan WHERE id
 SELECT is((SELECT array_agg(k ORDER BY k) FROM public.tap_plan_t WHERE k LIKE 'm_'), ARRAY['m1'], '... step 3 never ran');
 SELECT ok((SELECT message LIKE '%tap-mut%changed%' FROM pgfence.plan_receipts WHERE plan_id = pg_temp.pid('mut') AND step_index = 2), '... and the receipt says which action changed');
 CREATE OR REPLACE FUNCTION public.tap_plan_mut(p jsonb) RETURNS jsonb LANGUAGE sql AS $$ SELECT jsonb_build_object('version', 1) $$;
-SELECT is(pgfence.plan_start(pg_temp.pid('mut-same'), 'tap-w1'), true, 'start mut-same once the approved definition is back');
-SELECT results_eq($$SELECT outcome, output FROM pgfence.plan_run_step(pg_temp.pid('mut-same'), 'tap-w1')$$,
+SELECT isnt(pgfence.plan_start(pg_temp.pid('mut-same'), 'tap-w1'), NULL, 'start mut-same once the approved definition is back');
+SELECT results_eq($$SELECT outcome, output FROM pgfence.plan_run_step(pg_temp.pid('mut-same'), 'tap-w1', pg_temp.tok('mut-same'))$$,
   $$VALUES ('ok'::text, '{"version": 1}'::jsonb)$$, 'the same definition again runs (the fingerprint is of the definition, not of the catalog row)');
 INSERT INTO ids SELECT 'mut-forge', pgfence.plan_propose('[{"action": "tap-mut"}]', 'tap-agent');
 SELECT is(pgfence.plan_approve(pg_temp.pid('mut-forge'), 'tap-alice'), 'approved', 'approve mut-forge');
 CREATE OR REPLACE FUNCTION public.tap_plan_mut(p jsonb) RETURNS jsonb LANGUAGE sql AS $$ SELECT jsonb_build_object('version', 3) $$;
-SELECT is(pgfence.plan_start(pg_temp.pid('mut-forge'), 'tap-w1'), true, 'start mut-forge after another replacement');
-SELECT is((SELECT step_index FROM pgfence._plan_step_begin(pg_temp.pid('mut-forge'), 'tap-w1')), 1, 'begin its step by hand ...');
-SELECT throws_ok(format($$SELECT pgfence._plan_step_finish(%s, 'tap-w1', 1, true, '{"version": 3}', NULL)$$, pg_temp.pid('mut-forge')),
+SELECT isnt(pgfence.plan_start(pg_temp.pid('mut-forge'), 'tap-w1'), NULL, 'start mut-forge after another replacement');
+SELECT is((SELECT step_index FROM pgfence._plan_step_begin(pg_temp.pid('mut-forge'), 'tap-w1', pg_temp.tok('mut-forge'))), 1, 'begin its step by hand ...');
+SELECT throws_ok(format($$SELECT pgfence._plan_step_finish(%s, 'tap-w1', %s, 1, true, '{"version": 3}', NULL)$$, pg_temp.pid('mut-forge'), pg_temp.tok('mut-forge')),
   'PF108', NULL, '... an ok receipt for a step whose function changed is refused even then: PF108');
 
 -- =============================================================================================

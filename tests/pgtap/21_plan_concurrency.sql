@@ -5,7 +5,7 @@
 -- main session only reads committed fixtures, never locks them.
 BEGIN;
 \ir helpers/setup.sql
-SELECT plan(39);
+SELECT plan(51);
 
 SELECT tap_helpers.peer('c0');
 SELECT tap_helpers.peer('c1');
@@ -37,20 +37,53 @@ BEGIN
 END $$;
 
 -- =============================================================================================
--- Two plan_start calls at once: one wins, the other returns false (no error)
+-- Two plan_start calls at once: one wins, the other returns NULL (no error)
 -- =============================================================================================
 SELECT pg_temp.approved('race', '[{"action": "tap-pc-put", "args": {"k": "race"}}]');
 SELECT dblink_exec('c1', 'BEGIN');
-SELECT is(tap_helpers.peer_value('c1', format('SELECT pgfence.plan_start(%s, %L)', pg_temp.pid('race'), 'tap-pc-w1')), 't',
-  'session 1 starts the plan (transaction still open)');
+SELECT is(tap_helpers.peer_value('c1', format('SELECT pgfence.plan_start(%s, %L)', pg_temp.pid('race'), 'tap-pc-w1')), '1',
+  'session 1 starts the plan: run token 1 (transaction still open)');
 SELECT dblink_send_query('c2', format('SELECT pgfence.plan_start(%s, %L)', pg_temp.pid('race'), 'tap-pc-w2'));
 SELECT pg_sleep(0.3);
 SELECT is(dblink_is_busy('c2'), 1, 'session 2 waits on the row');
 SELECT dblink_exec('c1', 'COMMIT');
-SELECT is((SELECT x FROM dblink_get_result('c2') AS t(x boolean)), false, 'after session 1 commits, session 2 loses: false, not an error');
-SELECT * FROM dblink_get_result('c2') AS t(x boolean);  -- drain: the connection is usable again
+SELECT is((SELECT x FROM dblink_get_result('c2') AS t(x bigint)), NULL, 'after session 1 commits, session 2 loses: NULL, not an error');
+SELECT * FROM dblink_get_result('c2') AS t(x bigint);  -- drain: the connection is usable again
 SELECT results_eq(format('SELECT status, worker FROM pgfence.plan WHERE id = %s', pg_temp.pid('race')),
   $$VALUES ('executing'::text, 'tap-pc-w1'::text)$$, 'exactly one owner');
+
+-- =============================================================================================
+-- Two processes under one worker name (a pod that "resumes its own plans" after a restart while
+-- its first incarnation still runs): the second take fences out the first, and writes an event
+-- =============================================================================================
+SELECT pg_temp.approved('pod', '[{"action": "tap-pc-hook", "args": {"recipient": "http://127.0.0.1:9/pod"}},
+                                 {"action": "tap-pc-put", "args": {"k": "pod2"}}]');
+SELECT is(tap_helpers.peer_value('c1', format('SELECT pgfence.plan_start(%s, %L)', pg_temp.pid('pod'), 'pod-9')), '1',
+  'session 1, as pod-9, takes the run: token 1');
+SELECT is(tap_helpers.peer_value('c1', format('SELECT outcome FROM pgfence.plan_run_step(%s, %L, 1)', pg_temp.pid('pod'), 'pod-9')), 'external',
+  'session 1 is handed the external step 1 (it is in flight now)');
+SELECT is(tap_helpers.peer_value('c2', format('SELECT pgfence.plan_start(%s, %L)', pg_temp.pid('pod'), 'pod-9')), '2',
+  'session 2, also as pod-9, while session 1''s heartbeat is live: it re-enters under token 2');
+SELECT is(tap_helpers.peer_value('c1', format('SELECT coalesce(outcome, ''refused'') FROM pgfence.plan_run_step(%s, %L, 1)', pg_temp.pid('pod'), 'pod-9')), 'refused',
+  'session 1 (token 1) is no longer handed the step in flight');
+SELECT is(tap_helpers.peer_value('c1', format('SELECT pgfence.plan_heartbeat(%s, %L, 1)', pg_temp.pid('pod'), 'pod-9')), 'f',
+  'session 1''s heartbeat is refused: it learns that it lost the run');
+SELECT is(tap_helpers.peer_value('c1', format('SELECT pgfence.plan_record_step(%s, 1, %L, 1, true, %L)', pg_temp.pid('pod'), 'pod-9', '{"by": "session 1"}')), 'f',
+  'session 1''s report of the external step is refused');
+SELECT is(tap_helpers.peer_value('c2', format('SELECT outcome FROM pgfence.plan_run_step(%s, %L, 2)', pg_temp.pid('pod'), 'pod-9')), 'external',
+  'session 2 (token 2) is the owner: it is handed the external step (same idempotency key, at least once)');
+SELECT is(tap_helpers.peer_value('c2', format('SELECT pgfence.plan_record_step(%s, 1, %L, 2, true, %L)', pg_temp.pid('pod'), 'pod-9', '{"by": "session 2"}')), 't',
+  'session 2 records it');
+SELECT is(tap_helpers.peer_value('c1', format('SELECT coalesce(outcome, ''refused'') FROM pgfence.plan_run_step(%s, %L, 1)', pg_temp.pid('pod'), 'pod-9')), 'refused',
+  'session 1 still cannot run the next (SQL) step');
+SELECT is(tap_helpers.peer_value('c2', format('SELECT outcome || ''/'' || status FROM pgfence.plan_run_step(%s, %L, 2)', pg_temp.pid('pod'), 'pod-9')), 'ok/executed',
+  'session 2 runs it and the plan is executed');
+SELECT results_eq(format($$SELECT step_index, output ->> 'by' FROM pgfence.plan_receipts WHERE plan_id = %s AND kind = 'external'$$, pg_temp.pid('pod')),
+  $$VALUES (1, 'session 2'::text)$$, 'the receipt of the external step is session 2''s');
+SELECT results_eq(format($$SELECT event, actor, (detail ->> 'previous_token')::int, (detail ->> 'token')::int, (detail ->> 'external_in_flight')::boolean
+                            FROM pgfence.event WHERE module = 'plan' AND item_id = %s AND event IN ('start', 'reenter') ORDER BY id$$, pg_temp.pid('pod')),
+  $$VALUES ('start'::text, 'pod-9'::text, NULL::int, 1, NULL::boolean), ('reenter', 'pod-9', 1, 2, true)$$,
+  'the event log shows the start and the re-entry, with both tokens and the external step in flight');
 
 -- =============================================================================================
 -- plan_claim: two executors never take the same plan (SKIP LOCKED, no waiting)
@@ -150,7 +183,7 @@ SELECT results_eq(format('SELECT status, worker FROM pgfence.plan WHERE id = %s'
 SELECT dblink_exec('c0', format('UPDATE pgfence.plan SET heartbeat_expires_at = now() - interval ''1 second'' WHERE id = %s', pg_temp.pid('kill')));
 SELECT is(tap_helpers.peer_value('c2', format('SELECT status || ''/'' || failure FROM pgfence.plan_get(%s)', pg_temp.pid('kill'))), 'failed/interrupted',
   'after the lapse, plan_get reports failed (interrupted)');
-SELECT is(tap_helpers.peer_value('c2', format('SELECT coalesce(outcome, ''refused'') FROM pgfence.plan_run_step(%s, %L)', pg_temp.pid('kill'), 'tap-pc-killed')), 'refused',
+SELECT is(tap_helpers.peer_value('c2', format('SELECT coalesce(outcome, ''refused'') FROM pgfence.plan_run_step(%s, %L, 1)', pg_temp.pid('kill'), 'tap-pc-killed')), 'refused',
   'a runner with the dead one''s name that comes back is refused');
 SELECT is((SELECT count(*)::int FROM public.tap_pc_t WHERE k LIKE 'k_'), 1, '... and ran nothing');
 
@@ -174,15 +207,15 @@ SELECT is(tap_helpers.peer_value('c2', format('SELECT status || ''/'' || failure
 -- A receipt is written only in the transaction that began the step
 -- =============================================================================================
 SELECT pg_temp.approved('stamp', '[{"action": "tap-pc-put", "args": {"k": "s1"}}]');
-SELECT is(tap_helpers.peer_value('c1', format('SELECT pgfence.plan_start(%s, %L)', pg_temp.pid('stamp'), 'tap-pc-stamp')), 't', 'start stamp');
-SELECT is(tap_helpers.peer_value('c1', format('SELECT step_index FROM pgfence._plan_step_begin(%s, %L)', pg_temp.pid('stamp'), 'tap-pc-stamp')), '1',
+SELECT is(tap_helpers.peer_value('c1', format('SELECT pgfence.plan_start(%s, %L)', pg_temp.pid('stamp'), 'tap-pc-stamp')), '1', 'start stamp');
+SELECT is(tap_helpers.peer_value('c1', format('SELECT step_index FROM pgfence._plan_step_begin(%s, %L, 1)', pg_temp.pid('stamp'), 'tap-pc-stamp')), '1',
   'one transaction begins step 1 and commits without running it');
 SELECT results_eq(format('SELECT step_begun, step_begun_xact IS NOT NULL FROM pgfence.plan WHERE id = %s', pg_temp.pid('stamp')),
   $$VALUES (1, true)$$, '... its stamp is committed');
 SELECT throws_ok(format($q$SELECT * FROM dblink('c1', %L) AS t(x text)$q$,
-                        format('SELECT pgfence._plan_step_finish(%s, %L, 1, true, %L, NULL)', pg_temp.pid('stamp'), 'tap-pc-stamp', '{"k": "forged"}')),
+                        format('SELECT pgfence._plan_step_finish(%s, %L, 1, 1, true, %L, NULL)', pg_temp.pid('stamp'), 'tap-pc-stamp', '{"k": "forged"}')),
   'PF107', NULL, 'a later transaction cannot write the receipt of that step: PF107');
-SELECT is(tap_helpers.peer_value('c1', format('SELECT outcome FROM pgfence.plan_run_step(%s, %L)', pg_temp.pid('stamp'), 'tap-pc-stamp')), 'ok',
+SELECT is(tap_helpers.peer_value('c1', format('SELECT outcome FROM pgfence.plan_run_step(%s, %L, 1)', pg_temp.pid('stamp'), 'tap-pc-stamp')), 'ok',
   'plan_run_step in a new transaction begins it again, runs it and writes the receipt');
 SELECT results_eq(format('SELECT r.output ->> ''k'', (SELECT count(*)::int FROM public.tap_pc_t WHERE k = ''s1'') FROM pgfence.plan_receipts r WHERE r.plan_id = %s', pg_temp.pid('stamp')),
   $$VALUES ('s1'::text, 1)$$, '... the receipt is the real one, with the step''s effect');
@@ -199,7 +232,7 @@ SELECT is((SELECT array_agg(extra::jsonb ORDER BY extra) FROM heard WHERE notify
         jsonb_build_object('id', pg_temp.pid('note'), 'status', 'pending')],
   'the listener heard the proposal and the approval: id and status only');
 SELECT tap_helpers.peer_value('c0', format('SELECT pgfence.plan_start(%s, %L)', pg_temp.pid('note'), 'tap-pc-sql'));
-SELECT tap_helpers.peer_value('c0', format('SELECT pgfence.plan_release(%s, %L)', pg_temp.pid('note'), 'tap-pc-sql'));
+SELECT tap_helpers.peer_value('c0', format('SELECT pgfence.plan_release(%s, %L, 1)', pg_temp.pid('note'), 'tap-pc-sql'));
 SELECT * FROM dblink('c2', 'SELECT 1') AS t(x int);
 SELECT is((SELECT extra::jsonb FROM dblink_get_notify('c2') WHERE notify_name = 'pgfence_plan'),
   jsonb_build_object('id', pg_temp.pid('note'), 'status', 'executing', 'next', 'external'),

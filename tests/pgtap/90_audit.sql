@@ -84,7 +84,7 @@ SELECT ok((SELECT count(*) = 1 FROM pgfence.outbox_claim('tap-w9', 1, ARRAY['tap
 UPDATE pgfence.outbox SET lease_expires_at = now() - interval '90 seconds' WHERE id = pg_temp.id('msg');
 
 INSERT INTO ids SELECT 'stale', pg_temp.approved_plan();
-SELECT ok(pgfence.plan_start(pg_temp.id('stale'), 'tap-pw', '10 seconds'), 'tap-pw starts the plan');
+SELECT ok(pgfence.plan_start(pg_temp.id('stale'), 'tap-pw', '10 seconds') IS NOT NULL, 'tap-pw starts the plan');
 UPDATE pgfence.plan SET heartbeat_expires_at = now() - interval '30 seconds' WHERE id = pg_temp.id('stale');
 
 INSERT INTO ids SELECT 'op', id FROM pgfence.operation_request('tap-au.reset', 'br-1', '{}', 'tap-au-op1', 'alice');
@@ -95,7 +95,7 @@ SELECT results_eq(
   $$SELECT module, item_id, status, owner, fence, overdue, expired_at FROM pgfence.audit_stuck ORDER BY module$$,
   $$VALUES ('operation', pg_temp.id('op'), 'running', 'tap-ow', 1::bigint, interval '45 seconds', now() - interval '45 seconds'),
            ('outbox', pg_temp.id('msg'), 'processing', 'tap-w1', 1::bigint, interval '90 seconds', now() - interval '90 seconds'),
-           ('plan', pg_temp.id('stale'), 'executing', 'tap-pw', NULL::bigint, interval '30 seconds', now() - interval '30 seconds')$$,
+           ('plan', pg_temp.id('stale'), 'executing', 'tap-pw', 1::bigint, interval '30 seconds', now() - interval '30 seconds')$$,
   'audit_stuck lists exactly the lapsed outbox lease, the stale plan and the operation past its lease, with owner, fence and how long overdue');
 SELECT results_eq(
   $$SELECT queue, claimed_at, last_seen_at FROM pgfence.audit_stuck ORDER BY module$$,
@@ -164,9 +164,9 @@ SELECT is((SELECT count(*)::int FROM pgfence.event WHERE module = 'outbox' AND i
 INSERT INTO ids SELECT 'ext', pgfence.plan_propose(
   '[{"action": "tap-au.noop", "args": {}}, {"action": "tap-au.hook", "args": {"recipient": "https://shop.test/hook", "payload": {"e": 1}}}]', 'tap-agent');
 SELECT pgfence.plan_approve(pg_temp.id('ext'), 'tap-ops');
-SELECT ok(pgfence.plan_start(pg_temp.id('ext'), 'tap-px'), 'tap-px starts a plan with an external step 2');
-SELECT is((SELECT outcome FROM pgfence.plan_run_step(pg_temp.id('ext'), 'tap-px')), 'ok', 'step 1 (SQL) runs');
-SELECT is((SELECT outcome FROM pgfence.plan_run_step(pg_temp.id('ext'), 'tap-px')), 'external', 'step 2 is handed to the worker to perform');
+SELECT ok(pgfence.plan_start(pg_temp.id('ext'), 'tap-px') IS NOT NULL, 'tap-px starts a plan with an external step 2');
+SELECT is((SELECT outcome FROM pgfence.plan_run_step(pg_temp.id('ext'), 'tap-px', 1)), 'ok', 'step 1 (SQL) runs');
+SELECT is((SELECT outcome FROM pgfence.plan_run_step(pg_temp.id('ext'), 'tap-px', 1)), 'external', 'step 2 is handed to the worker to perform');
 UPDATE pgfence.plan SET heartbeat_expires_at = now() - interval '5 seconds' WHERE id = pg_temp.id('ext');
 SELECT results_eq(
   $$SELECT status, reason, fences, lost_by, idempotency_key FROM pgfence.audit_duplicates WHERE module = 'plan'$$,
@@ -223,9 +223,9 @@ SELECT is((SELECT detail ->> 'error' FROM pgfence.audit_timeline('outbox', pg_te
   '... with the error of the failed attempt');
 
 INSERT INTO ids SELECT 'done', pg_temp.approved_plan();
-SELECT ok(pgfence.plan_start(pg_temp.id('done'), 'tap-pd'), 'tap-pd runs a plan');
-SELECT is((SELECT outcome FROM pgfence.plan_run_step(pg_temp.id('done'), 'tap-pd')), 'ok', 'step 1');
-SELECT is((SELECT status FROM pgfence.plan_run_step(pg_temp.id('done'), 'tap-pd')), 'executed', 'step 2: executed');
+SELECT ok(pgfence.plan_start(pg_temp.id('done'), 'tap-pd') IS NOT NULL, 'tap-pd runs a plan');
+SELECT is((SELECT outcome FROM pgfence.plan_run_step(pg_temp.id('done'), 'tap-pd', 1)), 'ok', 'step 1');
+SELECT is((SELECT status FROM pgfence.plan_run_step(pg_temp.id('done'), 'tap-pd', 1)), 'executed', 'step 2: executed');
 SELECT is(
   (SELECT array_agg(source || ':' || event || ':' || coalesce(actor, '')) FROM pgfence.audit_timeline('plan', pg_temp.id('done'))),
   ARRAY['event:propose:tap-agent', 'event:approve:tap-ops', 'event:start:tap-pd', 'receipt:step_ok:tap-pd',
@@ -255,8 +255,8 @@ CREATE FUNCTION public.tap_audit_boom(p jsonb) RETURNS jsonb LANGUAGE sql AS $$ 
 SELECT pgfence.plan_register_action('tap-au.boom', 'public.tap_audit_boom(jsonb)', 'divides by zero (audit tests)');
 INSERT INTO ids SELECT 'boom', pgfence.plan_propose('[{"action": "tap-au.boom", "args": {}}]', 'tap-agent');
 SELECT pgfence.plan_approve(pg_temp.id('boom'), 'tap-ops');
-SELECT ok(pgfence.plan_start(pg_temp.id('boom'), 'tap-pb'), 'tap-pb runs a plan whose step raises');
-SELECT is((SELECT outcome FROM pgfence.plan_run_step(pg_temp.id('boom'), 'tap-pb')), 'error', 'the step fails');
+SELECT ok(pgfence.plan_start(pg_temp.id('boom'), 'tap-pb') IS NOT NULL, 'tap-pb runs a plan whose step raises');
+SELECT is((SELECT outcome FROM pgfence.plan_run_step(pg_temp.id('boom'), 'tap-pb', 1)), 'error', 'the step fails');
 SELECT results_eq(
   $$SELECT event, detail ->> 'sqlstate', detail ->> 'message' FROM pgfence.audit_timeline('plan', pg_temp.id('boom')) WHERE source = 'receipt'$$,
   $$VALUES ('step_error', '22012', 'division by zero')$$,
@@ -333,7 +333,7 @@ SELECT results_eq(
 -- =============================================================================================
 INSERT INTO ids SELECT 'sp', pg_temp.approved_plan();
 SAVEPOINT before_start;
-SELECT ok(pgfence.plan_start(pg_temp.id('sp'), 'tap-ps'), 'a plan starts inside a savepoint');
+SELECT ok(pgfence.plan_start(pg_temp.id('sp'), 'tap-ps') IS NOT NULL, 'a plan starts inside a savepoint');
 SELECT is(pg_temp.events('plan', pg_temp.id('sp')), 3, '... its start event is there (propose, approve, start)');
 ROLLBACK TO SAVEPOINT before_start;
 SELECT is(pg_temp.events('plan', pg_temp.id('sp')), 2, 'rolled back: the start event went with it');

@@ -32,7 +32,7 @@ def _fail(message: str, sqlstate: str | None, detail: str | None, hint: str | No
         msg += f" [{sqlstate}]"
     if detail:
         msg += f"\n  detail: {detail}"
-    if sqlstate == "42501":
+    if sqlstate == "42501" and not hint:
         hint = _ROLE_HINT
     if hint:
         msg += f"\n  hint: {hint}"
@@ -71,9 +71,13 @@ class _Group(click.Group):
 @click.option("--dsn", envvar="PGFENCE_DSN", metavar="DSN",
               help="Database to use (libpq URI or key=value). Default: $DATABASE_URL, "
                    "else the dev cluster from `pgfence db start`.")
+@click.option("--connect-timeout", envvar="PGFENCE_CONNECT_TIMEOUT", type=click.FloatRange(2, 3600),
+              default=10, show_default=True, metavar="SECONDS",
+              help="Give up on a database that does not complete the connection within this "
+                   "time (every command; unless the DSN sets connect_timeout).")
 @click.option("-v", "--verbose", count=True, help="More logging (-v info, -vv debug).")
 @click.pass_context
-def main(ctx: click.Context, dsn: str | None, verbose: int) -> None:
+def main(ctx: click.Context, dsn: str | None, connect_timeout: float, verbose: int) -> None:
     """pgfence — durable step execution and versioned documents in PostgreSQL.
 
     \b
@@ -88,7 +92,7 @@ def main(ctx: click.Context, dsn: str | None, verbose: int) -> None:
     level = logging.WARNING - 10 * verbose
     logging.basicConfig(level=max(level, logging.DEBUG),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    ctx.obj = CliState(dsn=dsn)
+    ctx.obj = CliState(dsn=dsn, connect_timeout=connect_timeout)
 
 
 def _register() -> None:

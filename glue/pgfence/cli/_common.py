@@ -14,15 +14,22 @@ import click
 import psycopg
 from tabulate import tabulate
 
-from ..db import connect
+from ..db import Liveness, connect
 from ..errors import translate
 
 
 @dataclass
 class CliState:
-    """Per-invocation state: the ``--dsn`` given on the command line (or None)."""
+    """Per-invocation state: the ``--dsn`` given on the command line (or None) and the
+    ``--connect-timeout`` (seconds) for every connection the command opens."""
 
     dsn: str | None
+    connect_timeout: float = 10.0
+
+    @property
+    def liveness(self) -> Liveness:
+        """Connect timeout and TCP keepalives for this command's connections."""
+        return Liveness(connect_timeout=self.connect_timeout)
 
 
 pass_state = click.make_pass_decorator(CliState)
@@ -31,7 +38,7 @@ pass_state = click.make_pass_decorator(CliState)
 @contextmanager
 def db_conn(state: CliState) -> Iterator[psycopg.Connection[Any]]:
     """Autocommit connection (schema version checked); SQLSTATE errors become pgfence ones."""
-    with connect(state.dsn) as conn:
+    with connect(state.dsn, liveness=state.liveness) as conn:
         try:
             yield conn
         except psycopg.Error as exc:

@@ -1,27 +1,179 @@
-"""``pgfence executor``: run the executor process."""
+"""``pgfence executor``: run the executor process.
+
+Its settings have one schema, :data:`SETTINGS`: each is a command-line option
+(``--poll-interval``) and a key of the TOML file's ``[executor]`` table (``poll_interval``),
+converted and checked by the same click type, so a bad value is the same one-line usage error
+from either place. An option given on the command line wins over the file, the file over the
+default.
+"""
 
 from __future__ import annotations
 
 import datetime as dt
 import logging
 import tomllib
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import click
+from click.core import ParameterSource
 
-from ..db import resolve_dsn
+from ..db import Liveness, resolve_dsn
 from ..executor import Executor, ExecutorConfig, Module, OutboxModule
 from ..plan.module import PlanModule
 from ..transports import Transport, parse_route
 from ._common import CliState, pass_state
 
 
+class _Name(click.ParamType[str]):
+    """A non-empty name of at most 200 characters (a worker id)."""
+
+    name = "name"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str:
+        text = str(value)
+        if not text.strip() or len(text) > 200:
+            self.fail(f"{value!r} is not a name of 1-200 characters", param, ctx)
+        return text
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One executor setting: option ``--<key with dashes>`` and TOML key ``[executor] <key>``."""
+
+    key: str
+    type: click.ParamType[Any]
+    default: Any
+    help: str
+    aliases: tuple[str, ...] = ()
+    flag: str | None = None  # booleans: "--x/--no-x"
+
+    @property
+    def option(self) -> str:
+        return "--" + self.key.replace("_", "-")
+
+
+_LEVELS = ["debug", "info", "warning", "error"]
+
+#: Every executor setting, for the command line and the TOML file alike.
+SETTINGS: tuple[Setting, ...] = (
+    Setting("concurrency", click.IntRange(1, 10000), 16, "Deliveries (units of work) at once."),
+    Setting("batch", click.IntRange(1, 10000), 10, "Units per claim round."),
+    Setting("poll_interval", click.FloatRange(0.05, 3600), 5.0,
+            "Sweep every N seconds even without NOTIFY."),
+    Setting("reap_interval", click.FloatRange(0.05, 3600), 10.0,
+            "Run the reapers every N seconds.", aliases=("--reclaim-interval",)),
+    Setting("lease", click.FloatRange(0.1, 86400), None,
+            "Outbox claim lease in seconds (at most 1 day); default: each channel's lease."),
+    Setting("grace", click.FloatRange(0, 86400), 30.0,
+            "Seconds in-flight work may take after SIGTERM."),
+    Setting("worker_id", _Name(), None, "Name to claim under [host:pid:random]."),
+    Setting("plans", click.Choice(["start", "external", "off"]), "off",
+            "Approved plans: start = take and run them (SQL steps with this executor's database "
+            "role, external steps through the routes named after their actions); external = "
+            "only perform external steps of runs released to executors; off: an executor runs "
+            "plans only when asked to, since it runs their SQL steps with its own role."),
+    Setting("plan_heartbeat", click.FloatRange(1, 86400), None,
+            "Heartbeat interval in seconds for plan runs this executor takes [the plan's, 120]."),
+    Setting("op_lease", click.FloatRange(0.5, 86400), 120.0, "Operation lease in seconds."),
+    Setting("log_level", click.Choice(_LEVELS), "info",
+            "info logs one line per delivery; warning only retries, failures and lapses."),
+    Setting("listen_dsn", click.STRING, None,
+            "DSN of the LISTEN connection, when --dsn goes through a transaction-mode pooler: "
+            "a direct or session-mode connection [the --dsn]."),
+    Setting("prepare", click.BOOL, True,
+            "Server-side prepared statements (psycopg's, after 5 runs of a statement); "
+            "--no-prepare behind a transaction-mode pooler (PgBouncer before 1.21).",
+            flag="--prepare/--no-prepare"),
+    Setting("query_timeout", click.FloatRange(0.5, 3600), 15.0,
+            "Seconds one database call may go unanswered before its connection is closed "
+            "and the call counts as a lost connection (never past the lease it records)."),
+    Setting("probe_interval", click.FloatRange(0.2, 300), 5.0,
+            "Seconds of listener silence before its heartbeat query."),
+    Setting("probe_timeout", click.FloatRange(0.2, 300), 5.0,
+            "Seconds a probe (listener heartbeat, idle-connection check, start-up NOTIFY "
+            "self-check) may take before the connection counts as dead."),
+    Setting("keepalive_idle", click.IntRange(1, 7200), 10,
+            "TCP keepalive: seconds of silence before the first probe."),
+    Setting("keepalive_interval", click.IntRange(1, 600), 5, "TCP keepalive: seconds between probes."),
+    Setting("keepalive_count", click.IntRange(1, 100), 3,
+            "TCP keepalive: unanswered probes before the connection is dropped."),
+    Setting("tcp_user_timeout", click.FloatRange(0, 3600), 30.0,
+            "Seconds sent data may stay unacknowledged before the connection is dropped "
+            "(0 = the kernel's default)."),
+)
+_BY_KEY = {s.key: s for s in SETTINGS}
+
+
+def _settings_options(f: Callable[..., Any]) -> Callable[..., Any]:
+    for s in reversed(SETTINGS):
+        names = [s.flag] if s.flag else [s.option, *s.aliases]
+        f = click.option(*names, s.key, type=None if s.flag else s.type, default=s.default,
+                         show_default=s.default is not None, help=s.help)(f)
+    return f
+
+
 def _load_config(path: Path | None) -> dict[str, Any]:
     if path is None:
         return {}
-    with open(path, "rb") as fh:
-        return tomllib.load(fh)
+    try:
+        with open(path, "rb") as fh:
+            return tomllib.load(fh)
+    except tomllib.TOMLDecodeError as exc:
+        raise click.BadParameter(f"{path} is not valid TOML: {exc}", param_hint="--config") from exc
+    except OSError as exc:
+        raise click.BadParameter(f"cannot read {path}: {exc.strerror}", param_hint="--config") from exc
+
+
+def _table(conf: dict[str, Any], name: str, path: Path | None) -> dict[str, Any]:
+    value = conf.get(name, {})
+    if not isinstance(value, dict):
+        raise click.BadParameter(f"[{name}] must be a table, got {type(value).__name__}",
+                                 param_hint=f"{path}")
+    return value
+
+
+def _strings(table: dict[str, Any], name: str, path: Path | None) -> dict[str, str]:
+    for key, value in table.items():
+        if not isinstance(value, str):
+            raise click.BadParameter(f"{key} must be a string, got {value!r}",
+                                     param_hint=f"[{name}] in {path}")
+    return dict(table)
+
+
+def _from_file(ctx: click.Context, key: str, value: Any, path: Path | None) -> Any:
+    """A TOML value through the option's own type, as if it had been typed after the option."""
+    param = next(p for p in ctx.command.params if p.name == key)
+    hint = f"'[executor] {key}' in {path}"
+    if not isinstance(value, str | int | float | bool):  # a table, an array, a date
+        raise click.BadParameter(f"expected a single value, got {value!r}", ctx, param_hint=hint)
+    # As typed on the command line: true/false for booleans, numbers as written.
+    text: Any = str(value).lower() if isinstance(value, bool) else str(value)
+    try:
+        return param.type.convert(text, param, ctx)
+    except click.BadParameter as exc:
+        exc.param_hint = hint
+        raise
+
+
+def resolve_settings(ctx: click.Context, given: dict[str, Any],
+                     section: dict[str, Any], path: Path | None) -> dict[str, Any]:
+    """Each setting's value: the command line's, else the file's (checked by the same type),
+    else the default. Raises click.BadParameter for an unknown key or a bad value."""
+    if unknown := sorted(set(section) - set(_BY_KEY)):
+        raise click.BadParameter(f"unknown setting(s) {', '.join(unknown)}",
+                                 param_hint=f"[executor] in {path}")
+    out: dict[str, Any] = {}
+    for key in _BY_KEY:
+        source = ctx.get_parameter_source(key)
+        if source in (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT) \
+                or key not in section:
+            out[key] = given[key]
+        else:
+            out[key] = _from_file(ctx, key, section[key], path)
+    return out
 
 
 def _operation_module(specs: dict[str, str], lease_s: float) -> Module:
@@ -40,46 +192,32 @@ def _operation_module(specs: dict[str, str], lease_s: float) -> Module:
         raise click.BadParameter(str(exc), param_hint="--op-lease") from exc
 
 
+def _pairs(items: tuple[str, ...], what: str, option: str) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for item in items:
+        name, sep, spec = item.partition("=")
+        if not sep or not name or not spec:
+            raise click.BadParameter(f"expected {what}, got {item!r}", param_hint=option)
+        out[name] = spec
+    return out
+
+
 @click.command("executor")
 @click.option("--route", "routes", multiple=True, metavar="CHANNEL=TRANSPORT",
               help="Deliver CHANNEL with TRANSPORT (repeatable; CHANNEL '*' = every other "
                    "channel). TRANSPORT: log | noop | webhook | webhook:<url> | "
                    "smtp://host:port?from=addr | python:module:function.")
-@click.option("--config", "config_path", type=click.Path(exists=True, dir_okay=False, path_type=Path),
-              help="TOML file with [executor] settings and a [routes] table (CLI options win).")
-@click.option("--concurrency", type=click.IntRange(1, 10000), help="Deliveries at once [16].")
-@click.option("--batch", type=click.IntRange(1, 10000), help="Messages per claim [10].")
-@click.option("--poll-interval", type=click.FloatRange(0.01), help="Sweep every N seconds even "
-              "without NOTIFY [5].")
-@click.option("--reap-interval", "--reclaim-interval", "reap_interval", type=click.FloatRange(0.01),
-              help="Run the reapers every N seconds [10].")
-@click.option("--lease", type=click.FloatRange(0.1, 86400), help="Claim lease in seconds (at "
-              "most 1 day); default: each channel's configured lease.")
-@click.option("--grace", type=click.FloatRange(0), help="Seconds in-flight work may take after "
-              "SIGTERM [30].")
-@click.option("--worker-id", help="Name to claim under [host:pid:random].")
-@click.option("--plans", type=click.Choice(["start", "external", "off"]), default=None,
-              help="Approved plans: start = take and run them (SQL steps with this executor's "
-                   "database role, external steps through the routes named after their "
-                   "actions); external = only perform external steps of runs released to "
-                   "executors; off [off: an executor runs plans only when asked to, since it "
-                   "runs their SQL steps with its own database role].")
-@click.option("--plan-heartbeat", type=click.FloatRange(1, 86400),
-              help="Heartbeat interval in seconds for plan runs this executor takes "
-                   "[the plan's, 120].")
 @click.option("--op-kind", "op_kinds", multiple=True, metavar="KIND=HANDLER",
               help="Run operations of KIND with HANDLER (repeatable): "
                    "simulator:<url>[?idempotent=1|0&poll=<s>] | python:module:factory.")
-@click.option("--op-lease", type=click.FloatRange(0.5), help="Operation lease in seconds [120].")
-@click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]),
-              default="info", show_default=True,
-              help="info logs one line per delivery; warning only retries, failures and lapses.")
+@click.option("--config", "config_path", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="TOML file: an [executor] table with any of the settings below (underscores "
+                   "for dashes), [routes] and [operations] tables. Command-line options win.")
+@_settings_options
 @pass_state
-def executor_cmd(state: CliState, routes: tuple[str, ...], config_path: Path | None,
-                 concurrency: int | None, batch: int | None, poll_interval: float | None,
-                 reap_interval: float | None, lease: float | None, grace: float | None,
-                 worker_id: str | None, plans: str | None, plan_heartbeat: float | None,
-                 op_kinds: tuple[str, ...], op_lease: float | None, log_level: str) -> None:
+@click.pass_context
+def executor_cmd(ctx: click.Context, state: CliState, /, routes: tuple[str, ...],
+                 op_kinds: tuple[str, ...], config_path: Path | None, **given: Any) -> None:
     """Deliver outbox messages, run approved plans and long operations: LISTEN, sweep, claim, act, record.
 
     \b
@@ -87,46 +225,34 @@ def executor_cmd(state: CliState, routes: tuple[str, ...], config_path: Path | N
       pgfence executor --route orders=webhook --route mail='smtp://127.0.0.1:25?from=me@x.org'
       pgfence executor --config executor.toml
       pgfence executor --op-kind branch.reset=simulator:http://127.0.0.1:8765
+      pgfence --dsn postgresql://app@pgbouncer:6432/shop executor --no-prepare \\
+          --listen-dsn postgresql://app@db:5432/shop --route orders=webhook
 
     \b
     executor.toml:
       [executor]
       concurrency = 32
       batch = 20
+      log_level = "warning"
       [routes]
       orders = "webhook"
       audit = "log"
 
-    SIGTERM stops claiming and lets in-flight deliveries finish within --grace seconds.
+    SIGTERM stops claiming and lets in-flight deliveries finish within --grace seconds. At start
+    the executor checks the schema version and that its login may call what it will call
+    (otherwise it stops, naming the GRANT), and that a NOTIFY comes back to its listener
+    (otherwise it warns: wake-ups then wait for the sweep).
     """
     conf = _load_config(config_path)
     if extra := set(conf) - {"executor", "routes", "operations"}:
         raise click.BadParameter(f"unknown table(s) {', '.join(sorted(extra))}; expected "
                                  "[executor], [routes], [operations]", param_hint="--config")
-    section = conf.get("executor", {})
-    route_specs: dict[str, str] = dict(conf.get("routes", {}))
-    for item in routes:
-        channel, sep, spec = item.partition("=")
-        if not sep or not channel or not spec:
-            raise click.BadParameter(f"expected CHANNEL=TRANSPORT, got {item!r}", param_hint="--route")
-        route_specs[channel] = spec
-    plans_mode = plans or section.get("plans", "off")
-    if plans_mode not in ("start", "external", "off"):
-        raise click.BadParameter(f"plans must be start, external or off, got {plans_mode!r}",
-                                 param_hint="[executor] plans")
-    unknown = set(section) - {"concurrency", "batch", "poll_interval", "reap_interval", "grace",
-                              "worker_id", "lease", "plans", "plan_heartbeat", "op_lease"}
-    if unknown:
-        raise click.BadParameter(f"unknown setting(s) {', '.join(sorted(unknown))}",
-                                 param_hint="[executor]")
-    op_specs: dict[str, str] = dict(conf.get("operations", {}))
-    for item in op_kinds:
-        kind, sep, spec = item.partition("=")
-        if not sep or not kind or not spec:
-            raise click.BadParameter(f"expected KIND=HANDLER, got {item!r}",
-                                     param_hint="--op-kind")
-        op_specs[kind] = spec
-    if not route_specs and not op_specs and plans_mode == "off":
+    v = resolve_settings(ctx, given, _table(conf, "executor", config_path), config_path)
+    route_specs = _strings(_table(conf, "routes", config_path), "routes", config_path)
+    route_specs.update(_pairs(routes, "CHANNEL=TRANSPORT", "--route"))
+    op_specs = _strings(_table(conf, "operations", config_path), "operations", config_path)
+    op_specs.update(_pairs(op_kinds, "KIND=HANDLER", "--op-kind"))
+    if not route_specs and not op_specs and v["plans"] == "off":
         raise click.UsageError("give at least one --route CHANNEL=TRANSPORT or --op-kind "
                                "KIND=HANDLER (or a [routes] / [operations] table), or --plans")
     transports: dict[str, Transport] = {}
@@ -136,29 +262,30 @@ def executor_cmd(state: CliState, routes: tuple[str, ...], config_path: Path | N
         except ValueError as exc:
             raise click.BadParameter(f"{channel}: {exc}", param_hint="--route") from exc
 
-    def pick(cli_value: Any, key: str, default: Any) -> Any:
-        return cli_value if cli_value is not None else section.get(key, default)
-
     config = ExecutorConfig(
-        concurrency=int(pick(concurrency, "concurrency", 16)),
-        batch=int(pick(batch, "batch", 10)),
-        poll_interval=float(pick(poll_interval, "poll_interval", 5.0)),
-        reap_interval=float(pick(reap_interval, "reap_interval", 10.0)),
-        grace=float(pick(grace, "grace", 30.0)),
+        concurrency=v["concurrency"], batch=v["batch"], poll_interval=v["poll_interval"],
+        reap_interval=v["reap_interval"], grace=v["grace"], query_timeout=v["query_timeout"],
+        probe_interval=v["probe_interval"], probe_timeout=v["probe_timeout"],
+        listen_dsn=v["listen_dsn"], prepare_threshold=5 if v["prepare"] else None,
+        liveness=Liveness(connect_timeout=state.connect_timeout,
+                          keepalives_idle=v["keepalive_idle"],
+                          keepalives_interval=v["keepalive_interval"],
+                          keepalives_count=v["keepalive_count"],
+                          tcp_user_timeout=v["tcp_user_timeout"]),
     )
-    if wid := pick(worker_id, "worker_id", None):
-        config.worker_id = str(wid)
-    lease_s = pick(lease, "lease", None)
+    if v["worker_id"]:
+        config.worker_id = v["worker_id"]
     modules: list[Module] = []
     if transports:
+        lease = v["lease"]
         modules.append(OutboxModule(
-            transports, lease=dt.timedelta(seconds=float(lease_s)) if lease_s else None))
-    if plans_mode != "off":
-        hb = pick(plan_heartbeat, "plan_heartbeat", None)
-        modules.append(PlanModule(transports, external_only=plans_mode == "external",
-                                  heartbeat=dt.timedelta(seconds=float(hb)) if hb else None))
+            transports, lease=dt.timedelta(seconds=lease) if lease else None))
+    if v["plans"] != "off":
+        hb = v["plan_heartbeat"]
+        modules.append(PlanModule(transports, external_only=v["plans"] == "external",
+                                  heartbeat=dt.timedelta(seconds=hb) if hb else None))
     if op_specs:
-        modules.append(_operation_module(op_specs, pick(op_lease, "op_lease", 120.0)))
+        modules.append(_operation_module(op_specs, v["op_lease"]))
     executor = Executor(resolve_dsn(state.dsn), modules, config)
-    logging.getLogger("pgfence").setLevel(log_level.upper())
+    logging.getLogger("pgfence").setLevel(v["log_level"].upper())
     executor.run_forever()

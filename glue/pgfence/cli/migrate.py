@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from ..db import resolve_dsn
 from ..migrate import migrate
 from ._common import CliState, pass_state
 
@@ -22,7 +23,8 @@ def migrate_cmd(state: CliState, lock_timeout: float, break_lock: bool) -> None:
     pgfence's roles created and be a member of pgfence_definer; a missing privilege is reported
     with the statement that grants it.
     """
-    result = migrate(state.dsn, lock_timeout=lock_timeout, break_lock=break_lock)
+    dsn = state.liveness.dsn(resolve_dsn(state.dsn))
+    result = migrate(dsn, lock_timeout=lock_timeout, break_lock=break_lock)
     if result.adopted:
         click.echo(f"recorded as installed by schema/pgfence.sql: {', '.join(result.adopted)}")
     if result.applied:

@@ -137,7 +137,8 @@ def run(ctx: DemoContext) -> None:
     steps = _show(ctx, pid)
     with ctx.connect() as conn:
         info = plan.get(conn, pid)
-        late = plan.record_step(conn, pid, 3, "executor-1", True, output={"late": True})
+        # executor-1's token: its claim was the run's first take
+        late = plan.record_step(conn, pid, 3, "executor-1", 1, True, output={"late": True})
     ctx.check(info["failure"] == "interrupted", "the plan is failed, reason interrupted")
     ctx.check([s["state"] for s in steps] == ["ok", "ok", "unknown", "not_run"],
               "steps 1-2 committed with receipts; step 3 was in flight (unknown); step 4 never ran")

@@ -7,7 +7,11 @@ proxy forwards bytes to the real server (its Unix socket or TCP port) and can, o
   but the client's connection is cut before the answer reaches it — the client sees a
   connection error and cannot know whether its statement happened;
 - **hold a response** until released, to deliver answers out of order;
-- **go down**: cut every connection and refuse new ones until :meth:`up`.
+- **go down**: cut every connection and refuse new ones until :meth:`up`;
+- **freeze**: the path stops answering but still acknowledges TCP (a dead NAT entry, a stuck
+  proxy): every open connection becomes a black hole for good (bytes from either side are read
+  and dropped, nothing is closed), and new connections are accepted and black-holed too until
+  :meth:`thaw`. Only a client-side bound notices this; TCP keepalives do not.
 
 Nothing about the database is simulated: every statement runs on the real server.
 A fault can be tied to the next connection whose client bytes contain ``match`` (e.g.
@@ -55,6 +59,7 @@ class _Pipe:
     client: asyncio.StreamWriter
     server: asyncio.StreamWriter
     fault: _Fault | None = None   # armed for this connection's next response
+    dead: bool = False            # frozen: forwards nothing, ever again
 
 
 class FaultyLink:
@@ -71,9 +76,13 @@ class FaultyLink:
         self._handlers: set[asyncio.Task[Any]] = set()
         self._faults: list[_Fault] = []
         self._down = False
+        self._frozen = False
+        self._holes: set[asyncio.StreamWriter] = set()
         self.port = 0
         #: Responses dropped so far.
         self.dropped = 0
+        #: Connections accepted while frozen (black-holed).
+        self.swallowed = 0
 
     @property
     def dsn(self) -> str:
@@ -139,10 +148,24 @@ class FaultyLink:
         """Accept connections again."""
         self._down = False
 
+    def freeze(self) -> None:
+        """Stop answering while still acknowledging TCP: every open connection is a black hole
+        from now on (for good, like a dead NAT entry), and new ones are black-holed until
+        :meth:`thaw`."""
+        self._frozen = True
+        for pipe in self._pipes:
+            pipe.dead = True
+
+    def thaw(self) -> None:
+        """New connections reach the server again; the frozen ones stay black holes."""
+        self._frozen = False
+
     def _cut_all(self) -> None:
         for pipe in list(self._pipes):
             pipe.client.transport.abort()
             pipe.server.transport.abort()
+        for hole in list(self._holes):
+            hole.transport.abort()
 
     # ----------------------------------------------------------------------------------------
     # plumbing
@@ -154,9 +177,23 @@ class FaultyLink:
             return await asyncio.open_unix_connection(f"{host}/.s.PGSQL.{port}")
         return await asyncio.open_connection(host, port)
 
+    async def _swallow(self, creader: asyncio.StreamReader, cwriter: asyncio.StreamWriter) -> None:
+        self.swallowed += 1
+        self._holes.add(cwriter)
+        try:
+            with contextlib.suppress(OSError, ConnectionError):
+                while await creader.read(65536):
+                    pass
+        finally:
+            self._holes.discard(cwriter)
+            cwriter.transport.abort()
+
     async def _serve(self, creader: asyncio.StreamReader, cwriter: asyncio.StreamWriter) -> None:
         if self._down:
             cwriter.transport.abort()
+            return
+        if self._frozen:
+            await self._swallow(creader, cwriter)
             return
         try:
             sreader, swriter = await self._open_upstream()
@@ -192,6 +229,8 @@ class FaultyLink:
 
     async def _client_to_server(self, pipe: _Pipe, reader: asyncio.StreamReader) -> None:
         while data := await reader.read(65536):
+            if pipe.dead:
+                continue
             if pipe.fault is None:
                 for fault in self._faults:
                     if fault.match is not None and fault.match in data:
@@ -203,6 +242,8 @@ class FaultyLink:
 
     async def _server_to_client(self, pipe: _Pipe, reader: asyncio.StreamReader) -> None:
         while data := await reader.read(65536):
+            if pipe.dead:
+                continue
             fault = pipe.fault
             if fault is None:
                 fault = next((f for f in self._faults if f.match is None), None)

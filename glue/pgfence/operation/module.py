@@ -28,7 +28,7 @@ import datetime as dt
 import logging
 import random
 import time
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 from psycopg.rows import class_row, dict_row
@@ -67,6 +67,14 @@ class OperationModule(Module):
 
     name = "operation"
     notify_channels = (NOTIFY_CHANNEL,)
+    functions = ("pgfence.operation_claim(text, text[], interval, integer)",
+                 "pgfence.operation_begin_issue(bigint, integer, boolean, interval)",
+                 "pgfence.operation_record_external(bigint, integer, text, jsonb)",
+                 "pgfence.operation_poll(bigint, integer, jsonb, interval)",
+                 "pgfence.operation_finish(bigint, integer, boolean, jsonb, text)",
+                 "pgfence.operation_release(bigint, integer)",
+                 "pgfence.operation_reap(integer)",
+                 "pgfence.operation_get(bigint)")
 
     def __init__(self, handlers: Mapping[str, OperationHandler], *,
                  lease: dt.timedelta = dt.timedelta(minutes=2), margin: float = 1.0) -> None:
@@ -84,15 +92,16 @@ class OperationModule(Module):
         self.finished: dict[int, str] = {}  # observable for tests: id -> final status
 
     # -- Module interface ----------------------------------------------------------------------
-    async def claim(self, slots: int) -> list[Job]:
-        if self._stopping():
-            return []
-        rows: list[ClaimedOperation] = await self.executor.fetch(
-            SQL_CLAIM,
-            (self.executor.worker_id, self.kinds, self.lease,
-             max(1, min(slots, self.executor.config.batch))),
-            row_factory=class_row(ClaimedOperation))
-        return [self._job(op) for op in rows]
+    async def claim(self, slots: int) -> AsyncIterator[list[Job]]:
+        batch = max(1, min(slots, self.executor.config.batch))
+        while slots > 0 and not self._stopping():
+            rows: list[ClaimedOperation] = await self.executor.fetch(
+                SQL_CLAIM, (self.executor.worker_id, self.kinds, self.lease, min(batch, slots)),
+                row_factory=class_row(ClaimedOperation))
+            yield [self._job(op) for op in rows]  # started before the next round
+            slots -= len(rows)
+            if len(rows) < batch:
+                break
 
     async def reap(self) -> int:
         rows = await self.executor.fetch(SQL_REAP, (1000,))

@@ -47,12 +47,12 @@ SQL_APPROVE = "SELECT pgfence.plan_approve(%s::bigint, %s::text)"
 SQL_REJECT = "SELECT pgfence.plan_reject(%s::bigint, %s::text, %s::text)"
 SQL_START = "SELECT pgfence.plan_start(%s::bigint, %s::text, %s::interval)"
 SQL_CLAIM = "SELECT * FROM pgfence.plan_claim(%s::text, %s::int, %s::boolean, %s::interval)"
-SQL_RELEASE = "SELECT pgfence.plan_release(%s::bigint, %s::text)"
-SQL_HEARTBEAT = "SELECT pgfence.plan_heartbeat(%s::bigint, %s::text)"
-SQL_RUN_STEP = "SELECT * FROM pgfence.plan_run_step(%s::bigint, %s::text, %s::boolean)"
+SQL_RELEASE = "SELECT pgfence.plan_release(%s::bigint, %s::text, %s::bigint)"
+SQL_HEARTBEAT = "SELECT pgfence.plan_heartbeat(%s::bigint, %s::text, %s::bigint)"
+SQL_RUN_STEP = "SELECT * FROM pgfence.plan_run_step(%s::bigint, %s::text, %s::bigint, %s::boolean)"
 SQL_RECORD_STEP = (
-    "SELECT pgfence.plan_record_step(%s::bigint, %s::int, %s::text, %s::boolean, %s::jsonb,"
-    " %s::text)"
+    "SELECT pgfence.plan_record_step(%s::bigint, %s::int, %s::text, %s::bigint, %s::boolean,"
+    " %s::jsonb, %s::text)"
 )
 SQL_EXECUTE = "CALL pgfence.plan_execute(%s::bigint, %s::text, %s::interval)"
 SQL_GET = "SELECT * FROM pgfence.plan_get(%s::bigint)"
@@ -138,13 +138,15 @@ class StepResult:
 
 @dataclass(frozen=True)
 class ClaimedPlan:
-    """One run taken by :func:`claim`: the plan, where it stands, and its heartbeat interval."""
+    """One run taken by :func:`claim`: the plan, where it stands, its heartbeat interval, and
+    ``run_token``, the fence token every owner call of this run must pass."""
 
     id: int
     next_step: int
     step_count: int
     next_kind: str
     heartbeat_interval: dt.timedelta
+    run_token: int
 
 
 @dataclass(frozen=True)
@@ -272,59 +274,78 @@ def reject(conn: AnyConn, plan_id: int, by: str, reason: str) -> bool:
 
 # -- runs -----------------------------------------------------------------------------------------
 def start(conn: AnyConn, plan_id: int, worker: str,
-          heartbeat: dt.timedelta | None = None) -> bool:
-    """Take the run of an approved (or released) plan; True if ``worker`` owns it now.
+          heartbeat: dt.timedelta | None = None) -> int | None:
+    """Take the run of an approved (or released) plan; return its new run token, or None.
+
+    The token (an int that grows with every take) fences the run: pass it to :func:`run_step`,
+    :func:`record_step`, :func:`heartbeat` and :func:`release`. Taking a live run again under
+    the owner's own name is allowed (a restarted worker resuming its plans): it issues a new
+    token, fences out whoever holds the old one and writes a ``reenter`` event.
 
     ``heartbeat`` (1 s .. 1 day): the longest silence before the run counts as interrupted;
-    None = the plan's interval (120 s at first). False is a lost race, not an error.
+    None = the plan's interval (120 s at first). None is a lost race, not an error.
+
+    Raises:
+        InvalidArgument (22004/22023: worker, heartbeat), NotFound (P0002).
     """
-    return bool(_scalar(conn, SQL_START, (plan_id, worker, heartbeat)))
+    token = _scalar(conn, SQL_START, (plan_id, worker, heartbeat))
+    return None if token is None else int(token)
 
 
 def claim(conn: AnyConn, worker: str, batch: int = 1, *, external_only: bool = False,
           heartbeat: dt.timedelta | None = None) -> list[ClaimedPlan]:
     """Take up to ``batch`` runs (approved or released plans) with SKIP LOCKED, oldest first.
 
-    ``external_only``: only released runs whose next step is external.
+    ``external_only``: only released runs whose next step is external. Each
+    :class:`ClaimedPlan` carries the run token for the owner calls.
     """
     with _sqlstate(), conn.cursor(row_factory=class_row(ClaimedPlan)) as cur:
         cur.execute(SQL_CLAIM, (worker, batch, external_only, heartbeat))
         return cur.fetchall()
 
 
-def release(conn: AnyConn, plan_id: int, worker: str) -> bool:
-    """Hand the run over between two steps (another worker must take it within a heartbeat)."""
-    return bool(_scalar(conn, SQL_RELEASE, (plan_id, worker)))
+def release(conn: AnyConn, plan_id: int, worker: str, token: int) -> bool:
+    """Hand the run over between two steps (another worker must take it within a heartbeat).
+
+    False = ``worker`` does not own a live run under ``token`` (nothing changed).
+    """
+    return bool(_scalar(conn, SQL_RELEASE, (plan_id, worker, token)))
 
 
-def heartbeat(conn: AnyConn, plan_id: int, worker: str) -> bool:
-    """Extend the run's deadline; False = ``worker`` lost the run and must stop."""
-    return bool(_scalar(conn, SQL_HEARTBEAT, (plan_id, worker)))
+def heartbeat(conn: AnyConn, plan_id: int, worker: str, token: int) -> bool:
+    """Extend the run's deadline; False = ``worker`` lost the run (or a newer take holds it
+    under a newer token) and must stop."""
+    return bool(_scalar(conn, SQL_HEARTBEAT, (plan_id, worker, token)))
 
 
-def run_step(conn: AnyConn, plan_id: int, worker: str, *,
+def run_step(conn: AnyConn, plan_id: int, worker: str, token: int, *,
              external_only: bool = False) -> StepResult:
-    """Run the next step of a run ``worker`` owns, in ``conn``'s transaction (see StepResult).
+    """Run the next step of a run ``worker`` owns under ``token``, in ``conn``'s transaction.
 
-    On an autocommit connection the step, its effect and its receipt are one transaction. The
-    SQL action runs with the privileges of ``conn``'s role.
+    See :class:`StepResult`; outcome None = refused (lost race, stale worker or token). On an
+    autocommit connection the step, its effect and its receipt are one transaction. The SQL
+    action runs with the privileges of ``conn``'s role.
+
+    Raises:
+        InvalidArgument (22004/22023: worker, token), NotFound (P0002).
     """
     with _sqlstate(), conn.cursor(row_factory=class_row(StepResult)) as cur:
-        cur.execute(SQL_RUN_STEP, (plan_id, worker, external_only))
+        cur.execute(SQL_RUN_STEP, (plan_id, worker, token, external_only))
         row = cur.fetchone()
     assert row is not None
     return row
 
 
-def record_step(conn: AnyConn, plan_id: int, step_index: int, worker: str, ok: bool, *,
-                output: Any = None, error: str | None = None) -> bool:
-    """Record an external step's outcome; False = refused (stale worker, step already recorded).
+def record_step(conn: AnyConn, plan_id: int, step_index: int, worker: str, token: int,
+                ok: bool, *, output: Any = None, error: str | None = None) -> bool:
+    """Record an external step's outcome as owner ``worker`` under ``token``; False = refused
+    (stale worker or token, step already recorded).
 
     Raises:
         StepOutOfOrder (PF104), NotExternalStep (PF105), InvalidArgument, NotFound.
     """
     return bool(_scalar(conn, SQL_RECORD_STEP,
-                        (plan_id, step_index, worker, ok,
+                        (plan_id, step_index, worker, token, ok,
                          Jsonb(output) if output is not None else None, error)))
 
 

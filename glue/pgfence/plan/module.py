@@ -6,8 +6,10 @@ call to the plan SQL functions:
 - **Wake-up**: LISTEN ``pgfence_plan`` (``plan_approve`` and ``plan_release`` NOTIFY at commit),
   plus the executor's timer sweep.
 - **Take**: ``plan_claim`` (FOR UPDATE SKIP LOCKED), so of several executors exactly one runs a
-  given plan. In ``external_only`` mode it takes only runs that their owner released at an
-  external step (e.g. ``CALL plan_execute`` from SQL), and hands SQL steps back.
+  given plan. Each take comes with the run's fence token, passed to every owner call: a run
+  taken again elsewhere (even under this executor's worker name) refuses this one from then on.
+  In ``external_only`` mode it takes only runs that their owner released at an external step
+  (e.g. ``CALL plan_execute`` from SQL), and hands SQL steps back.
 - **SQL steps**: ``plan_run_step`` on a pooled autocommit connection: one transaction per step,
   the action running with the executor's database role, its receipt committed with its effect.
   A connection lost mid-call is safe to retry: the step either committed with its receipt or
@@ -31,7 +33,7 @@ import contextlib
 import datetime as dt
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 import psycopg
@@ -69,6 +71,13 @@ class PlanModule(Module):
 
     name = "plan"
     notify_channels = (sql.NOTIFY_CHANNEL,)
+    functions = ("pgfence.plan_claim(text, integer, boolean, interval)",
+                 "pgfence.plan_run_step(bigint, text, bigint, boolean)",
+                 "pgfence.plan_record_step(bigint, integer, text, bigint, boolean, jsonb, text)",
+                 "pgfence.plan_heartbeat(bigint, text, bigint)",
+                 "pgfence.plan_release(bigint, text, bigint)",
+                 "pgfence.plan_reap_stale(integer)",
+                 "pgfence.backoff(integer, interval, interval, double precision)")
 
     def __init__(self, routes: Mapping[str, Transport] | None = None, *,
                  external_only: bool = False, heartbeat: dt.timedelta | None = None,
@@ -99,12 +108,17 @@ class PlanModule(Module):
         return self.executor.stopping
 
     # -- Module interface ---------------------------------------------------------------------
-    async def claim(self, slots: int) -> list[Job]:
-        rows: list[sql.ClaimedPlan] = await self.executor.fetch(
-            sql.SQL_CLAIM, (self._worker, min(slots, self.executor.config.batch),
-                            self.external_only, self.heartbeat),
-            row_factory=class_row(sql.ClaimedPlan))
-        return [self._job(row) for row in rows]
+    async def claim(self, slots: int) -> AsyncIterator[list[Job]]:
+        batch = min(slots, self.executor.config.batch)
+        while slots > 0:
+            rows: list[sql.ClaimedPlan] = await self.executor.fetch(
+                sql.SQL_CLAIM, (self._worker, min(batch, slots), self.external_only,
+                                self.heartbeat),
+                row_factory=class_row(sql.ClaimedPlan))
+            yield [self._job(row) for row in rows]  # started before the next round
+            slots -= len(rows)
+            if len(rows) < batch:
+                break
 
     async def reap(self) -> int:
         rows = await self.executor.fetch(sql.SQL_REAP, (1000,))
@@ -118,18 +132,20 @@ class PlanModule(Module):
     # -- one run ------------------------------------------------------------------------------
     async def run_plan(self, run: sql.ClaimedPlan) -> None:
         """Run the plan's steps in order while this executor owns the run."""
-        plan_id, interval = run.id, run.heartbeat_interval
-        logger.info("plan#%d taken by %s at step %d/%d (heartbeat %.0fs)", plan_id, self._worker,
-                    run.next_step, run.step_count, interval.total_seconds())
+        plan_id, interval, token = run.id, run.heartbeat_interval, run.run_token
+        logger.info("plan#%d taken by %s at step %d/%d (heartbeat %.0fs, token %d)", plan_id,
+                    self._worker, run.next_step, run.step_count, interval.total_seconds(), token)
         try:
             while True:
                 if self._stopping():
-                    await self._release(plan_id, "executor shutting down")
+                    await self._release(plan_id, token, "executor shutting down")
                     return
                 started = time.monotonic()
                 step: sql.StepResult = (await self.executor.fetch(
-                    sql.SQL_RUN_STEP, (plan_id, self._worker, self.external_only),
+                    sql.SQL_RUN_STEP, (plan_id, self._worker, token, self.external_only),
                     row_factory=class_row(sql.StepResult),
+                    # a SQL step may run long: bounded by the run's heartbeat, not query_timeout
+                    timeout=interval.total_seconds(),
                     retry_until=time.monotonic() + interval.total_seconds()))[0]
                 ms = (time.monotonic() - started) * 1000
                 if step.outcome is None:
@@ -141,7 +157,7 @@ class PlanModule(Module):
                                 plan_id, step.step_index, step.action)
                     return
                 if step.outcome == "external":
-                    if not await self._external(plan_id, step, interval):
+                    if not await self._external(plan_id, token, step, interval):
                         return
                 else:
                     self.steps_run += 1
@@ -167,17 +183,18 @@ class PlanModule(Module):
             logger.error("plan#%d: stopping after %s: %s; the run is left to its heartbeat",
                          plan_id, type(exc).__name__, exc)
 
-    async def _release(self, plan_id: int, why: str) -> None:
-        rows = await self.executor.fetch(sql.SQL_RELEASE, (plan_id, self._worker))
+    async def _release(self, plan_id: int, token: int, why: str) -> None:
+        rows = await self.executor.fetch(sql.SQL_RELEASE, (plan_id, self._worker, token))
         if rows and rows[0][0]:
             logger.warning("plan#%d released (%s): another worker may continue it", plan_id, why)
 
     # -- external steps -----------------------------------------------------------------------
-    async def _external(self, plan_id: int, step: sql.StepResult, interval: dt.timedelta) -> bool:
+    async def _external(self, plan_id: int, token: int, step: sql.StepResult,
+                        interval: dt.timedelta) -> bool:
         """Perform one external step and record it; False if the run was lost meanwhile."""
         assert step.step_index is not None and step.action is not None and step.args is not None
         lost = asyncio.Event()
-        beat = asyncio.create_task(self._heartbeat_loop(plan_id, interval, lost),
+        beat = asyncio.create_task(self._heartbeat_loop(plan_id, token, interval, lost),
                                    name=f"pgfence-plan-{plan_id}-heartbeat")
         try:
             ok, output, error = await self._deliver(plan_id, step, interval, lost)
@@ -189,7 +206,7 @@ class PlanModule(Module):
                           "its outcome is unknown to pgfence (at least once)")
         rows = await self.executor.fetch(
             sql.SQL_RECORD_STEP,
-            (plan_id, step.step_index, self._worker, ok,
+            (plan_id, step.step_index, self._worker, token, ok,
              Jsonb(output) if output is not None else None, error),
             retry_until=time.monotonic() + interval.total_seconds())
         if not (rows and rows[0][0]):
@@ -227,7 +244,7 @@ class PlanModule(Module):
             except RunLost:
                 return False, None, "run lost"
             except RetryableError as exc:
-                error, retry_after = str(exc), exc.retry_after
+                error, retry_after = str(exc), await self.executor.retry_wait(exc)
             except PermanentError as exc:
                 return False, None, str(exc)
             except TimeoutError:
@@ -265,7 +282,7 @@ class PlanModule(Module):
             raise RunLost("run lost")
         return work.result()
 
-    async def _heartbeat_loop(self, plan_id: int, interval: dt.timedelta,
+    async def _heartbeat_loop(self, plan_id: int, token: int, interval: dt.timedelta,
                               lost: asyncio.Event) -> None:
         """Stamp the run's heartbeat every third of its interval until cancelled."""
         period = max(interval.total_seconds() / 3, 0.2)
@@ -273,7 +290,7 @@ class PlanModule(Module):
         while True:
             await asyncio.sleep(period)
             try:
-                rows = await self.executor.fetch(sql.SQL_HEARTBEAT, (plan_id, self._worker),
+                rows = await self.executor.fetch(sql.SQL_HEARTBEAT, (plan_id, self._worker, token),
                                                  retry_until=deadline)
             except psycopg.OperationalError as exc:
                 logger.warning("plan#%d: heartbeat impossible until the deadline (%s)", plan_id, exc)
