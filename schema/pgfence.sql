@@ -276,7 +276,7 @@ COMMENT ON COLUMN pgfence.plan_action.function IS
 COMMENT ON COLUMN pgfence.plan_action.retired_at IS
   'Set by plan_retire_action: new proposals may not use the action, and an approved plan reaching a step of it records an error receipt instead of running it.';
 
--- pgfence.plan (changed later by 0008_claim_walk_indexes)
+-- pgfence.plan (changed later by 0008_claim_walk_indexes, 0010_plan_run_token)
 CREATE TABLE pgfence.plan (
   id                   bigint GENERATED ALWAYS AS IDENTITY NOT NULL,
   status               text NOT NULL DEFAULT 'pending'::text,
@@ -304,6 +304,7 @@ CREATE TABLE pgfence.plan (
   failure              text,
   finished_at          timestamp with time zone,
   updated_at           timestamp with time zone NOT NULL DEFAULT now(),
+  run_token            bigint NOT NULL DEFAULT 0,
   CONSTRAINT plan_pkey PRIMARY KEY (id),
   CONSTRAINT plan_idempotency_key_key UNIQUE (idempotency_key),
   CONSTRAINT plan_compensates_fkey FOREIGN KEY (compensates) REFERENCES pgfence.plan(id),
@@ -318,6 +319,7 @@ CREATE TABLE pgfence.plan (
   CONSTRAINT plan_idempotency_key_check CHECK (((idempotency_key <> ''::text) AND (length(idempotency_key) <= 255))),
   CONSTRAINT plan_next_step_range CHECK (((next_step >= 1) AND (next_step <= (step_count + 1)))),
   CONSTRAINT plan_rejected_iff CHECK (((status = 'rejected'::text) = ((rejected_by IS NOT NULL) AND (rejected_at IS NOT NULL) AND (reject_reason IS NOT NULL)))),
+  CONSTRAINT plan_run_token_nonnegative CHECK ((run_token >= 0)),
   CONSTRAINT plan_started_iff CHECK (((status = ANY (ARRAY['executing'::text, 'executed'::text, 'failed'::text])) = ((started_at IS NOT NULL) AND (heartbeat_interval IS NOT NULL)))),
   CONSTRAINT plan_status_check CHECK ((status = ANY (ARRAY['pending'::text, 'approved'::text, 'rejected'::text, 'expired'::text, 'executing'::text, 'executed'::text, 'failed'::text]))),
   CONSTRAINT plan_step_begun_whole CHECK (((step_begun IS NULL) = (step_begun_xact IS NULL))),
@@ -341,6 +343,8 @@ COMMENT ON COLUMN pgfence.plan.step_begun IS
   'Set by _plan_step_begin when it hands a SQL step to plan_run_step, with step_begun_xact = that transaction; _plan_step_finish writes a receipt only for this step in this transaction (PF107) and clears both. A stamp left by a transaction that committed without a receipt is stale and ignored.';
 COMMENT ON COLUMN pgfence.plan.failure IS
   'Why a failed plan failed: step_error (a step''s error receipt) or interrupted (the heartbeat lapsed: the owner died, stalled or never came back).';
+COMMENT ON COLUMN pgfence.plan.run_token IS
+  'The fence token of the run: 0 until the first take, then bumped by every plan_start, plan_claim, takeover of a released run and re-entry under the owner''s name. The owner functions (plan_run_step, plan_record_step, plan_heartbeat, plan_release) act only with the current token; it never goes down (PF002).';
 CREATE INDEX plan_approved_idx ON pgfence.plan USING btree (id) WHERE (status = 'approved'::text);
 COMMENT ON INDEX pgfence.plan_approved_idx IS
   'Approved plans waiting for an executor, oldest first: the walk of plan_claim.';
@@ -1833,9 +1837,13 @@ COMMENT ON FUNCTION pgfence.outbox_list(text, text, integer) IS
 -- plan_record_step. No retries: a failed step is a receipt, a new attempt is a new proposal,
 -- and an undo is a compensating plan (plan_compensate) with its own approval and receipts.
 --
--- Ownership of a run: plan_start / plan_claim make a worker the owner; every owner write
--- (run a step, record a step, heartbeat, release) locks the plan row and is refused unless the
--- plan is still executing by that worker with a live heartbeat. A lapsed heartbeat turns the
+-- Ownership of a run: plan_start / plan_claim make a worker the owner and return the run's
+-- fence token (plan.run_token, bumped by every take: a start, a claim, a takeover of a released
+-- run, a re-entry under the owner's own name, which also writes a 'reenter' event); every owner
+-- write (run a step, record a step, heartbeat, release) locks the plan row and is refused unless
+-- the plan is still executing by that worker, under that token, with a live heartbeat. So a
+-- second process that takes the run under the same name fences the first one out, instead of
+-- both acting as the owner. A lapsed heartbeat turns the
 -- plan failed (interrupted) at the next lock-and-check, read (plan_get, plan_steps, plan_list)
 -- or reaper run (plan_reap_stale), whichever comes first, so the answer depends only on the
 -- database clock. An owner may release the run between steps (worker = NULL, e.g. to hand an
@@ -1908,6 +1916,11 @@ BEGIN
     RAISE EXCEPTION 'plan %: next_step never goes back (% -> %): committed steps stay committed', OLD.id, OLD.next_step, NEW.next_step
       USING ERRCODE = 'PF002', HINT = 'To undo steps, propose a compensating plan (pgfence.plan_compensate).';
   END IF;
+  IF NEW.run_token < OLD.run_token THEN
+    RAISE EXCEPTION 'plan %: the run token never goes back (% -> %)', OLD.id, OLD.run_token, NEW.run_token
+      USING ERRCODE = 'PF002', DETAIL = 'An older token would let a fenced-out owner act on the run again.',
+            HINT = 'Take the run with pgfence.plan_start or plan_claim: they issue the next token.';
+  END IF;
   IF NOT (
        (OLD.status = 'pending'   AND NEW.status IN ('approved', 'rejected', 'expired')
                                  AND NEW.next_step = OLD.next_step AND NEW.worker IS NULL)
@@ -1945,7 +1958,7 @@ END
 $$;
 REVOKE ALL ON FUNCTION pgfence.tg_plan_guard() FROM PUBLIC;
 COMMENT ON FUNCTION pgfence.tg_plan_guard() IS
-  'BEFORE UPDATE trigger on pgfence.plan: refuses any transition outside the plan machine, a step advancing without its ok receipt, and a hand-over between two owners without a release (PF001); refuses changes to the frozen plan (step count, proposer name and login, expiry, key, compensated plan, approver, start) and next_step going back (PF002) — even from a hand-written UPDATE. Also BEFORE INSERT, filtered by a WHEN condition: a new row that is not a fresh proposal (pending, step 1, proposed by session_user, no approval / rejection / owner / heartbeat / failure / finish) is refused (PF001).';
+  'BEFORE UPDATE trigger on pgfence.plan: refuses any transition outside the plan machine, a step advancing without its ok receipt, and a hand-over between two owners without a release (PF001); refuses changes to the frozen plan (step count, proposer name and login, expiry, key, compensated plan, approver, start), next_step or the run token going back (PF002) — even from a hand-written UPDATE. Also BEFORE INSERT, filtered by a WHEN condition: a new row that is not a fresh proposal (pending, step 1, proposed by session_user, no approval / rejection / owner / heartbeat / failure / finish) is refused (PF001).';
 
 CREATE OR REPLACE TRIGGER plan_guard
   BEFORE UPDATE ON pgfence.plan
@@ -2060,7 +2073,8 @@ BEGIN
     WHEN 'approve' THEN jsonb_build_object('by', NEW.approved_by)
     WHEN 'reject'  THEN jsonb_build_object('by', NEW.rejected_by, 'reason', NEW.reject_reason)
     WHEN 'expire'  THEN jsonb_build_object('expires_at', NEW.expires_at)
-    WHEN 'start'   THEN jsonb_build_object('worker', NEW.worker, 'heartbeat', NEW.heartbeat_interval)
+    WHEN 'start'   THEN jsonb_build_object('worker', NEW.worker, 'heartbeat', NEW.heartbeat_interval,
+                                           'token', NEW.run_token)
     WHEN 'finish'  THEN jsonb_build_object('steps', NEW.step_count, 'worker', NEW.worker)
     WHEN 'fail'    THEN jsonb_build_object(
                           'reason', NEW.failure, 'step', NEW.next_step, 'worker', OLD.worker,
@@ -2069,7 +2083,7 @@ BEGIN
     WHEN 'release' THEN jsonb_build_object('from', OLD.worker, 'step', NEW.next_step,
                                            'kind', v_next_kind,
                                            'take_by', NEW.heartbeat_expires_at)
-    ELSE jsonb_build_object('worker', NEW.worker, 'step', NEW.next_step) END);
+    ELSE jsonb_build_object('worker', NEW.worker, 'step', NEW.next_step, 'token', NEW.run_token) END);
   PERFORM pgfence._event('plan', NEW.id, v_event, OLD.status, NEW.status, NULL, v_detail,
     coalesce(nullif(current_setting('pgfence.actor', true), ''), NEW.worker, OLD.worker));
   IF NEW.status = 'approved' OR v_event = 'release' THEN
@@ -2082,7 +2096,7 @@ END
 $$;
 REVOKE ALL ON FUNCTION pgfence.tg_plan_event() FROM PUBLIC;
 COMMENT ON FUNCTION pgfence.tg_plan_event() IS
-  'AFTER INSERT / UPDATE trigger on pgfence.plan: logs propose, approve, reject, expire, start, release, take, finish and fail to pgfence.event in the same transaction; NOTIFY pgfence_plan {"id","status"[,"next"]} when a plan is proposed, approved, or released for another worker (delivered at commit).';
+  'AFTER INSERT / UPDATE trigger on pgfence.plan: logs propose, approve, reject, expire, start, release, take, finish and fail to pgfence.event in the same transaction (start and take with the new run token in detail; reenter is written by plan_start itself); NOTIFY pgfence_plan {"id","status"[,"next"]} when a plan is proposed, approved, or released for another worker (delivered at commit).';
 
 CREATE OR REPLACE TRIGGER plan_event_insert
   AFTER INSERT ON pgfence.plan
@@ -2155,6 +2169,28 @@ $$;
 REVOKE ALL ON FUNCTION pgfence._plan_check_heartbeat(interval) FROM PUBLIC;
 COMMENT ON FUNCTION pgfence._plan_check_heartbeat(interval) IS
   'Private: validates a heartbeat interval (1 second .. 1 day, NULL = default); raises 22023.';
+
+CREATE OR REPLACE FUNCTION pgfence._plan_check_token(p_token bigint)
+RETURNS void
+LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, pgfence, pg_temp
+AS $$
+BEGIN
+  IF p_token IS NULL THEN
+    RAISE EXCEPTION 'plan: the run token is required'
+      USING ERRCODE = '22004', DETAIL = 'Owner calls are fenced by the token of the take that made the caller the owner.',
+            HINT = 'Pass the token that pgfence.plan_start returned (or the run_token column of pgfence.plan_claim).';
+  END IF;
+  IF p_token < 1 THEN
+    RAISE EXCEPTION 'plan: run tokens start at 1, got %', p_token
+      USING ERRCODE = '22023', DETAIL = 'Token 0 marks a run that nobody took under a token (approved, or executing since before migration 0010).',
+            HINT = 'Take the run with pgfence.plan_start or plan_claim and pass the token it returns.';
+  END IF;
+END
+$$;
+REVOKE ALL ON FUNCTION pgfence._plan_check_token(bigint) FROM PUBLIC;
+COMMENT ON FUNCTION pgfence._plan_check_token(bigint) IS
+  'Private: raises 22004 when an owner call passes no run token, 22023 for a token below 1 (never issued).';
 
 CREATE OR REPLACE FUNCTION pgfence._plan_require(p_id bigint)
 RETURNS void
@@ -2746,39 +2782,53 @@ CREATE OR REPLACE FUNCTION pgfence.plan_start(
   p_worker    text,
   p_heartbeat interval DEFAULT NULL
 )
-RETURNS boolean
+RETURNS bigint
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pgfence, pg_temp
 AS $$
+DECLARE
+  v       pgfence.plan;
+  v_token bigint;
 BEGIN
   PERFORM pgfence._plan_check_name(p_worker, 'worker');
   PERFORM pgfence._plan_check_heartbeat(p_heartbeat);
   PERFORM pgfence._set_actor(p_worker);
+  -- Lock first, to know what this take replaces: _plan_lock raises 22004 / P0002 and marks a
+  -- lapsed run failed (interrupted), which is then refused like any terminal plan.
+  v := pgfence._plan_lock(p_id);
+  IF NOT (v.status = 'approved'
+          OR (v.status = 'executing' AND (v.worker IS NULL OR v.worker = p_worker))) THEN
+    PERFORM pgfence._set_actor(NULL);
+    RETURN NULL;
+  END IF;
   UPDATE pgfence.plan p
   SET status = 'executing',
       worker = p_worker,
+      run_token = p.run_token + 1,
       started_at = coalesce(p.started_at, now()),
       heartbeat_interval = coalesce(p_heartbeat, p.heartbeat_interval, interval '120 seconds'),
       heartbeat_at = now(),
       heartbeat_expires_at = now() + coalesce(p_heartbeat, p.heartbeat_interval, interval '120 seconds')
   WHERE p.id = p_id
-    AND (p.status = 'approved'
-         OR (p.status = 'executing' AND (p.worker IS NULL OR p.worker = p_worker)
-             AND p.heartbeat_expires_at >= now()));
-  IF FOUND THEN
-    PERFORM pgfence._set_actor(NULL);
-    RETURN true;
+  RETURNING p.run_token INTO v_token;
+  IF v.status = 'executing' AND v.worker = p_worker THEN
+    -- The owner's name takes its own live run again (a restarted worker resuming "its" plans,
+    -- or a second process under the same name): the holder of the previous token is fenced out.
+    PERFORM pgfence._event('plan', p_id, 'reenter', 'executing', 'executing', NULL,
+      jsonb_strip_nulls(jsonb_build_object(
+        'worker', p_worker, 'token', v_token, 'previous_token', v.run_token, 'step', v.next_step,
+        'external_in_flight', CASE WHEN v.external_started_at IS NOT NULL THEN true END)),
+      p_worker);
   END IF;
-  PERFORM pgfence._plan_require(p_id);
-  PERFORM pgfence._plan_heal(p_id, 1);
   PERFORM pgfence._set_actor(NULL);
-  RETURN false;
+  RETURN v_token;
 END
 $$;
 REVOKE ALL ON FUNCTION pgfence.plan_start(bigint, text, interval) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION pgfence.plan_start(bigint, text, interval) TO pgfence_executor, pgfence_admin;
 COMMENT ON FUNCTION pgfence.plan_start(bigint, text, interval) IS
-  'Take a run (one conditional UPDATE; of concurrent callers exactly one wins): approved -> executing owned by p_worker, or take over an executing plan that its owner released (worker NULL), or — for the current owner — confirm ownership and stamp the heartbeat. The heartbeat deadline is now() + p_heartbeat (NULL = the plan''s interval, 120 seconds at first). Returns true if p_worker owns the run now; false otherwise (another owner, not approved, terminal, or heartbeat lapsed — which marks it failed/interrupted): a lost race, not an error. Errors: 22004/22023 (worker name, heartbeat outside 1 s..1 day), P0002 (unknown plan).';
+  'Take a run and return its new fence token (pass it to plan_run_step and the other owner calls).
+Of concurrent callers exactly one wins: approved -> executing owned by p_worker, a takeover of an executing plan that its owner released (worker NULL), or a re-entry by the owner''s own name into its live run, which writes a reenter event and fences out whoever held the previous token (a second process under the same name, or the worker''s own earlier incarnation). Every take bumps plan.run_token. The heartbeat deadline is now() + p_heartbeat (NULL = the plan''s interval, 120 seconds at first). Returns NULL when refused (another owner, not approved, terminal, or heartbeat lapsed — which marks it failed/interrupted): a lost race, not an error. In psql: SELECT pgfence.plan_start(42, ''me'') -> 1, then SELECT * FROM pgfence.plan_run_step(42, ''me'', 1). Errors: 22004/22023 (worker name, heartbeat outside 1 s..1 day), P0002 (unknown plan).';
 
 CREATE OR REPLACE FUNCTION pgfence.plan_claim(
   p_worker        text,
@@ -2786,7 +2836,8 @@ CREATE OR REPLACE FUNCTION pgfence.plan_claim(
   p_external_only boolean DEFAULT false,
   p_heartbeat     interval DEFAULT NULL
 )
-RETURNS TABLE (id bigint, next_step integer, step_count integer, next_kind text, heartbeat_interval interval)
+RETURNS TABLE (id bigint, next_step integer, step_count integer, next_kind text, heartbeat_interval interval,
+               run_token bigint)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pgfence, pg_temp
 SET plan_cache_mode = force_generic_plan
@@ -2818,6 +2869,7 @@ BEGIN
     UPDATE pgfence.plan p
     SET status = 'executing',
         worker = p_worker,
+        run_token = p.run_token + 1,
         started_at = coalesce(p.started_at, now()),
         heartbeat_interval = coalesce(p_heartbeat, p.heartbeat_interval, interval '120 seconds'),
         heartbeat_at = now(),
@@ -2843,18 +2895,18 @@ BEGIN
       AND (p.status = c_approved OR (p.status = c_executing AND p.worker IS NULL AND p.heartbeat_expires_at >= now()))
     RETURNING p.id, p.next_step, p.step_count,
               (SELECT s.kind FROM pgfence.plan_step s WHERE s.plan_id = p.id AND s.step_index = p.next_step) AS next_kind,
-              p.heartbeat_interval
+              p.heartbeat_interval, p.run_token
   )
-  SELECT t.id, t.next_step, t.step_count, t.next_kind, t.heartbeat_interval FROM taken t ORDER BY t.id;
+  SELECT t.id, t.next_step, t.step_count, t.next_kind, t.heartbeat_interval, t.run_token FROM taken t ORDER BY t.id;
   PERFORM pgfence._set_actor(NULL);
 END
 $$;
 REVOKE ALL ON FUNCTION pgfence.plan_claim(text, integer, boolean, interval) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION pgfence.plan_claim(text, integer, boolean, interval) TO pgfence_executor, pgfence_admin;
 COMMENT ON FUNCTION pgfence.plan_claim(text, integer, boolean, interval) IS
-  'Executors: take up to p_batch runs with FOR UPDATE SKIP LOCKED (oldest plan first), so concurrent executors never take the same one: approved plans, and executing plans released by their owner. p_external_only: take only released runs whose next step is external (an executor that performs external effects but runs no SQL actions). Each taken run is owned by p_worker with a heartbeat as in plan_start. Returns (id, next_step, step_count, next_kind, heartbeat_interval). Errors: 22004/22023 (worker, batch outside 1..1000, heartbeat).';
+  'Executors: take up to p_batch runs with FOR UPDATE SKIP LOCKED (oldest plan first), so concurrent executors never take the same one: approved plans, and executing plans released by their owner. p_external_only: take only released runs whose next step is external (an executor that performs external effects but runs no SQL actions). Each taken run is owned by p_worker with a heartbeat as in plan_start, under a new run token. Returns (id, next_step, step_count, next_kind, heartbeat_interval, run_token): pass run_token to plan_run_step and the other owner calls. Errors: 22004/22023 (worker, batch outside 1..1000, heartbeat).';
 
-CREATE OR REPLACE FUNCTION pgfence.plan_release(p_id bigint, p_worker text)
+CREATE OR REPLACE FUNCTION pgfence.plan_release(p_id bigint, p_worker text, p_token bigint)
 RETURNS boolean
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pgfence, pg_temp
@@ -2863,9 +2915,10 @@ DECLARE
   v pgfence.plan;
 BEGIN
   PERFORM pgfence._plan_check_name(p_worker, 'worker');
+  PERFORM pgfence._plan_check_token(p_token);
   PERFORM pgfence._set_actor(p_worker);
   v := pgfence._plan_lock(p_id);
-  IF v.status <> 'executing' OR v.worker IS DISTINCT FROM p_worker THEN
+  IF v.status <> 'executing' OR v.worker IS DISTINCT FROM p_worker OR v.run_token <> p_token THEN
     PERFORM pgfence._set_actor(NULL);
     RETURN false;
   END IF;
@@ -2877,12 +2930,13 @@ BEGIN
   RETURN true;
 END
 $$;
-REVOKE ALL ON FUNCTION pgfence.plan_release(bigint, text) FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION pgfence.plan_release(bigint, text) TO pgfence_executor, pgfence_admin;
-COMMENT ON FUNCTION pgfence.plan_release(bigint, text) IS
-  'The owner hands its run over between two steps (e.g. a SQL runner reaching an external step, or an executor shutting down): the plan stays executing with worker NULL, and another worker must take it (plan_start / plan_claim) within one heartbeat interval or it fails as interrupted. NOTIFY pgfence_plan {"id","status","next": kind of the next step} at commit. Call it only before starting or after recording a step. Returns false if p_worker does not own a live run (lost race). Errors: 22004/22023 (worker), P0002 (unknown plan).';
+REVOKE ALL ON FUNCTION pgfence.plan_release(bigint, text, bigint) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION pgfence.plan_release(bigint, text, bigint) TO pgfence_executor, pgfence_admin;
+COMMENT ON FUNCTION pgfence.plan_release(bigint, text, bigint) IS
+  'The owner (p_worker with run token p_token) hands its run over between two steps.
+E.g. a SQL runner reaching an external step, or an executor shutting down: the plan stays executing with worker NULL, and another worker must take it (plan_start / plan_claim, which issue the next token) within one heartbeat interval or it fails as interrupted. NOTIFY pgfence_plan {"id","status","next": kind of the next step} at commit. Call it only before starting or after recording a step. Returns false if p_worker does not own a live run under p_token (lost race, fenced out). Errors: 22004 (worker, token), 22023 (worker, a token below 1), P0002 (unknown plan).';
 
-CREATE OR REPLACE FUNCTION pgfence.plan_heartbeat(p_id bigint, p_worker text)
+CREATE OR REPLACE FUNCTION pgfence.plan_heartbeat(p_id bigint, p_worker text, p_token bigint)
 RETURNS boolean
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pgfence, pg_temp
@@ -2891,8 +2945,9 @@ DECLARE
   v pgfence.plan;
 BEGIN
   PERFORM pgfence._plan_check_name(p_worker, 'worker');
+  PERFORM pgfence._plan_check_token(p_token);
   v := pgfence._plan_lock(p_id);
-  IF v.status <> 'executing' OR v.worker IS DISTINCT FROM p_worker THEN
+  IF v.status <> 'executing' OR v.worker IS DISTINCT FROM p_worker OR v.run_token <> p_token THEN
     RETURN false;
   END IF;
   UPDATE pgfence.plan p
@@ -2901,10 +2956,11 @@ BEGIN
   RETURN true;
 END
 $$;
-REVOKE ALL ON FUNCTION pgfence.plan_heartbeat(bigint, text) FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION pgfence.plan_heartbeat(bigint, text) TO pgfence_executor, pgfence_admin;
-COMMENT ON FUNCTION pgfence.plan_heartbeat(bigint, text) IS
-  'The owner of a run says it is alive (e.g. every third of the heartbeat interval while an external step runs): the deadline moves to now() + the plan''s heartbeat interval. Returns false if p_worker no longer owns a live run; a lapsed heartbeat is not revived: the plan becomes failed (interrupted) and the worker must stop. Errors: 22004/22023 (worker), P0002 (unknown plan).';
+REVOKE ALL ON FUNCTION pgfence.plan_heartbeat(bigint, text, bigint) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION pgfence.plan_heartbeat(bigint, text, bigint) TO pgfence_executor, pgfence_admin;
+COMMENT ON FUNCTION pgfence.plan_heartbeat(bigint, text, bigint) IS
+  'The owner of a run (p_worker with run token p_token) says it is alive; false = stop, the run is lost.
+E.g. every third of the heartbeat interval while an external step runs: the deadline moves to now() + the plan''s heartbeat interval. Returns false if p_worker no longer owns a live run under p_token (taken again under a newer token, released, terminal); a lapsed heartbeat is not revived: the plan becomes failed (interrupted) and the worker must stop. Errors: 22004 (worker, token), 22023 (worker, a token below 1), P0002 (unknown plan).';
 
 -- ---------------------------------------------------------------------------------------------
 -- Run steps
@@ -2912,6 +2968,7 @@ COMMENT ON FUNCTION pgfence.plan_heartbeat(bigint, text) IS
 CREATE OR REPLACE FUNCTION pgfence._plan_step_begin(
   p_id     bigint,
   p_worker text,
+  p_token  bigint,
   OUT step_index integer,
   OUT action     text,
   OUT kind       text,
@@ -2936,8 +2993,10 @@ DECLARE
   c_executing CONSTANT text := 'executing';  -- a parameter: see the header, Plans
 BEGIN
   PERFORM pgfence._plan_check_name(p_worker, 'worker');
+  PERFORM pgfence._plan_check_token(p_token);
   PERFORM pgfence._set_actor(p_worker);
-  -- The usual case, in one statement: lock the run if p_worker owns it with a live heartbeat,
+  -- The usual case, in one statement: lock the run if p_worker owns it under p_token with a
+  -- live heartbeat,
   -- and stamp the step handed out. A SQL step: the step and this transaction (step_begun,
   -- step_begun_xact), the only receipt _plan_step_finish will write. An external step: in
   -- flight since (external_started_at), with a fresh heartbeat.
@@ -2950,11 +3009,13 @@ BEGIN
       heartbeat_expires_at = CASE WHEN s.kind = 'external' THEN now() + p.heartbeat_interval
                                   ELSE p.heartbeat_expires_at END
   FROM pgfence.plan_step s
-  WHERE p.id = p_id AND p.status = c_executing AND p.worker = p_worker AND p.heartbeat_expires_at >= now()
+  WHERE p.id = p_id AND p.status = c_executing AND p.worker = p_worker AND p.run_token = p_token
+    AND p.heartbeat_expires_at >= now()
     AND s.plan_id = p.id AND s.step_index = p.next_step
   RETURNING p.status, p.next_step, s.action, s.kind, s.args, s.function_md5 INTO v_step;
   IF NOT FOUND THEN
-    -- Refused (step_index NULL): not executing, not by this worker, or its heartbeat lapsed.
+    -- Refused (step_index NULL): not executing, not by this worker under this token, or its
+    -- heartbeat lapsed.
     -- _plan_lock raises 22004 / P0002 and marks a lapsed run failed (interrupted).
     v := pgfence._plan_lock(p_id);
     status := v.status;
@@ -2980,14 +3041,15 @@ BEGIN
   PERFORM pgfence._set_actor(NULL);
 END
 $$;
-REVOKE ALL ON FUNCTION pgfence._plan_step_begin(bigint, text) FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION pgfence._plan_step_begin(bigint, text) TO pgfence_executor, pgfence_admin;
-COMMENT ON FUNCTION pgfence._plan_step_begin(bigint, text) IS
-  'Bookkeeping for plan_run_step (security definer, so that plan_run_step itself need not be): locks the plan row for the rest of the transaction, heals a lapsed heartbeat, and returns the next step (action, kind, the function to call, whether the action was retired, the md5 of the function''s definition at proposal and now, args) if p_worker owns the executing run; otherwise only the status (refused). For an external step it stamps external_started_at; for a SQL step it stamps the step and the current transaction on the plan row (step_begun, step_begun_xact), the only step _plan_step_finish will then receipt. Not for direct use. Trust: granted to pgfence_executor because plan_run_step runs with the caller''s privileges; see _plan_step_finish for what that role is trusted with.';
+REVOKE ALL ON FUNCTION pgfence._plan_step_begin(bigint, text, bigint) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION pgfence._plan_step_begin(bigint, text, bigint) TO pgfence_executor, pgfence_admin;
+COMMENT ON FUNCTION pgfence._plan_step_begin(bigint, text, bigint) IS
+  'Bookkeeping for plan_run_step (security definer, so that plan_run_step itself need not be): locks the plan row for the rest of the transaction, heals a lapsed heartbeat, and returns the next step (action, kind, the function to call, whether the action was retired, the md5 of the function''s definition at proposal and now, args) if p_worker owns the executing run under run token p_token; otherwise only the status (refused). For an external step it stamps external_started_at; for a SQL step it stamps the step and the current transaction on the plan row (step_begun, step_begun_xact), the only step _plan_step_finish will then receipt. Not for direct use. Trust: granted to pgfence_executor because plan_run_step runs with the caller''s privileges; see _plan_step_finish for what that role is trusted with.';
 
 CREATE OR REPLACE FUNCTION pgfence._plan_step_finish(
   p_id     bigint,
   p_worker text,
+  p_token  bigint,
   p_step   integer,
   p_ok     boolean,
   p_output jsonb,
@@ -3008,7 +3070,8 @@ BEGIN
   PERFORM pgfence._set_actor(p_worker);
   -- Same transaction as _plan_step_begin: the row lock is ours already, nobody healed it since.
   SELECT * INTO v FROM pgfence.plan p WHERE p.id = p_id FOR UPDATE;
-  IF v.status IS DISTINCT FROM 'executing' OR v.worker IS DISTINCT FROM p_worker THEN
+  IF v.status IS DISTINCT FROM 'executing' OR v.worker IS DISTINCT FROM p_worker
+     OR v.run_token IS DISTINCT FROM p_token THEN
     PERFORM pgfence._set_actor(NULL);
     RETURN NULL;
   END IF;
@@ -3054,14 +3117,15 @@ BEGIN
   RETURN v_out;
 END
 $$;
-REVOKE ALL ON FUNCTION pgfence._plan_step_finish(bigint, text, integer, boolean, jsonb, jsonb) FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION pgfence._plan_step_finish(bigint, text, integer, boolean, jsonb, jsonb) TO pgfence_executor, pgfence_admin;
-COMMENT ON FUNCTION pgfence._plan_step_finish(bigint, text, integer, boolean, jsonb, jsonb) IS
-  'Bookkeeping for plan_run_step (security definer): writes the receipt of SQL step p_step in the step''s own transaction and moves the plan on (next step, executed, or failed on an error). Only for the step that _plan_step_begin handed out in this same transaction (PF107 otherwise: no receipt for a step that was not run here). An ok receipt is refused for a step whose action was retired (PF101), whose function was dropped (42883) or whose function''s definition differs from the one fingerprinted at proposal (PF108): the whole transaction, with the step''s effects, rolls back. Returns the plan''s new status, or NULL if p_worker does not own the executing run or the step is not its next SQL step. Not for direct use. Trust level: the action runs inside plan_run_step with the caller''s privileges (it is not security definer, by design), so a role granted both helpers (pgfence_executor, pgfence_admin) can still, in one transaction, call _plan_step_begin and then this function without running the action in between, and write an ok receipt with an output of its choosing for an unchanged, unretired action. Grant pgfence_executor only to executor logins that you trust to run what plans say; what these checks guarantee is that no receipt is written outside the transaction that began the step, for another step, or for a changed action.';
+REVOKE ALL ON FUNCTION pgfence._plan_step_finish(bigint, text, bigint, integer, boolean, jsonb, jsonb) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION pgfence._plan_step_finish(bigint, text, bigint, integer, boolean, jsonb, jsonb) TO pgfence_executor, pgfence_admin;
+COMMENT ON FUNCTION pgfence._plan_step_finish(bigint, text, bigint, integer, boolean, jsonb, jsonb) IS
+  'Bookkeeping for plan_run_step (security definer): writes the receipt of SQL step p_step in the step''s own transaction and moves the plan on (next step, executed, or failed on an error). Only for the step that _plan_step_begin handed out in this same transaction (PF107 otherwise: no receipt for a step that was not run here). An ok receipt is refused for a step whose action was retired (PF101), whose function was dropped (42883) or whose function''s definition differs from the one fingerprinted at proposal (PF108): the whole transaction, with the step''s effects, rolls back. Returns the plan''s new status, or NULL if p_worker does not own the executing run under run token p_token or the step is not its next SQL step. Not for direct use. Trust level: the action runs inside plan_run_step with the caller''s privileges (it is not security definer, by design), so a role granted both helpers (pgfence_executor, pgfence_admin) can still, in one transaction, call _plan_step_begin and then this function without running the action in between, and write an ok receipt with an output of its choosing for an unchanged, unretired action. Grant pgfence_executor only to executor logins that you trust to run what plans say; what these checks guarantee is that no receipt is written outside the transaction that began the step, for another step, or for a changed action.';
 
 CREATE OR REPLACE FUNCTION pgfence.plan_run_step(
   p_id            bigint,
   p_worker        text,
+  p_token         bigint,
   p_external_only boolean DEFAULT false,
   OUT step_index      integer,
   OUT action          text,
@@ -3084,10 +3148,10 @@ DECLARE
   v_hint  text;
   v_ctx   text;
 BEGIN
-  v := pgfence._plan_step_begin(p_id, p_worker);
+  v := pgfence._plan_step_begin(p_id, p_worker, p_token);
   status := v.status;
   IF v.step_index IS NULL THEN
-    RETURN;  -- refused: not executing, or not by this worker (lost race / stale worker)
+    RETURN;  -- refused: not executing, or not by this worker under this token (lost race / stale worker)
   END IF;
   step_index := v.step_index;
   action := v.action;
@@ -3099,7 +3163,7 @@ BEGIN
   END IF;
   IF p_external_only THEN
     -- A runner that performs only external effects hands a SQL step to a SQL runner.
-    PERFORM pgfence.plan_release(p_id, p_worker);
+    PERFORM pgfence.plan_release(p_id, p_worker, p_token);
     outcome := 'released';
     RETURN;
   END IF;
@@ -3133,18 +3197,20 @@ BEGIN
       'sqlstate', v_state, 'message', v_msg, 'detail', nullif(v_det, ''),
       'hint', nullif(v_hint, ''), 'context', nullif(left(v_ctx, 4000), '')));
   END;
-  status := pgfence._plan_step_finish(p_id, p_worker, v.step_index, outcome = 'ok', output, error);
+  status := pgfence._plan_step_finish(p_id, p_worker, p_token, v.step_index, outcome = 'ok', output, error);
 END
 $$;
-REVOKE ALL ON FUNCTION pgfence.plan_run_step(bigint, text, boolean) FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION pgfence.plan_run_step(bigint, text, boolean) TO pgfence_executor, pgfence_admin;
-COMMENT ON FUNCTION pgfence.plan_run_step(bigint, text, boolean) IS
-  'Run the next step of a run p_worker owns, in the caller''s transaction (one step per transaction): lock the plan row and refuse unless it is still executing by p_worker with a live heartbeat; run the SQL action with the privileges of the calling role (this function is NOT security definer) inside a subtransaction; write the receipt in the same transaction — ok with the action''s output, or error with SQLSTATE and message (the action''s effects rolled back, the plan failed, earlier steps stay committed). After the last ok step the plan is executed. A step whose action was retired (PF101), whose function was dropped (42883) or replaced since the proposal (PF108: the md5 of its definition differs) does not run: its receipt is that error. For an external step nothing runs: outcome ''external'' with its args and idempotency key, for the executor to perform and report with plan_record_step. p_external_only (an executor that runs no SQL actions): at a SQL step nothing runs and the run is released for a SQL runner (outcome ''released''). Returns (step_index, action, outcome ok|error|external|released, status, output, error, args, idempotency_key); outcome NULL = refused (lost race, stale worker, terminal plan): nothing ran. Errors: 22004/22023 (worker), P0002 (unknown plan).';
+REVOKE ALL ON FUNCTION pgfence.plan_run_step(bigint, text, bigint, boolean) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION pgfence.plan_run_step(bigint, text, bigint, boolean) TO pgfence_executor, pgfence_admin;
+COMMENT ON FUNCTION pgfence.plan_run_step(bigint, text, bigint, boolean) IS
+  'Run the next step of a run p_worker owns under run token p_token (from plan_start / plan_claim).
+In the caller''s transaction (one step per transaction): lock the plan row and refuse unless it is still executing by p_worker under p_token with a live heartbeat (a newer take, even under the same name, fences out the older token); run the SQL action with the privileges of the calling role (this function is NOT security definer) inside a subtransaction; write the receipt in the same transaction — ok with the action''s output, or error with SQLSTATE and message (the action''s effects rolled back, the plan failed, earlier steps stay committed). After the last ok step the plan is executed. A step whose action was retired (PF101), whose function was dropped (42883) or replaced since the proposal (PF108: the md5 of its definition differs) does not run: its receipt is that error. For an external step nothing runs: outcome ''external'' with its args and idempotency key, for the executor to perform and report with plan_record_step. p_external_only (an executor that runs no SQL actions): at a SQL step nothing runs and the run is released for a SQL runner (outcome ''released''). Returns (step_index, action, outcome ok|error|external|released, status, output, error, args, idempotency_key); outcome NULL = refused (lost race, stale worker or token, terminal plan): nothing ran. In psql: SELECT * FROM pgfence.plan_run_step(42, ''me'', 1). Errors: 22004 (worker, token), 22023 (worker, a token below 1), P0002 (unknown plan).';
 
 CREATE OR REPLACE FUNCTION pgfence.plan_record_step(
   p_id         bigint,
   p_step_index integer,
   p_worker     text,
+  p_token      bigint,
   p_ok         boolean,
   p_output     jsonb DEFAULT NULL,
   p_error      text DEFAULT NULL
@@ -3157,6 +3223,7 @@ DECLARE
   v pgfence.plan;
 BEGIN
   PERFORM pgfence._plan_check_name(p_worker, 'worker');
+  PERFORM pgfence._plan_check_token(p_token);
   IF p_step_index IS NULL OR p_ok IS NULL THEN
     RAISE EXCEPTION 'plan_record_step: step_index and ok are required' USING ERRCODE = '22004';
   END IF;
@@ -3170,9 +3237,10 @@ BEGIN
     RAISE EXCEPTION 'plan_record_step: plan % has steps 1..%, not %', p_id, v.step_count, p_step_index
       USING ERRCODE = '22023';
   END IF;
-  IF v.status <> 'executing' OR v.worker IS DISTINCT FROM p_worker OR p_step_index < v.next_step THEN
+  IF v.status <> 'executing' OR v.worker IS DISTINCT FROM p_worker OR v.run_token <> p_token
+     OR p_step_index < v.next_step THEN
     PERFORM pgfence._set_actor(NULL);
-    RETURN false;  -- stale worker, terminal plan, or a step recorded already
+    RETURN false;  -- stale worker or token, terminal plan, or a step recorded already
   END IF;
   IF p_step_index > v.next_step THEN
     RAISE EXCEPTION 'plan_record_step: plan % is at step %, not %', p_id, v.next_step, p_step_index
@@ -3188,10 +3256,11 @@ BEGIN
   RETURN true;
 END
 $$;
-REVOKE ALL ON FUNCTION pgfence.plan_record_step(bigint, integer, text, boolean, jsonb, text) FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION pgfence.plan_record_step(bigint, integer, text, boolean, jsonb, text) TO pgfence_executor, pgfence_admin;
-COMMENT ON FUNCTION pgfence.plan_record_step(bigint, integer, text, boolean, jsonb, text) IS
-  'Executors: record the outcome of an external step, under the same lock-and-refuse rule as plan_run_step: the receipt (ok with output, or error with the transport''s message) is written only if p_worker still owns the executing run with a live heartbeat and p_step_index is its next step; an error fails the plan; the last ok step makes it executed. Returns false when refused (stale worker — a lapsed heartbeat has made the plan failed/interrupted —, terminal plan, or a step already recorded): nothing changed. Errors: 22004 (missing argument; error text for a failure), 22023 (step outside the plan), P0002 (unknown plan), PF104 (not the next step), PF105 (a SQL step: run by plan_run_step).';
+REVOKE ALL ON FUNCTION pgfence.plan_record_step(bigint, integer, text, bigint, boolean, jsonb, text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION pgfence.plan_record_step(bigint, integer, text, bigint, boolean, jsonb, text) TO pgfence_executor, pgfence_admin;
+COMMENT ON FUNCTION pgfence.plan_record_step(bigint, integer, text, bigint, boolean, jsonb, text) IS
+  'Executors: record the outcome of an external step, as owner p_worker under run token p_token.
+The same lock-and-refuse rule as plan_run_step: the receipt (ok with output, or error with the transport''s message) is written only if p_worker still owns the executing run under p_token with a live heartbeat and p_step_index is its next step; an error fails the plan; the last ok step makes it executed. Returns false when refused (stale worker or token — a lapsed heartbeat has made the plan failed/interrupted, or the run was taken again —, terminal plan, or a step already recorded): nothing changed. In psql: SELECT pgfence.plan_record_step(42, 2, ''me'', 1, true, ''{"http_status": 200}''). Errors: 22004 (missing argument, token; error text for a failure), 22023 (step outside the plan, a token below 1), P0002 (unknown plan), PF104 (not the next step), PF105 (a SQL step: run by plan_run_step).';
 
 CREATE OR REPLACE PROCEDURE pgfence.plan_execute(
   p_id        bigint,
@@ -3206,20 +3275,20 @@ LANGUAGE plpgsql
 AS $$
 #variable_conflict use_variable
 DECLARE
-  v_started boolean;
-  v_step    record;
+  v_token bigint;
+  v_step  record;
 BEGIN
-  v_started := pgfence.plan_start(p_id, p_worker, p_heartbeat);
+  v_token := pgfence.plan_start(p_id, p_worker, p_heartbeat);
   COMMIT;
-  IF v_started THEN
+  IF v_token IS NOT NULL THEN
     LOOP
-      SELECT * INTO v_step FROM pgfence.plan_run_step(p_id, p_worker);
+      SELECT * INTO v_step FROM pgfence.plan_run_step(p_id, p_worker, v_token);
       COMMIT;  -- each step (effect + receipt) is its own transaction
       EXIT WHEN v_step.outcome IS DISTINCT FROM 'ok' OR v_step.status <> 'executing';
     END LOOP;
     IF v_step.outcome = 'external' THEN
       -- A SQL session cannot perform an external effect: hand the run to an executor.
-      PERFORM pgfence.plan_release(p_id, p_worker);
+      PERFORM pgfence.plan_release(p_id, p_worker, v_token);
       COMMIT;
     END IF;
   END IF;
@@ -3231,7 +3300,7 @@ $$;
 REVOKE ALL ON PROCEDURE pgfence.plan_execute(bigint, text, interval, text, jsonb) FROM PUBLIC;
 GRANT EXECUTE ON PROCEDURE pgfence.plan_execute(bigint, text, interval, text, jsonb) TO pgfence_executor, pgfence_admin;
 COMMENT ON PROCEDURE pgfence.plan_execute(bigint, text, interval, text, jsonb) IS
-  'CALL pgfence.plan_execute(id, worker): take the run (plan_start) and run its SQL steps one by one, committing after each, so every committed step has its receipt and a crash loses at most the step in flight (rolled back whole). Stops at an error (plan failed), at the end (executed), when the run is lost (heartbeat lapsed, another owner), or at an external step, which it releases to an executor. A plan that is terminal, or owned by someone else, runs nothing. Returns (status, receipts): the plan''s status and every receipt so far. Must be called outside an explicit transaction block (autocommit), since it commits. Errors: those of plan_start; 2D000 inside a transaction block.';
+  'CALL pgfence.plan_execute(id, worker): take the run (plan_start, under a new run token) and run its SQL steps one by one, committing after each, so every committed step has its receipt and a crash loses at most the step in flight (rolled back whole). Stops at an error (plan failed), at the end (executed), when the run is lost (heartbeat lapsed, another owner), or at an external step, which it releases to an executor. A plan that is terminal, or owned by someone else, runs nothing. Returns (status, receipts): the plan''s status and every receipt so far. Must be called outside an explicit transaction block (autocommit), since it commits. Errors: those of plan_start; 2D000 inside a transaction block.';
 
 -- ---------------------------------------------------------------------------------------------
 -- Read: plan_get (with lazy heal), plan_steps, plan_list, plan_receipts
@@ -5278,7 +5347,7 @@ SELECT 'outbox'::text                          AS module,
 FROM pgfence.outbox o
 WHERE o.status = 'processing'
 UNION ALL
-SELECT 'plan', p.id, '*', p.status, p.worker, NULL::bigint, p.started_at, p.heartbeat_at,
+SELECT 'plan', p.id, '*', p.status, p.worker, p.run_token, p.started_at, p.heartbeat_at,
        p.heartbeat_expires_at, p.heartbeat_expires_at - now(), p.heartbeat_expires_at < now()
 FROM pgfence.plan p
 WHERE p.status = 'executing'
@@ -5291,7 +5360,7 @@ WHERE o.status = 'running';
 REVOKE ALL ON pgfence.audit_owned FROM PUBLIC;
 GRANT SELECT ON pgfence.audit_owned TO pgfence_admin, pg_monitor;
 COMMENT ON VIEW pgfence.audit_owned IS
-  'Who owns what right now, until when (database clock): every outbox message being delivered (processing), plan being executed and operation running. queue = the outbox channel or operation kind (''*'' for plans); owner = the worker (NULL for a plan released between steps and waiting for another worker); fence = the token the owner must present (outbox attempt, operation fence; plans are fenced by owner name and heartbeat, so NULL); claimed_at = when the current claim started (plans: when the run started); last_seen_at = the owner''s last sign of life (outbox: the claim; plan: the last heartbeat or step; operation: the last lease extension); expires_at = lease or heartbeat deadline; remaining = expires_at - now() (negative once lapsed); lapsed = the deadline has passed (see pgfence.audit_stuck). For one item use pgfence.audit_owner_of(module, id).';
+  'Who owns what right now, until when (database clock): every outbox message being delivered (processing), plan being executed and operation running. queue = the outbox channel or operation kind (''*'' for plans); owner = the worker (NULL for a plan released between steps and waiting for another worker); fence = the token the owner must present (outbox attempt, plan run token, operation fence); claimed_at = when the current claim started (plans: when the run started); last_seen_at = the owner''s last sign of life (outbox: the claim; plan: the last heartbeat or step; operation: the last lease extension); expires_at = lease or heartbeat deadline; remaining = expires_at - now() (negative once lapsed); lapsed = the deadline has passed (see pgfence.audit_stuck). For one item use pgfence.audit_owner_of(module, id).';
 
 CREATE OR REPLACE FUNCTION pgfence.audit_owner_of(p_module text, p_id bigint)
 RETURNS TABLE (
@@ -5330,7 +5399,8 @@ BEGIN
   ELSIF p_module = 'plan' THEN
     RETURN QUERY
     SELECT 'plan'::text, p.id, '*'::text, p.status, p.status = 'executing',
-           CASE WHEN p.status = 'executing' THEN p.worker END, NULL::bigint,
+           CASE WHEN p.status = 'executing' THEN p.worker END,
+           CASE WHEN p.status = 'executing' THEN p.run_token END,
            CASE WHEN p.status = 'executing' THEN p.started_at END,
            CASE WHEN p.status = 'executing' THEN p.heartbeat_at END,
            CASE WHEN p.status = 'executing' THEN p.heartbeat_expires_at END,
@@ -5387,7 +5457,7 @@ SELECT 'outbox'::text                          AS module,
 FROM pgfence.outbox o
 WHERE o.status = 'processing' AND o.lease_expires_at < now()
 UNION ALL
-SELECT 'plan', p.id, '*', p.status, p.worker, NULL::bigint, p.started_at, p.heartbeat_at,
+SELECT 'plan', p.id, '*', p.status, p.worker, p.run_token, p.started_at, p.heartbeat_at,
        p.heartbeat_expires_at, now() - p.heartbeat_expires_at,
        format('the next read (plan_get, plan_list) or plan_reap_stale marks it failed (interrupted) at step %s of %s',
               p.next_step, p.step_count)
@@ -5416,7 +5486,7 @@ WHERE o.status = 'running' AND o.lease_expires_at < now();
 REVOKE ALL ON pgfence.audit_stuck FROM PUBLIC;
 GRANT SELECT ON pgfence.audit_stuck TO pgfence_admin, pg_monitor;
 COMMENT ON VIEW pgfence.audit_stuck IS
-  'What is stuck, and since when: every owned item whose lease or heartbeat has lapsed by the database clock — outbox messages processing past their lease, plans executing past their heartbeat deadline (including runs released and never taken over; plans heal lazily, so they are listed until the next read or reaper marks them failed), operations running past their lease. owner = the worker that went silent; fence = its token (outbox attempt, operation fence); claimed_at / last_seen_at = when it took the item / last showed life; expired_at = the deadline; overdue = now() - expired_at; next = what pgfence does about it on its own (the reaper or the next claim) and what may already have happened outside. Empty when nothing is stuck. Usually self-healing within one reaper interval; a row that stays means no executor is running the reaper for that module.';
+  'What is stuck, and since when: every owned item whose lease or heartbeat has lapsed by the database clock — outbox messages processing past their lease, plans executing past their heartbeat deadline (including runs released and never taken over; plans heal lazily, so they are listed until the next read or reaper marks them failed), operations running past their lease. owner = the worker that went silent; fence = its token (outbox attempt, plan run token, operation fence); claimed_at / last_seen_at = when it took the item / last showed life; expired_at = the deadline; overdue = now() - expired_at; next = what pgfence does about it on its own (the reaper or the next claim) and what may already have happened outside. Empty when nothing is stuck. Usually self-healing within one reaper interval; a row that stays means no executor is running the reaper for that module.';
 
 -- ---------------------------------------------------------------------------------------------
 -- Which external effects may have been duplicated (or happened without a receipt)
@@ -6033,6 +6103,7 @@ INSERT INTO pgfence.installed_migration (migration_id) VALUES
   ('0007_outbox_due_index'),
   ('0008_claim_walk_indexes'),
   ('0009_operation_kind_queue'),
+  ('0010_plan_run_token'),
   ('0012_install_record');
 
 COMMIT;
