@@ -1,0 +1,699 @@
+"""The fuzzer of every public pgfence routine (``tests/test_fuzz.py`` runs it).
+
+Nothing here names a pgfence function: the routines, their argument types and the SQLSTATEs
+they document come from the catalog, so a function added (or a signature changed) is fuzzed
+without anyone remembering to. What is pgfence-specific is the seed (``tests/fuzz_seed.sql``:
+real rows in every state of every module) and the invariants below (what must hold of the
+tables after every call).
+
+- :func:`routines` reads ``pg_proc``: every routine of schema pgfence whose name does not start
+  with ``_`` and that is not a trigger function; its input arguments (name, type, default) and
+  the codes its ``COMMENT`` lists after ``Errors:`` (:func:`documented_codes`, the convention of
+  ``functions/ERRORS.md``).
+- :class:`Pools` holds what the database knows (every distinct value of every column of the
+  seeded tables, by type) and the hostile values of each type: NULLs, limits +-1 in characters
+  of 1-4 bytes, integer / double / interval extremes, +-infinity timestamps, wrong-shaped and
+  huge JSON, arrays with NULLs, other lower bounds and two dimensions.
+- :class:`Fuzzer` draws one call at a time with Hypothesis: a routine, then every argument by
+  its type, often taken from a *focus* row of the routine's module (the first ``_``-separated
+  word of its name names its table: outbox_* -> pgfence.outbox), so that ids, fences, versions,
+  owners and keys match an item in some state, array arguments from several such rows in step
+  (ids with their attempts), or a replay of an earlier successful call, as is or with one
+  argument changed. It runs the call in autocommit (sometimes inside an explicit transaction
+  block) and checks after it: success or a documented SQLSTATE; for a failure, that the tables'
+  fingerprint did not change; for a success, that every invariant holds; and that no setting
+  (``pgfence.actor``, ``pgfence.purging``) leaked into the session.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+import time
+from datetime import UTC, datetime
+from collections import Counter, defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from hypothesis import strategies as st
+from psycopg import sql
+from psycopg.types.string import TextLoader
+
+TESTS = Path(__file__).resolve().parent
+ERRORS_MD = TESTS.parent / "functions" / "ERRORS.md"
+SEED = TESTS / "fuzz_seed.sql"
+
+# ---------------------------------------------------------------------------------------------
+# The catalog
+# ---------------------------------------------------------------------------------------------
+
+
+def known_sqlstate(code: str) -> bool:
+    """Is ``code`` a PostgreSQL SQLSTATE or one of pgfence's own (``PF`` + three digits)?"""
+    if re.fullmatch(r"PF\d{3}", code):
+        return True
+    try:
+        psycopg.errors.lookup(code)
+    except KeyError:
+        return False
+    return True
+
+
+def documented_codes(comment: str) -> set[str] | None:
+    """The SQLSTATEs a COMMENT lists after its last ``Errors:`` (None: it has no such section).
+
+    The convention (functions/ERRORS.md): each code is written as its five characters; the codes
+    are the five-character tokens of the section that are SQLSTATEs (so "1..10000" is not one).
+    """
+    if "Errors:" not in comment:
+        return None
+    section = comment.rsplit("Errors:", 1)[1]
+    return {t for t in re.findall(r"\b[0-9A-Z]{5}\b", section)
+            if re.search(r"\d", t) and known_sqlstate(t)}
+
+
+def errors_md_codes(text: str | None = None) -> set[str]:
+    """The SQLSTATEs that the table of functions/ERRORS.md explains."""
+    text = ERRORS_MD.read_text() if text is None else text
+    return set(re.findall(r"^\| `([0-9A-Z]{5})` \|", text, re.MULTILINE))
+
+
+@dataclass(frozen=True)
+class Arg:
+    name: str
+    type: str          # format_type(): 'text', 'bigint[]', 'timestamp with time zone', ...
+    has_default: bool
+
+
+@dataclass(frozen=True)
+class Routine:
+    signature: str     # regprocedure text
+    name: str
+    kind: str          # 'f' function, 'p' procedure
+    args: tuple[Arg, ...]
+    comment: str
+    codes: frozenset[str] | None
+
+    @property
+    def module(self) -> str:
+        return self.name.split("_", 1)[0]
+
+    def statement(self, n_args: int) -> sql.Composed:
+        """``SELECT * FROM pgfence.f(%s::t1, ...)`` (``CALL`` for a procedure) with n_args args."""
+        casts = sql.SQL(", ").join(
+            sql.SQL("%s::{}").format(sql.SQL(a.type)) for a in self.args[:n_args])
+        verb = "CALL {}.{}({})" if self.kind == "p" else "SELECT * FROM {}.{}({})"
+        return sql.SQL(verb).format(sql.Identifier("pgfence"), sql.Identifier(self.name), casts)
+
+
+ROUTINES_SQL = """
+SELECT p.oid::regprocedure::text, p.proname, p.prokind::text,
+       coalesce(obj_description(p.oid, 'pg_proc'), ''), p.pronargdefaults,
+       ARRAY(SELECT format_type(t, NULL) FROM unnest(p.proargtypes::oid[]) WITH ORDINALITY AS u(t, i) ORDER BY u.i),
+       ARRAY(SELECT coalesce(p.proargnames[u.i], '') FROM generate_subscripts(coalesce(p.proargmodes, array_fill('i'::"char", ARRAY[p.pronargs])), 1) AS u(i)
+             WHERE coalesce(p.proargmodes[u.i], 'i') IN ('i', 'b', 'v') ORDER BY u.i)
+FROM pg_catalog.pg_proc p
+WHERE p.pronamespace = 'pgfence'::regnamespace AND p.proname !~ '^_' AND p.prorettype <> 'trigger'::regtype
+ORDER BY p.proname, p.oid
+"""
+
+
+def routines(conn: psycopg.Connection[Any]) -> list[Routine]:
+    """Every public routine of schema pgfence, from the catalog."""
+    out = []
+    for signature, name, kind, comment, n_defaults, types, names in conn.execute(ROUTINES_SQL):
+        n = len(types)
+        args = tuple(Arg(names[i] if i < len(names) else "", types[i], i >= n - n_defaults)
+                     for i in range(n))
+        codes = documented_codes(comment)
+        out.append(Routine(signature, name, kind, args, comment,
+                           None if codes is None else frozenset(codes)))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Seeding and resetting
+# ---------------------------------------------------------------------------------------------
+
+def item_tables(conn: psycopg.Connection[Any]) -> list[str]:
+    """The pgfence tables (and the seed's public.fuzz_* tables), for fingerprints and resets."""
+    return [r[0] for r in conn.execute("""
+        SELECT c.oid::regclass::text FROM pg_catalog.pg_class c
+        WHERE c.relkind = 'r' AND ((c.relnamespace = 'pgfence'::regnamespace
+               AND c.relname NOT LIKE '\\_yoyo%' AND c.relname NOT IN ('yoyo_lock', 'meta'))
+           OR (c.relnamespace = 'public'::regnamespace AND c.relname LIKE 'fuzz\\_%'))
+        ORDER BY 1""")]
+
+
+def seed(conn: psycopg.Connection[Any]) -> None:
+    """Load the seed into a freshly migrated database (autocommit connection, as the owner)."""
+    conn.execute(SEED.read_text())
+
+
+@dataclass
+class Snapshot:
+    """The seeded contents of every table (in schema fuzz_snapshot) and of their identity
+    sequences. :meth:`restore` puts them back in a few milliseconds (with triggers off, as
+    replication does), where emptying and seeding again takes a few hundred."""
+
+    tables: list[str]
+    sequences: list[tuple[str, int, bool]]
+
+    @classmethod
+    def take(cls, conn: psycopg.Connection[Any], tables: list[str]) -> Snapshot:
+        conn.execute("DROP SCHEMA IF EXISTS fuzz_snapshot CASCADE; CREATE SCHEMA fuzz_snapshot")
+        sequences = []
+        for i, table in enumerate(tables):
+            conn.execute(sql.SQL("CREATE TABLE fuzz_snapshot.{} AS SELECT * FROM {}").format(
+                sql.Identifier(f"t{i}"), sql.SQL(table)))
+            for (seq,) in conn.execute("""
+                    SELECT pg_get_serial_sequence(%s, a.attname) FROM pg_catalog.pg_attribute a
+                    WHERE a.attrelid = %s::regclass AND a.attidentity <> '' """, (table, table)).fetchall():
+                row = conn.execute(sql.SQL("SELECT last_value, is_called FROM {}").format(sql.SQL(seq))).fetchone()
+                assert row is not None
+                sequences.append((seq, row[0], row[1]))
+        return cls(tables, sequences)
+
+    def restore(self, conn: psycopg.Connection[Any]) -> None:
+        with conn.transaction():
+            conn.execute("SET LOCAL session_replication_role = replica")
+            for table in self.tables:
+                conn.execute(sql.SQL("DELETE FROM {}").format(sql.SQL(table)))
+            for i, table in enumerate(self.tables):
+                conn.execute(sql.SQL("INSERT INTO {} OVERRIDING SYSTEM VALUE SELECT * FROM fuzz_snapshot.{}").format(
+                    sql.SQL(table), sql.Identifier(f"t{i}")))
+            for seq, value, called in self.sequences:
+                conn.execute("SELECT setval(%s, %s, %s)", (seq, value, called))
+
+
+# ---------------------------------------------------------------------------------------------
+# Fingerprint and invariants
+# ---------------------------------------------------------------------------------------------
+
+def after_call_sql(tables: list[str]) -> sql.Composed:
+    """One query for after every call: the settings that must not leak out of a call, and the
+    tables' fingerprint: per table its row count and the sum of its rows' xmin (every committed
+    write gives the rows it writes a new xmin; a rolled-back one is invisible)."""
+    parts = [sql.SQL("(SELECT count(*) || ':' || coalesce(sum(t.xmin::text::bigint), 0) FROM {} t)").format(
+        sql.SQL(t)) for t in tables]
+    return sql.SQL("SELECT current_setting('pgfence.actor', true), current_setting('pgfence.purging', true), "
+                   "concat_ws('|', {})").format(sql.SQL(", ").join(parts))
+
+
+# Each query returns the rows that break the invariant, as (invariant, item) text.
+INVARIANTS = r"""
+SELECT 'outbox row invariants', o.id::text FROM pgfence.outbox o
+WHERE NOT (o.status IN ('pending', 'processing', 'sent', 'failed', 'dead')
+       AND o.max_attempts >= 1 AND o.attempts BETWEEN 0 AND o.max_attempts
+       AND (o.status <> 'pending' OR o.attempts < o.max_attempts)
+       AND (o.status = 'pending' OR o.attempts >= 1)
+       AND (o.status = 'processing') = (o.locked_by IS NOT NULL AND o.lease_expires_at IS NOT NULL)
+       AND (o.status IN ('sent', 'failed', 'dead')) = (o.finished_at IS NOT NULL)
+       AND o.channel ~ '^[a-z0-9][a-z0-9_.-]{0,62}$' AND length(o.recipient) BETWEEN 1 AND 2048
+       AND jsonb_typeof(o.payload) = 'object'
+       AND (o.idempotency_key IS NULL OR length(o.idempotency_key) BETWEEN 1 AND 255))
+UNION ALL
+SELECT 'outbox lapse receipt without its attempt', l.message_id || '/' || l.attempt FROM pgfence.outbox_lapse l
+WHERE NOT EXISTS (SELECT 1 FROM pgfence.outbox o WHERE o.id = l.message_id AND o.attempts >= l.attempt)
+UNION ALL
+SELECT 'event for an item that does not exist', e.module || ' ' || e.item_id || ' ' || e.event FROM pgfence.event e
+WHERE NOT CASE e.module
+  WHEN 'outbox' THEN EXISTS (SELECT 1 FROM pgfence.outbox o WHERE o.id = e.item_id)
+  WHEN 'plan' THEN EXISTS (SELECT 1 FROM pgfence.plan p WHERE p.id = e.item_id)
+  WHEN 'operation' THEN EXISTS (SELECT 1 FROM pgfence.operation o WHERE o.id = e.item_id)
+  WHEN 'document' THEN EXISTS (SELECT 1 FROM pgfence.document d WHERE d.id = e.item_id) END
+UNION ALL
+SELECT 'more than one enqueue / create / propose / request event', e.module || ' ' || e.item_id FROM pgfence.event e
+WHERE e.event IN ('enqueue', 'create', 'propose', 'request')
+GROUP BY e.module, e.item_id HAVING count(*) > 1
+UNION ALL
+SELECT 'plan row invariants', p.id::text FROM pgfence.plan p
+WHERE NOT (p.next_step BETWEEN 1 AND p.step_count + 1
+       AND (p.status = 'executed') = (p.next_step = p.step_count + 1)
+       AND (p.worker IS NULL OR p.status IN ('executing', 'executed', 'failed'))
+       AND (p.status <> 'executing' OR (p.heartbeat_expires_at IS NOT NULL AND p.heartbeat_interval IS NOT NULL AND p.started_at IS NOT NULL))
+       AND (p.status IN ('executed', 'failed', 'rejected', 'expired')) = (p.finished_at IS NOT NULL)
+       AND (p.status NOT IN ('approved', 'executing', 'executed', 'failed') OR p.approved_by IS NOT NULL)
+       AND (p.status = 'failed') = (p.failure IS NOT NULL)
+       AND p.step_begun IS NULL AND p.step_begun_xact IS NULL)
+UNION ALL
+SELECT 'plan steps do not match the step count', p.id::text FROM pgfence.plan p
+WHERE (SELECT count(*) FROM pgfence.plan_step s WHERE s.plan_id = p.id) <> p.step_count
+   OR EXISTS (SELECT 1 FROM pgfence.plan_step s WHERE s.plan_id = p.id AND s.step_index NOT BETWEEN 1 AND p.step_count)
+UNION ALL
+SELECT 'plan receipts do not match its progress', p.id::text FROM pgfence.plan p
+WHERE (SELECT count(*) FROM pgfence.plan_step s WHERE s.plan_id = p.id AND s.outcome = 'ok') <> p.next_step - 1
+   OR EXISTS (SELECT 1 FROM pgfence.plan_step s WHERE s.plan_id = p.id AND s.step_index < p.next_step AND s.outcome IS DISTINCT FROM 'ok')
+   OR EXISTS (SELECT 1 FROM pgfence.plan_step s WHERE s.plan_id = p.id AND s.step_index > p.next_step AND s.outcome IS NOT NULL)
+   OR EXISTS (SELECT 1 FROM pgfence.plan_step s WHERE s.plan_id = p.id AND s.outcome = 'error'
+              AND NOT (p.status = 'failed' AND p.failure = 'step_error' AND s.step_index = p.next_step))
+   OR (p.failure = 'step_error' AND NOT EXISTS (SELECT 1 FROM pgfence.plan_step s
+              WHERE s.plan_id = p.id AND s.step_index = p.next_step AND s.outcome = 'error'))
+UNION ALL
+SELECT 'an ok receipt of the fuzz action without its database effect', s.plan_id || '/' || s.step_index
+FROM pgfence.plan_step s
+WHERE s.outcome = 'ok' AND s.function = 'public.fuzz_action(jsonb)'
+  AND NOT EXISTS (SELECT 1 FROM public.fuzz_effect e WHERE e.id::text = s.output ->> 'effect')
+UNION ALL
+SELECT 'a database effect of the fuzz action without exactly one ok receipt', e.id::text FROM public.fuzz_effect e
+WHERE (SELECT count(*) FROM pgfence.plan_step s
+       WHERE s.outcome = 'ok' AND s.function = 'public.fuzz_action(jsonb)' AND s.output ->> 'effect' = e.id::text) <> 1
+UNION ALL
+SELECT 'operation row invariants', o.id::text FROM pgfence.operation o
+WHERE NOT ((o.status = 'running') = (o.lease_expires_at IS NOT NULL)
+       AND (o.status IN ('succeeded', 'failed', 'canceled')) = (o.finished_at IS NOT NULL)
+       AND (o.status NOT IN ('running', 'succeeded') OR o.fence >= 1)
+       AND (o.external_ref IS NULL OR o.issue_started_at IS NOT NULL)
+       AND (o.issue_count >= 1) = (o.issue_started_at IS NOT NULL)
+       AND (o.status <> 'succeeded' OR o.external_ref IS NOT NULL)
+       AND (o.cancel_requested_at IS NULL) = (o.cancel_requested_by IS NULL)
+       AND length(o.target) BETWEEN 1 AND 1024 AND octet_length(o.target) <= 2048)
+UNION ALL
+SELECT 'document revisions do not match its version', d.id::text FROM pgfence.document d
+WHERE (SELECT count(*) FROM pgfence.document_revision r WHERE r.document_id = d.id) <> d.version
+   OR (SELECT max(r.version) FROM pgfence.document_revision r WHERE r.document_id = d.id) <> d.version
+   OR (SELECT r.op FROM pgfence.document_revision r WHERE r.document_id = d.id AND r.version = 1) IS DISTINCT FROM 'create'
+   OR (SELECT r.op = 'delete' FROM pgfence.document_revision r WHERE r.document_id = d.id AND r.version = d.version)
+      IS DISTINCT FROM (d.status = 'deleted')
+   OR (SELECT r.content FROM pgfence.document_revision r WHERE r.document_id = d.id AND r.version = d.version)
+      IS DISTINCT FROM d.content
+UNION ALL
+SELECT 'document content over its kind''s limit or of the wrong shape', d.id::text
+FROM pgfence.document d JOIN pgfence.document_revision r ON r.document_id = d.id AND r.version = d.version AND r.op <> 'delete'
+WHERE r.content IS NULL OR jsonb_typeof(r.content) = 'null'
+"""
+
+
+def invariant_violations(conn: psycopg.Connection[Any]) -> list[tuple[str, str]]:
+    return [(r[0], r[1]) for r in conn.execute(INVARIANTS, prepare=True)]
+
+
+# ---------------------------------------------------------------------------------------------
+# Values
+# ---------------------------------------------------------------------------------------------
+
+BOUNDARY_LENGTHS = [0, 1, 2, 62, 63, 64, 199, 200, 201, 254, 255, 256, 999, 1000, 1001,
+                    1023, 1024, 1025, 1999, 2000, 2001, 2047, 2048, 2049, 8000, 8001]
+WIDE_CHARS = ["x", "é", "中", "😀"]   # 1, 2, 3 and 4 bytes in UTF-8
+HOSTILE_TEXT = ["", " ", "*", "'", '"', "\\", "%s", "%", "x'; DROP TABLE pgfence.outbox; --", "NULL",
+                "null", "a b", "A", "-", ".", "_", "a" * 63, "Ünïcødé", "\u202ehello", "\t\n", "😀",
+                "0", "-1", "{}", "[]", "{a,b}", "on", "off", "true"]
+WORDS = ["outbox", "plan", "operation", "document", "queue", "*", "pending", "processing", "sent",
+         "failed", "dead", "approved", "rejected", "expired", "executing", "executed", "queued",
+         "running", "succeeded", "canceled", "in_flight", "live", "deleted", "attributes", "none",
+         "function", "object", "array", "any", "record", "sheet", "issue", "poll", "cancel"]
+INT4_EDGES = [0, 1, -1, 2, 3, 5, 10, 100, 999, 1000, 1001, 9999, 10000, 10001, 100000, 100001,
+              2**31 - 1, -(2**31)]
+INT8_EDGES = [0, 1, -1, 2, 3, 10, 2**31 - 1, 2**31, 2**63 - 1, -(2**63), 2**62]
+FLOAT_EDGES = ["0", "-0", "0.5", "0.999999", "0.9999999999999999", "1", "-1", "5e-324", "1e-300",
+               "1e308", "NaN", "Infinity", "-Infinity", "0.25"]
+INTERVAL_EDGES = ["0", "1 microsecond", "-1 microsecond", "1 second", "0.5 seconds", "5 minutes",
+                  "1 hour", "1 day", "24 hours", "1 day 00:00:00.000001", "30 days", "31 days",
+                  "366 days", "367 days", "1 mon", "1 year", "1000 years", "1001 years", "7000 years",
+                  "300000 years", "178000000 years", "-178000000 years", "2147483647 days",
+                  "-2147483648 days", "2562047788:00:54.775807", "-2562047788:00:54.775807",
+                  "1 mon -29 days", "-1 mon 31 days", "71582788 mons -2147483640 days",
+                  "178956970 years 7 mons 2147483647 days 2562047788:00:54.775807",
+                  "-178956970 years -8 mons -2147483648 days -2562047788:00:54.775807", "-1 day", "-1 year"]
+TIMESTAMP_EDGES = ["infinity", "-infinity", "epoch", "4713-01-01 00:00:00+00 BC",
+                   "294276-12-31 23:59:59+00", "2000-02-29 12:00:00+14", "1999-12-31 23:59:59.999999-12"]
+JSON_EDGES = ["{}", "[]", "null", "0", "-1", "1e308", "\"\"", "\"s\"", "true", "false", "{\"a\": 1}",
+              "[null]", "[1, 2, 3]", "{\"\": null}", "{\"fail\": true}", "{\"malformed\": 1}",
+              "{\"content\": {}, \"conflicts\": []}", "{\"recipient\": \"https://fz.example/x\", \"payload\": {}}",
+              "{\"state\": \"done\"}"]
+
+
+def array_literal(elements: list[str | None], lower: int = 1, rows: int = 0) -> str:
+    """A PostgreSQL array literal of text elements; lower bound ``lower``; ``rows`` > 0 shapes
+    the elements as a two-dimensional array of that many rows (len must divide)."""
+    def q(e: str | None) -> str:
+        if e is None:
+            return "NULL"
+        return '"' + e.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if rows:
+        width = len(elements) // rows
+        body = "{" + ",".join("{" + ",".join(q(e) for e in elements[r * width:(r + 1) * width]) + "}"
+                              for r in range(rows)) + "}"
+        return body if lower == 1 else f"[{lower}:{lower + rows - 1}][1:{width}]={body}"
+    body = "{" + ",".join(q(e) for e in elements) + "}"
+    if lower != 1 and elements:
+        return f"[{lower}:{lower + len(elements) - 1}]={body}"
+    return body
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**53), 2**53) | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(alphabet=st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), max_size=20),
+    lambda kids: st.lists(kids, max_size=5) | st.dictionaries(
+        st.sampled_from(["a", "b", "title", "action", "args", "note", "recipient", "payload", "content",
+                         "conflicts", "state", "fail", "k", ""]), kids, max_size=5),
+    max_leaves=20)
+plain_text = st.text(alphabet=st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), max_size=40)
+
+
+@dataclass
+class Pools:
+    """What the database holds after the seed, by type and by column name: every distinct value
+    (up to 40 per column) of every column of the seeded tables. An argument p_<name> (or the
+    singular of a plural, p_channels -> channel) is often drawn from the columns called <name>:
+    p_channel from outbox.channel, p_worker from plan.worker, p_steps from the seed's samples."""
+
+    known: dict[str, list[str]] = field(default_factory=lambda: defaultdict(list))
+    named: dict[tuple[str, str], list[str]] = field(default_factory=lambda: defaultdict(list))  # (column, type)
+    columns: dict[str, list[tuple[str, str]]] = field(default_factory=dict)  # table -> (column, type)
+
+    TYPES = ("text", "jsonb", "integer", "bigint", "interval", "timestamp with time zone", "regprocedure",
+             "boolean", "double precision")
+
+    @classmethod
+    def harvest(cls, conn: psycopg.Connection[Any], tables: list[str]) -> Pools:
+        pools = cls()
+        for table in tables:
+            cols = conn.execute("""
+                SELECT a.attname, format_type(a.atttypid, NULL) FROM pg_catalog.pg_attribute a
+                WHERE a.attrelid = %s::regclass AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum""",
+                (table,)).fetchall()
+            pools.columns[table] = [(c, t) for c, t in cols]
+            for col, typ in cols:
+                if typ not in cls.TYPES:
+                    continue
+                rows = conn.execute(sql.SQL("SELECT DISTINCT {}::text FROM {} WHERE {} IS NOT NULL LIMIT 40").format(
+                    sql.Identifier(col), sql.SQL(table), sql.Identifier(col))).fetchall()
+                values = [r[0] for r in rows if r[0] is not None and len(r[0]) < 5000]
+                pools.known[typ].extend(values)
+                pools.named[(col, typ)].extend(values)
+        for pool in (pools.known, pools.named):
+            for key in list(pool):
+                pool[key] = sorted(set(pool[key]))   # type: ignore[index]
+        return pools
+
+    def by_name(self, arg: str, typ: str) -> list[str]:
+        """The values of the columns an argument is named after (p_<column>, or p_<column>s)."""
+        name = arg.removeprefix("p_")
+        return self.named.get((name, typ)) or self.named.get((name.removesuffix("s"), typ)) or []
+
+
+class Draw:
+    """The choices of one call. Hypothesis replays and shrinks sequences of choices, and refuses a
+    test whose kinds of choices change with outside state (FlakyStrategyDefinition); what the
+    database holds changes with it (due times, random jitter). So the structure of a call (which
+    routine, which source per argument, indexes into lists that depend on the database) comes
+    from one Hypothesis-drawn seed (``rng``), and Hypothesis draws only the rich values
+    (``rich``: text, JSON, floats, times) whose kind depends on nothing but that seed."""
+
+    def __init__(self, data: st.DataObject, call_no: int) -> None:
+        self.data = data
+        # mixed with the call's number: Hypothesis draws 0 (its simplest value) often
+        self.rng = random.Random(data.draw(st.integers(0, 2**32 - 1), label="call") * 1_000_003 + call_no)
+        # half the calls are plausible (arguments from the focus rows and the named columns, few
+        # NULLs, nothing hostile), so that deep states are reached; the others anything goes
+        self.plausible = self.rng.random() < 0.5
+
+    def rich(self, strategy: st.SearchStrategy[str]) -> str:
+        return self.data.draw(strategy)
+
+    def pick(self, values: list[str]) -> str | None:
+        return self.rng.choice(values) if values else None
+
+    def below(self, n: int) -> int:
+        return self.rng.randrange(n)
+
+
+def hostile(d: Draw, typ: str, big: bool) -> str:
+    """A value of type ``typ`` from the hostile ones (edges, random; ``big``: huge / deep JSON,
+    long multi-byte text)."""
+    r = d.rng
+    if typ == "text":
+        if big or r.random() < 0.3:
+            return r.choice(WIDE_CHARS) * r.choice(BOUNDARY_LENGTHS)
+        return r.choice(HOSTILE_TEXT + WORDS) if r.random() < 0.5 else d.rich(plain_text)
+    if typ in ("integer", "bigint"):
+        return str(r.choice(INT4_EDGES if typ == "integer" else INT8_EDGES) if r.random() < 0.6 else r.randint(-3, 30))
+    if typ == "double precision":
+        return r.choice(FLOAT_EDGES) if r.random() < 0.6 else d.rich(st.floats(0, 1, exclude_max=True).map(repr))
+    if typ == "boolean":
+        return r.choice(["true", "false"])
+    if typ == "interval":
+        return r.choice(INTERVAL_EDGES) if r.random() < 0.7 else f"{r.randint(-10**6, 10**9)} milliseconds"
+    if typ == "timestamp with time zone":
+        if r.random() < 0.6:
+            return r.choice([*TIMESTAMP_EDGES, "now"])
+        return d.rich(st.datetimes(datetime(1900, 1, 1), datetime(2200, 1, 1), timezones=st.just(UTC))
+                      .map(lambda t: t.isoformat()))
+    if typ == "jsonb":
+        if not big:
+            return r.choice(JSON_EDGES) if r.random() < 0.4 else d.rich(json_values.map(json.dumps))
+        # huge or deep: over the 64 kB / 1 MiB limits, or nested far
+        size = r.choice([65537, 1048577, 2 * 1048576])
+        return r.choice([lambda: json.dumps({"blob": "x" * size}), lambda: json.dumps(["x"] * (size // 4)),
+                         lambda: "[" * 500 + "]" * 500, lambda: json.dumps({f"k{i}": i for i in range(5000)})])()
+    if typ == "regprocedure":
+        return "-"
+    raise AssertionError(f"the fuzzer has no values for type {typ}: add them to tests/fuzzing.py")
+
+
+def scalar(d: Draw, typ: str, pools: Pools, focus: list[str], named: list[str]) -> str | None:
+    """One value of type ``typ`` as a literal (None = SQL NULL): from the call's focus row
+    (``focus``: its values of that type), from the columns the argument is named after
+    (``named``), from anything the database holds, or hostile."""
+    source = d.below(100)
+    known = pools.known.get(typ, [])
+    if d.plausible:
+        source = 6 + source * 56 // 100 if source >= 2 else 0   # NULL 2%, focus 62%, named 36%
+    if source < 6:
+        return None
+    if source < 40:
+        value = d.pick(focus) or d.pick(named) or d.pick(known)
+    elif source < 62:
+        value = d.pick(named) or d.pick(known)
+    elif source < 75 or typ == "regprocedure":
+        value = d.pick(known)
+    else:
+        return hostile(d, typ, big=source >= 97)
+    if typ in ("integer", "bigint"):
+        return str(int(value or 0) + d.rng.choice([0, 0, 0, -1, 1]))
+    return value
+
+
+def array(d: Draw, typ: str, pools: Pools, aligned: list[list[str]], named: list[str]) -> str | None:
+    """An array literal of element type ``typ``: in step with the call's focus rows (``aligned``:
+    that type's values of each row), or drawn element by element; with NULL elements, another
+    lower bound, or two dimensions."""
+    shape = d.below(100)
+    if d.plausible:
+        shape = 6 + shape * 49 // 100 if shape >= 2 else 0   # NULL 2%, in step with the focus rows
+    if shape < 6:
+        return None
+    elements: list[str | None]
+    if shape < 55:
+        elements = [d.pick(vals) for vals in aligned]
+    elif shape < 97:
+        elements = [scalar(d, typ, pools, [], named) for _ in range(d.rng.choice([0, 1, 1, 2, 3, 5]))]
+    else:
+        elements = [d.pick(pools.known.get(typ, [])) or "1"] * d.rng.choice([1000, 10001])
+    if elements and d.below(10) == 0 and not d.plausible:
+        elements[d.below(len(elements))] = None
+    form = d.below(20) if not d.plausible else 19
+    if form == 0:
+        return array_literal(elements, lower=d.rng.choice([0, 2, -5, 100]))
+    if form == 1 and elements:
+        return array_literal(elements, rows=1)
+    if form == 2 and elements and len(elements) % 2 == 0:
+        return array_literal(elements, rows=2, lower=d.rng.choice([1, 0]))
+    return array_literal(elements)
+
+
+# ---------------------------------------------------------------------------------------------
+# The fuzzer
+# ---------------------------------------------------------------------------------------------
+
+@dataclass
+class Stats:
+    calls: Counter[str] = field(default_factory=Counter)
+    ok: Counter[str] = field(default_factory=Counter)
+    errors: dict[str, Counter[str]] = field(default_factory=lambda: defaultdict(Counter))
+    examples: int = 0
+    seconds: float = 0.0
+
+    def report(self) -> str:
+        total = sum(self.calls.values())
+        ok = sum(self.ok.values())
+        lines = [f"fuzz: {total} calls of {len(self.calls)} routines in {self.examples} examples, "
+                 f"{self.seconds:.0f} s: {ok} succeeded, {total - ok} raised a documented SQLSTATE"]
+        for name in sorted(self.calls):
+            errs = ", ".join(f"{c} x{n}" for c, n in self.errors[name].most_common())
+            lines.append(f"  {name}: {self.calls[name]} calls, {self.ok[name]} ok" + (f"; {errs}" if errs else ""))
+        return "\n".join(lines)
+
+
+class Finding(AssertionError):
+    """A call broke the contract."""
+
+
+class Fuzzer:
+    """Draws and runs calls against one seeded database (see the module docstring)."""
+
+    def __init__(self, conn: psycopg.Connection[Any], stats: Stats) -> None:
+        self.conn = conn
+        # results stay text: Python has no timedelta of 90 million years nor an infinite datetime
+        for name in ("interval", "timestamptz", "timestamp", "date", "numeric", "float8"):
+            conn.adapters.register_loader(name, TextLoader)
+        self.stats = stats
+        self.routines = routines(conn)
+        self.by_signature = {r.signature: r for r in self.routines}
+        self.tables = item_tables(conn)
+        self.after_sql = after_call_sql(self.tables)
+        self.pools = Pools.harvest(conn, self.tables)
+        self.replays: dict[str, list[tuple[str | None, ...]]] = defaultdict(list)
+        self.item_tables = {t.split(".")[1]: t for t in self.tables
+                            if t.startswith("pgfence.") and ("id", "bigint") in self.pools.columns.get(t, [])}
+        broken = invariant_violations(conn)
+        if broken:
+            raise AssertionError(f"the seed breaks invariants: {broken}")
+        self.snapshot = Snapshot.take(conn, self.tables)
+        self.row_cache: dict[str, list[dict[str, Any]]] = {}
+        self.current: str | None = None   # the tables' fingerprint now, when known
+        self.call_no = 0
+
+    def reset(self) -> None:
+        """Back to the seeded state (:class:`Snapshot`), before every example."""
+        self.snapshot.restore(self.conn)
+        self.replays.clear()
+        self.row_cache.clear()
+        self.current = None
+        self.call_no = 0
+
+    def after_call(self) -> tuple[str | None, str | None, str]:
+        """(pgfence.actor, pgfence.purging, the tables' fingerprint) as they are now."""
+        row = self.conn.execute(self.after_sql, prepare=True).fetchone()
+        assert row is not None
+        return row[0], row[1], str(row[2])
+
+    def _rows(self, table: str) -> list[dict[str, Any]]:
+        """The rows of ``table`` (cached until the next successful call: a failed one changes nothing)."""
+        if table not in self.row_cache:
+            self.row_cache[table] = [r[0] for r in self.conn.execute(
+                sql.SQL("SELECT to_jsonb(t) FROM {} t ORDER BY t.id").format(sql.SQL(table)))]
+        return self.row_cache[table]
+
+    def _values_of(self, table: str, row: dict[str, Any], typ: str) -> list[str]:
+        """The values in ``row`` (of ``table``) of the columns of type ``typ``, as literals."""
+        out = []
+        for col, ctyp in self.pools.columns[table]:
+            v = row.get(col)
+            if v is None:
+                continue
+            if ctyp == typ or (typ == "integer" and ctyp == "bigint" and isinstance(v, int) and abs(v) < 2**31) \
+                    or (typ == "bigint" and ctyp == "integer"):
+                out.append(json.dumps(v) if ctyp == "jsonb" else str(v))
+        return out
+
+    def draw_call(self, data: st.DataObject) -> tuple[Routine, tuple[str | None, ...]]:
+        """A routine and its arguments (literals; None = NULL): fresh, or a replay of an earlier
+        successful call of it, as is or with one argument replaced by a fresh one. Arguments are
+        drawn by type, often from 1-4 *focus* rows of the routine's module (the table named by
+        the first word of its name; a routine of no module gets a table drawn): the first bigint
+        argument is the first focus row's id, the others its values of their type (+-1 for
+        numbers), arrays the values of all focus rows in step."""
+        d = Draw(data, self.call_no)
+        self.call_no += 1
+        routine = self.routines[d.below(len(self.routines))]
+        done = self.replays.get(routine.signature)
+        replay = d.below(10)
+        table = self.item_tables.get(routine.module) or d.rng.choice(sorted(self.item_tables.values()))
+        rows = self._rows(table)
+        focus = [d.rng.choice(rows) if rows else {} for _ in range(d.rng.randint(1, 4))]
+        n = len(routine.args)
+        if d.below(5) == 0:
+            n = d.rng.randint(sum(1 for a in routine.args if not a.has_default), n)
+        first_bigint = next((j for j, a in enumerate(routine.args) if a.type == "bigint"), None)
+        args: list[str | None] = []
+        for i in range(n):
+            arg = routine.args[i]
+            base = arg.type.removesuffix("[]")
+            named = self.pools.by_name(arg.name, base)
+            if i == first_bigint and "id" in focus[0] and d.below(10) < 6:
+                args.append(str(focus[0]["id"]))
+            elif arg.has_default and d.below(10) == 0 and not d.plausible:
+                args.append(None)
+            elif arg.type.endswith("[]"):
+                args.append(array(d, base, self.pools, [self._values_of(table, r, base) for r in focus], named))
+            elif arg.type.startswith("pgfence."):
+                args.append(None)
+            else:
+                args.append(scalar(d, arg.type, self.pools, self._values_of(table, focus[0], arg.type), named))
+        if replay < 2 and done:
+            old = list(d.rng.choice(done))
+            if replay == 1 and old:
+                j = d.below(len(old))
+                old[j] = args[j] if j < len(args) else old[j]
+            return routine, tuple(old)
+        return routine, tuple(args)
+
+    def _execute(self, stmt: sql.Composed, args: tuple[str | None, ...]) -> None:
+        cur = self.conn.execute(stmt, args)
+        if cur.description is not None:
+            cur.fetchall()
+
+    def run(self, routine: Routine, args: tuple[str | None, ...], in_block: bool) -> None:
+        """Run one call and check the contract after it (raises :class:`Finding`)."""
+        before = self.current or self.after_call()[2]
+        self.current = None
+        self.stats.calls[routine.name] += 1
+        stmt = routine.statement(len(args))
+        error: psycopg.Error | None = None
+        try:
+            if in_block:
+                with self.conn.transaction():
+                    self._execute(stmt, args)
+            else:
+                self._execute(stmt, args)
+        except psycopg.Error as e:
+            error = e
+        call = f"{routine.signature} with {shorten(args)}" + (" in a transaction block" if in_block else "")
+        if self.conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+            raise Finding(f"{call}: the session was left in transaction status {self.conn.info.transaction_status.name}")
+        actor, purging, after = self.after_call()
+        if (actor or "") != "" or (purging or "") == "on":
+            raise Finding(f"{call}: a setting leaked into the session: pgfence.actor={actor!r}, pgfence.purging={purging!r}")
+        if error is not None:
+            code = error.sqlstate or "(client)"
+            if error.sqlstate is None or "portal parameter" in (error.diag.context or ""):
+                raise AssertionError(f"the fuzzer drew a literal its type does not accept: {call}: {error}")
+            self.stats.errors[routine.name][code] += 1
+            if routine.codes is None or code not in routine.codes:
+                raise Finding(f"{call}: raised {code} ({error.diag.message_primary}), which its COMMENT does not "
+                              f"list (Errors: {sorted(routine.codes or [])}); context: {error.diag.context}")
+            if after != before:
+                raise Finding(f"{call}: failed with {code} but changed the tables "
+                              f"({diff_fingerprints(self.tables, before, after)})")
+            self.current = after
+            return
+        self.stats.ok[routine.name] += 1
+        self.row_cache.clear()
+        self.current = after
+        broken = invariant_violations(self.conn)
+        if broken:
+            raise Finding(f"{call}: succeeded and broke invariants: {broken[:5]}")
+        done = self.replays[routine.signature]
+        if args not in done and len(done) < 20:
+            done.append(args)
+
+
+def shorten(args: tuple[str | None, ...]) -> str:
+    return "(" + ", ".join("NULL" if a is None else repr(a if len(a) <= 80 else a[:60] + f"...<{len(a)} chars>")
+                           for a in args) + ")"
+
+
+def diff_fingerprints(tables: list[str], before: str, after: str) -> str:
+    return ", ".join(t for t, b, a in zip(tables, before.split("|"), after.split("|"), strict=True) if a != b)
+
+
+def budget_clock(seconds: float) -> Callable[[], bool]:
+    """A function that says whether ``seconds`` have passed since this call."""
+    deadline = time.monotonic() + seconds
+    return lambda: time.monotonic() > deadline
