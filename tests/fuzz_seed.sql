@@ -109,6 +109,7 @@ SELECT pgfence.plan_approve(pgfence.plan_propose('[{"action": "fz.changing", "ar
 SELECT pgfence.plan_approve(pgfence.plan_propose('[{"action": "fz.gone"}]', 'fz-agent'), 'fz-ops');
 SELECT pgfence.plan_retire_action('fz.retired');
 CREATE OR REPLACE FUNCTION public.fuzz_changing(p jsonb) RETURNS jsonb LANGUAGE sql AS $$ SELECT p || '{"changed": true}' $$;
+CREATE TABLE IF NOT EXISTS public.fuzz_dropped AS SELECT 'public.fuzz_gone(jsonb)'::regprocedure::oid AS oid;
 DROP FUNCTION public.fuzz_gone(jsonb);
 
 -- ------------------------------------------------------------------------------------------

@@ -3,26 +3,29 @@
 Nothing here names a pgfence function: the routines, their argument types and the SQLSTATEs
 they document come from the catalog, so a function added (or a signature changed) is fuzzed
 without anyone remembering to. What is pgfence-specific is the seed (``tests/fuzz_seed.sql``:
-real rows in every state of every module) and the invariants below (what must hold of the
-tables after every call).
+real rows in every state of every module, and sample arguments) and the invariants below (what
+must hold of the tables after every call).
 
 - :func:`routines` reads ``pg_proc``: every routine of schema pgfence whose name does not start
   with ``_`` and that is not a trigger function; its input arguments (name, type, default) and
   the codes its ``COMMENT`` lists after ``Errors:`` (:func:`documented_codes`, the convention of
   ``functions/ERRORS.md``).
-- :class:`Pools` holds what the database knows (every distinct value of every column of the
-  seeded tables, by type) and the hostile values of each type: NULLs, limits +-1 in characters
-  of 1-4 bytes, integer / double / interval extremes, +-infinity timestamps, wrong-shaped and
-  huge JSON, arrays with NULLs, other lower bounds and two dimensions.
-- :class:`Fuzzer` draws one call at a time with Hypothesis: a routine, then every argument by
-  its type, often taken from a *focus* row of the routine's module (the first ``_``-separated
-  word of its name names its table: outbox_* -> pgfence.outbox), so that ids, fences, versions,
-  owners and keys match an item in some state, array arguments from several such rows in step
-  (ids with their attempts), or a replay of an earlier successful call, as is or with one
-  argument changed. It runs the call in autocommit (sometimes inside an explicit transaction
-  block) and checks after it: success or a documented SQLSTATE; for a failure, that the tables'
-  fingerprint did not change; for a success, that every invariant holds; and that no setting
-  (``pgfence.actor``, ``pgfence.purging``) leaked into the session.
+- :class:`Pools` holds what the database holds after the seed, by type and by column name;
+  :func:`hostile` the hostile values of each type: NULLs, limits +-1 in characters of 1-4 bytes,
+  integer / double / interval extremes, +-infinity timestamps, wrong-shaped, huge and deep
+  JSON, arrays with NULLs, other lower bounds and two dimensions.
+- :class:`Fuzzer` draws one call at a time (:meth:`Fuzzer.draw_call`, with :class:`Draw`): a
+  routine, then every argument by its type, often from *focus* rows of the routine's module
+  (the first ``_``-separated word of its name names its table: outbox_* -> pgfence.outbox), so
+  that ids, fences, versions, owners and keys match an item in some state and arrays hold
+  several items' values in step; or a replay of an earlier successful call, as is or with one
+  argument changed. A call is plausible, plausible but for one hostile argument, or anything
+  goes. It runs the call in autocommit (sometimes inside an explicit transaction block) and
+  checks after it (:meth:`Fuzzer.run`): success or a documented SQLSTATE; for a failure, that
+  the tables' fingerprint did not change; for a success, that every invariant holds and that an
+  interval or timestamp returned reads back; and that no setting (``pgfence.actor``,
+  ``pgfence.purging``) leaked into the session. :class:`Snapshot` puts the seed back before
+  every Hypothesis example.
 """
 
 from __future__ import annotations
@@ -31,10 +34,11 @@ import json
 import random
 import re
 import time
-from datetime import UTC, datetime
 from collections import Counter, defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from graphlib import TopologicalSorter
 from pathlib import Path
 from typing import Any
 
@@ -157,17 +161,28 @@ def seed(conn: psycopg.Connection[Any]) -> None:
 @dataclass
 class Snapshot:
     """The seeded contents of every table (in schema fuzz_snapshot) and of their identity
-    sequences. :meth:`restore` puts them back in a few milliseconds (with triggers off, as
-    replication does), where emptying and seeding again takes a few hundred."""
+    sequences. :meth:`restore` puts them back in a few milliseconds, where emptying and seeding
+    again takes a few hundred: with triggers off (the guards would refuse rows in any state but
+    the first), as replication does for a superuser, else by disabling the tables' own
+    triggers (their owner may); in foreign-key order, for the constraints a non-superuser keeps."""
 
-    tables: list[str]
+    tables: list[str]          # parents before children
     sequences: list[tuple[str, int, bool]]
+    superuser: bool
 
     @classmethod
     def take(cls, conn: psycopg.Connection[Any], tables: list[str]) -> Snapshot:
+        refs = conn.execute("""
+            SELECT c.conrelid::regclass::text, c.confrelid::regclass::text FROM pg_catalog.pg_constraint c
+            WHERE c.contype = 'f' AND c.conrelid <> c.confrelid""").fetchall()
+        graph: dict[str, set[str]] = {t: set() for t in tables}
+        for child, parent in refs:
+            if child in graph and parent in graph:
+                graph[child].add(parent)
+        ordered = list(TopologicalSorter(graph).static_order())
         conn.execute("DROP SCHEMA IF EXISTS fuzz_snapshot CASCADE; CREATE SCHEMA fuzz_snapshot")
         sequences = []
-        for i, table in enumerate(tables):
+        for i, table in enumerate(ordered):
             conn.execute(sql.SQL("CREATE TABLE fuzz_snapshot.{} AS SELECT * FROM {}").format(
                 sql.Identifier(f"t{i}"), sql.SQL(table)))
             for (seq,) in conn.execute("""
@@ -176,18 +191,26 @@ class Snapshot:
                 row = conn.execute(sql.SQL("SELECT last_value, is_called FROM {}").format(sql.SQL(seq))).fetchone()
                 assert row is not None
                 sequences.append((seq, row[0], row[1]))
-        return cls(tables, sequences)
+        superuser = conn.execute("SELECT rolsuper FROM pg_catalog.pg_roles WHERE rolname = current_user").fetchone()
+        return cls(ordered, sequences, bool(superuser and superuser[0]))
 
     def restore(self, conn: psycopg.Connection[Any]) -> None:
         with conn.transaction():
-            conn.execute("SET LOCAL session_replication_role = replica")
-            for table in self.tables:
+            if self.superuser:
+                conn.execute("SET LOCAL session_replication_role = replica")
+            else:
+                for table in self.tables:
+                    conn.execute(sql.SQL("ALTER TABLE {} DISABLE TRIGGER USER").format(sql.SQL(table)))
+            for table in reversed(self.tables):
                 conn.execute(sql.SQL("DELETE FROM {}").format(sql.SQL(table)))
             for i, table in enumerate(self.tables):
                 conn.execute(sql.SQL("INSERT INTO {} OVERRIDING SYSTEM VALUE SELECT * FROM fuzz_snapshot.{}").format(
                     sql.SQL(table), sql.Identifier(f"t{i}")))
             for seq, value, called in self.sequences:
                 conn.execute("SELECT setval(%s, %s, %s)", (seq, value, called))
+            if not self.superuser:
+                for table in self.tables:
+                    conn.execute(sql.SQL("ALTER TABLE {} ENABLE TRIGGER USER").format(sql.SQL(table)))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -262,6 +285,13 @@ UNION ALL
 SELECT 'a database effect of the fuzz action without exactly one ok receipt', e.id::text FROM public.fuzz_effect e
 WHERE (SELECT count(*) FROM pgfence.plan_step s
        WHERE s.outcome = 'ok' AND s.function = 'public.fuzz_action(jsonb)' AND s.output ->> 'effect' = e.id::text) <> 1
+UNION ALL
+SELECT 'a sql action names no function (and the seed did not drop it)', a.name FROM pgfence.plan_action a
+WHERE a.kind = 'sql' AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_proc p WHERE p.oid = a.function)
+  AND a.function::oid NOT IN (SELECT d.oid FROM public.fuzz_dropped d)
+UNION ALL
+SELECT 'a document kind''s merge function names no function', k.kind FROM pgfence.document_kind k
+WHERE k.merge_function IS NOT NULL AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_proc p WHERE p.oid = k.merge_function)
 UNION ALL
 SELECT 'operation row invariants', o.id::text FROM pgfence.operation o
 WHERE NOT ((o.status = 'running') = (o.lease_expires_at IS NOT NULL)
@@ -398,20 +428,40 @@ class Pools:
 
 
 class Draw:
-    """The choices of one call. Hypothesis replays and shrinks sequences of choices, and refuses a
-    test whose kinds of choices change with outside state (FlakyStrategyDefinition); what the
-    database holds changes with it (due times, random jitter). So the structure of a call (which
-    routine, which source per argument, indexes into lists that depend on the database) comes
-    from one Hypothesis-drawn seed (``rng``), and Hypothesis draws only the rich values
-    (``rich``: text, JSON, floats, times) whose kind depends on nothing but that seed."""
+    """The choices of one call (or of one part of it: :meth:`part`).
 
-    def __init__(self, data: st.DataObject, call_no: int) -> None:
+    Hypothesis replays and shrinks sequences of choices, and refuses a test whose kinds of
+    choices change with outside state (FlakyStrategyDefinition); what the database holds changes
+    with it (due times, random jitter). So the structure of a call comes from one Hypothesis-drawn
+    seed (``rng``, a Python Random), and Hypothesis draws only the rich values (``rich``: text,
+    JSON, floats, times). A choice among database values (a focus row, a value of a column)
+    consumes ``rng`` differently with what the database holds, so every argument, array element
+    and the focus gets a Random of its own (:meth:`part`), and each decides first, from nothing
+    but its seed, whether it draws a rich value at all.
+    """
+
+    def __init__(self, data: st.DataObject, seed: str, mode: str = "") -> None:
         self.data = data
+        self.seed = seed
+        self.rng = random.Random(seed)
+        # A call is plausible (arguments from the focus rows and the named columns, few NULLs,
+        # nothing hostile: deep states are reached), or plausible but for one hostile argument
+        # (a hostile value where everything else is right reaches the check it should meet), or
+        # anything goes.
+        self.mode = mode or self.rng.choice(["plausible", "plausible", "one", "one", "any"])
+        self.plausible = self.mode != "any"
+        self.hostile = False
+
+    @classmethod
+    def call(cls, data: st.DataObject, call_no: int) -> Draw:
         # mixed with the call's number: Hypothesis draws 0 (its simplest value) often
-        self.rng = random.Random(data.draw(st.integers(0, 2**32 - 1), label="call") * 1_000_003 + call_no)
-        # half the calls are plausible (arguments from the focus rows and the named columns, few
-        # NULLs, nothing hostile), so that deep states are reached; the others anything goes
-        self.plausible = self.rng.random() < 0.5
+        return cls(data, f"{data.draw(st.integers(0, 2**32 - 1), label='call')}:{call_no}")
+
+    def part(self, tag: object, hostile: bool = False) -> Draw:
+        """The choices of one part (an argument, an element), independent of the others'."""
+        d = Draw(self.data, f"{self.seed}/{tag}", self.mode)
+        d.hostile = hostile
+        return d
 
     def rich(self, strategy: st.SearchStrategy[str]) -> str:
         return self.data.draw(strategy)
@@ -432,7 +482,11 @@ def hostile(d: Draw, typ: str, big: bool) -> str:
             return r.choice(WIDE_CHARS) * r.choice(BOUNDARY_LENGTHS)
         return r.choice(HOSTILE_TEXT + WORDS) if r.random() < 0.5 else d.rich(plain_text)
     if typ in ("integer", "bigint"):
-        return str(r.choice(INT4_EDGES if typ == "integer" else INT8_EDGES) if r.random() < 0.6 else r.randint(-3, 30))
+        top = 2**31 - 1 if typ == "integer" else 2**63 - 1
+        roll = r.random()
+        if roll < 0.4:   # the extremes, where arithmetic on the value overflows
+            return str(r.choice([top, -top - 1, top - 1, 0, -1]))
+        return str(r.choice(INT4_EDGES if typ == "integer" else INT8_EDGES) if roll < 0.7 else r.randint(-3, 30))
     if typ == "double precision":
         return r.choice(FLOAT_EDGES) if r.random() < 0.6 else d.rich(st.floats(0, 1, exclude_max=True).map(repr))
     if typ == "boolean":
@@ -456,24 +510,26 @@ def hostile(d: Draw, typ: str, big: bool) -> str:
     raise AssertionError(f"the fuzzer has no values for type {typ}: add them to tests/fuzzing.py")
 
 
-def scalar(d: Draw, typ: str, pools: Pools, focus: list[str], named: list[str]) -> str | None:
-    """One value of type ``typ`` as a literal (None = SQL NULL): from the call's focus row
-    (``focus``: its values of that type), from the columns the argument is named after
-    (``named``), from anything the database holds, or hostile."""
-    source = d.below(100)
+def scalar(d: Draw, typ: str, pools: Pools, focus: list[str], named: list[str],
+           prefer: str | None = None) -> str | None:
+    """One value of type ``typ`` as a literal (None = SQL NULL): the focus row's column named like
+    the argument (``prefer``), the focus row's other values of that type (``focus``), the columns
+    the argument is named after (``named``), anything the database holds, or hostile (only that
+    when ``d.hostile``). Numbers from the database are often moved by one."""
+    roll = d.below(100)
+    if d.hostile:
+        return None if roll < 5 else hostile(d, typ, big=roll >= 92)
+    if not d.plausible and roll >= 75:
+        return hostile(d, typ, big=roll >= 97)
     known = pools.known.get(typ, [])
-    if d.plausible:
-        source = 6 + source * 56 // 100 if source >= 2 else 0   # NULL 2%, focus 62%, named 36%
-    if source < 6:
+    if roll < (2 if d.plausible else 6):
         return None
-    if source < 40:
+    if roll < 45 and prefer is not None:
+        value = prefer
+    elif roll < 62:
         value = d.pick(focus) or d.pick(named) or d.pick(known)
-    elif source < 62:
-        value = d.pick(named) or d.pick(known)
-    elif source < 75 or typ == "regprocedure":
-        value = d.pick(known)
     else:
-        return hostile(d, typ, big=source >= 97)
+        value = d.pick(named) or d.pick(known) if d.plausible or roll < 68 else d.pick(known)
     if typ in ("integer", "bigint"):
         return str(int(value or 0) + d.rng.choice([0, 0, 0, -1, 1]))
     return value
@@ -482,28 +538,33 @@ def scalar(d: Draw, typ: str, pools: Pools, focus: list[str], named: list[str]) 
 def array(d: Draw, typ: str, pools: Pools, aligned: list[list[str]], named: list[str]) -> str | None:
     """An array literal of element type ``typ``: in step with the call's focus rows (``aligned``:
     that type's values of each row), or drawn element by element; with NULL elements, another
-    lower bound, or two dimensions."""
+    lower bound, or two dimensions (hostile, or anything goes)."""
     shape = d.below(100)
-    if d.plausible:
+    if d.hostile:
+        shape = 55 + shape * 45 // 100 if shape >= 5 else 0   # NULL, or elements drawn one by one
+    elif d.plausible:
         shape = 6 + shape * 49 // 100 if shape >= 2 else 0   # NULL 2%, in step with the focus rows
     if shape < 6:
         return None
+    null_at = d.below(10) == 0 and not d.plausible
+    form = d.below(4) if d.hostile else d.below(20) if not d.plausible else 19
+    lower = d.rng.choice([0, 2, -5, 100])
     elements: list[str | None]
     if shape < 55:
-        elements = [d.pick(vals) for vals in aligned]
+        elements = [d.part(("aligned", j)).pick(vals) for j, vals in enumerate(aligned)]
     elif shape < 97:
-        elements = [scalar(d, typ, pools, [], named) for _ in range(d.rng.choice([0, 1, 1, 2, 3, 5]))]
+        count = d.rng.choice([0, 1, 1, 2, 3, 5])
+        elements = [scalar(d.part(j, d.hostile), typ, pools, [], named) for j in range(count)]
     else:
-        elements = [d.pick(pools.known.get(typ, [])) or "1"] * d.rng.choice([1000, 10001])
-    if elements and d.below(10) == 0 and not d.plausible:
-        elements[d.below(len(elements))] = None
-    form = d.below(20) if not d.plausible else 19
+        elements = [d.part("long").pick(pools.known.get(typ, [])) or "1"] * d.rng.choice([1000, 10001])
+    if null_at and elements:
+        elements[len(elements) // 2] = None
     if form == 0:
-        return array_literal(elements, lower=d.rng.choice([0, 2, -5, 100]))
+        return array_literal(elements, lower=lower)
     if form == 1 and elements:
         return array_literal(elements, rows=1)
     if form == 2 and elements and len(elements) % 2 == 0:
-        return array_literal(elements, rows=2, lower=d.rng.choice([1, 0]))
+        return array_literal(elements, rows=2, lower=lower if lower in (0, 2) else 1)
     return array_literal(elements)
 
 
@@ -518,6 +579,7 @@ class Stats:
     errors: dict[str, Counter[str]] = field(default_factory=lambda: defaultdict(Counter))
     examples: int = 0
     seconds: float = 0.0
+    findings: dict[str, str] = field(default_factory=dict)   # kind of finding -> first message
 
     def report(self) -> str:
         total = sum(self.calls.values())
@@ -527,11 +589,18 @@ class Stats:
         for name in sorted(self.calls):
             errs = ", ".join(f"{c} x{n}" for c, n in self.errors[name].most_common())
             lines.append(f"  {name}: {self.calls[name]} calls, {self.ok[name]} ok" + (f"; {errs}" if errs else ""))
+        if self.findings:
+            lines.append(f"{len(self.findings)} kinds of findings:")
+            lines.extend(f"  {message}" for message in self.findings.values())
         return "\n".join(lines)
 
 
 class Finding(AssertionError):
-    """A call broke the contract."""
+    """A call broke the contract; ``kind`` says how (an undocumented SQLSTATE, an invariant, ...)."""
+
+    def __init__(self, message: str, kind: str) -> None:
+        super().__init__(message)
+        self.kind = kind
 
 
 class Fuzzer:
@@ -592,74 +661,112 @@ class Fuzzer:
                 out.append(json.dumps(v) if ctyp == "jsonb" else str(v))
         return out
 
+    def _named_in(self, table: str, row: dict[str, Any], arg: Arg) -> str | None:
+        """The value in ``row`` of its column named like the argument (p_channel -> channel), if
+        that column has the argument's type."""
+        name = arg.name.removeprefix("p_")
+        for col, ctyp in self.pools.columns[table]:
+            if col in (name, name.removesuffix("s")) and ctyp == arg.type and row.get(col) is not None:
+                v = row[col]
+                return json.dumps(v) if ctyp == "jsonb" else str(v)
+        return None
+
     def draw_call(self, data: st.DataObject) -> tuple[Routine, tuple[str | None, ...]]:
         """A routine and its arguments (literals; None = NULL): fresh, or a replay of an earlier
         successful call of it, as is or with one argument replaced by a fresh one. Arguments are
         drawn by type, often from 1-4 *focus* rows of the routine's module (the table named by
-        the first word of its name; a routine of no module gets a table drawn): the first bigint
-        argument is the first focus row's id, the others its values of their type (+-1 for
-        numbers), arrays the values of all focus rows in step."""
-        d = Draw(data, self.call_no)
+        the first word of its name; a routine of no module gets a table drawn): the first
+        required bigint argument is the first focus row's id, another argument the focus row's
+        column named like it (p_channel -> channel) or one of its values of the argument's type
+        (+-1 for numbers), arrays the values of all focus rows in step."""
+        d = Draw.call(data, self.call_no)
         self.call_no += 1
         routine = self.routines[d.below(len(self.routines))]
-        done = self.replays.get(routine.signature)
         replay = d.below(10)
         table = self.item_tables.get(routine.module) or d.rng.choice(sorted(self.item_tables.values()))
-        rows = self._rows(table)
-        focus = [d.rng.choice(rows) if rows else {} for _ in range(d.rng.randint(1, 4))]
+        k = d.rng.randint(1, 4)
         n = len(routine.args)
         if d.below(5) == 0:
             n = d.rng.randint(sum(1 for a in routine.args if not a.has_default), n)
-        first_bigint = next((j for j, a in enumerate(routine.args) if a.type == "bigint"), None)
+        odd_one = d.below(max(n, 1))
+        as_id = d.below(10) < 6
+        # what the database holds: choices that depend on it, on Randoms of their own
+        rows = self._rows(table)
+        pf = d.part("focus")
+        focus = [pf.rng.choice(rows) if rows else {} for _ in range(k)]
+        # the focus row's id goes to the first required bigint argument (else the first bigint)
+        first_bigint = next((j for j, a in enumerate(routine.args) if a.type == "bigint" and not a.has_default),
+                            next((j for j, a in enumerate(routine.args) if a.type == "bigint"), None))
         args: list[str | None] = []
         for i in range(n):
             arg = routine.args[i]
             base = arg.type.removesuffix("[]")
             named = self.pools.by_name(arg.name, base)
-            if i == first_bigint and "id" in focus[0] and d.below(10) < 6:
+            da = d.part(i, hostile=d.mode == "one" and i == odd_one)
+            default_null = arg.has_default and da.below(10) < 2   # the default's NULL means something
+            if arg.type.startswith("pgfence.") or (default_null and not da.hostile):
+                args.append(None)
+            elif i == first_bigint and as_id and not da.hostile and "id" in focus[0]:
                 args.append(str(focus[0]["id"]))
-            elif arg.has_default and d.below(10) == 0 and not d.plausible:
-                args.append(None)
             elif arg.type.endswith("[]"):
-                args.append(array(d, base, self.pools, [self._values_of(table, r, base) for r in focus], named))
-            elif arg.type.startswith("pgfence."):
-                args.append(None)
+                args.append(array(da, base, self.pools, [self._values_of(table, r, base) for r in focus], named))
             else:
-                args.append(scalar(d, arg.type, self.pools, self._values_of(table, focus[0], arg.type), named))
+                args.append(scalar(da, arg.type, self.pools, self._values_of(table, focus[0], arg.type), named,
+                                   self._named_in(table, focus[0], arg)))
+        done = self.replays.get(routine.signature)
         if replay < 2 and done:
-            old = list(d.rng.choice(done))
+            pr = d.part("replay")
+            old = list(pr.rng.choice(done))
             if replay == 1 and old:
-                j = d.below(len(old))
+                j = pr.below(len(old))
                 old[j] = args[j] if j < len(args) else old[j]
             return routine, tuple(old)
         return routine, tuple(args)
 
-    def _execute(self, stmt: sql.Composed, args: tuple[str | None, ...]) -> None:
+    def _execute(self, stmt: sql.Composed, args: tuple[str | None, ...]) -> list[tuple[str, str]]:
+        """Run the call; return its interval and timestamp results (type, text) to read back."""
         cur = self.conn.execute(stmt, args)
-        if cur.description is not None:
-            cur.fetchall()
+        if cur.description is None:
+            return []
+        rows = cur.fetchall()
+        cols = [(i, READ_BACK[c.type_code]) for i, c in enumerate(cur.description) if c.type_code in READ_BACK]
+        return [(typ, row[i]) for row in rows[:20] for i, typ in cols if row[i] is not None]
 
-    def run(self, routine: Routine, args: tuple[str | None, ...], in_block: bool) -> None:
-        """Run one call and check the contract after it (raises :class:`Finding`)."""
+    def run(self, routine: Routine, args: tuple[str | None, ...], in_block: bool, collect: bool = False) -> None:
+        """Run one call and check the contract after it: raises :class:`Finding`, or with
+        ``collect`` records the first finding of each kind in the stats and goes back to the
+        seeded state (the next calls would only see the same broken state again)."""
+        try:
+            self._run(routine, args, in_block)
+        except Finding as finding:
+            if not collect:
+                raise
+            self.stats.findings.setdefault(f"{routine.name}: {finding.kind}", str(finding))
+            self.reset()
+
+    def _run(self, routine: Routine, args: tuple[str | None, ...], in_block: bool) -> None:
         before = self.current or self.after_call()[2]
         self.current = None
         self.stats.calls[routine.name] += 1
         stmt = routine.statement(len(args))
         error: psycopg.Error | None = None
+        results: list[tuple[str, str]] = []
         try:
             if in_block:
                 with self.conn.transaction():
-                    self._execute(stmt, args)
+                    results = self._execute(stmt, args)
             else:
-                self._execute(stmt, args)
+                results = self._execute(stmt, args)
         except psycopg.Error as e:
             error = e
         call = f"{routine.signature} with {shorten(args)}" + (" in a transaction block" if in_block else "")
         if self.conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
-            raise Finding(f"{call}: the session was left in transaction status {self.conn.info.transaction_status.name}")
+            raise Finding(f"{call}: the session was left in transaction status {self.conn.info.transaction_status.name}",
+                          "transaction left open")
         actor, purging, after = self.after_call()
         if (actor or "") != "" or (purging or "") == "on":
-            raise Finding(f"{call}: a setting leaked into the session: pgfence.actor={actor!r}, pgfence.purging={purging!r}")
+            raise Finding(f"{call}: a setting leaked into the session: pgfence.actor={actor!r}, pgfence.purging={purging!r}",
+                          "setting leaked")
         if error is not None:
             code = error.sqlstate or "(client)"
             if error.sqlstate is None or "portal parameter" in (error.diag.context or ""):
@@ -667,21 +774,35 @@ class Fuzzer:
             self.stats.errors[routine.name][code] += 1
             if routine.codes is None or code not in routine.codes:
                 raise Finding(f"{call}: raised {code} ({error.diag.message_primary}), which its COMMENT does not "
-                              f"list (Errors: {sorted(routine.codes or [])}); context: {error.diag.context}")
+                              f"list (Errors: {sorted(routine.codes or [])}); context: {error.diag.context}",
+                              f"undocumented {code}")
             if after != before:
                 raise Finding(f"{call}: failed with {code} but changed the tables "
-                              f"({diff_fingerprints(self.tables, before, after)})")
+                              f"({diff_fingerprints(self.tables, before, after)})", "a failed call changed tables")
             self.current = after
             return
         self.stats.ok[routine.name] += 1
         self.row_cache.clear()
         self.current = after
+        for typ, text in results:
+            # a result must be a value of its type: an overflowed interval prints as a negative
+            # one that PostgreSQL cannot read back
+            try:
+                self.conn.execute(sql.SQL("SELECT %s::{}").format(sql.SQL(typ)), (text,))
+            except psycopg.Error as e:
+                raise Finding(f"{call}: returned the {typ} {text!r}, which PostgreSQL cannot read back ({e.sqlstate})",
+                              "returned a value that does not read back") from None
         broken = invariant_violations(self.conn)
         if broken:
-            raise Finding(f"{call}: succeeded and broke invariants: {broken[:5]}")
+            raise Finding(f"{call}: succeeded and broke invariants: {broken[:5]}",
+                          "broke " + ", ".join(sorted({b[0] for b in broken})))
         done = self.replays[routine.signature]
         if args not in done and len(done) < 20:
             done.append(args)
+
+
+# Result types whose text form is read back after a call (OID -> type).
+READ_BACK = {1186: "interval", 1184: "timestamp with time zone"}
 
 
 def shorten(args: tuple[str | None, ...]) -> str:

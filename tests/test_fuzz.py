@@ -8,8 +8,11 @@ checks that the call succeeded or raised a SQLSTATE that the routine's COMMENT d
 failed call changed no table (a fingerprint of every table), that after a success every table
 invariant holds, and that no setting leaked into the session. The call counts are printed.
 
-Budget: ``PGFENCE_FUZZ_SECONDS`` (default 60 in ``make test``; ``make fuzz`` runs longer, with a
-random seed and shrinking), ``PGFENCE_FUZZ_EXAMPLES``, ``PGFENCE_FUZZ_CALLS`` (calls per example).
+Settings (environment): ``PGFENCE_FUZZ_SECONDS`` the budget (60 in ``make test``; ``make fuzz``
+runs 900 with ``PGFENCE_FUZZ_LONG=1``: random Hypothesis seeds, a finding shrunk),
+``PGFENCE_FUZZ_CALLS`` calls per example (40), ``PGFENCE_FUZZ_CHUNK`` examples per Hypothesis
+run (8), ``PGFENCE_FUZZ_COLLECT=1`` to record the first finding of each kind and go on (the test
+still fails at the end, listing them all) instead of stopping at the first.
 """
 
 from __future__ import annotations
@@ -23,13 +26,16 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import seed as hypothesis_seed
 from hypothesis import strategies as st
+from psycopg import sql
 
 from fuzzing import (
     Fuzzer,
+    Snapshot,
     Stats,
     budget_clock,
     documented_codes,
     errors_md_codes,
+    item_tables,
     routines,
     seed,
 )
@@ -38,6 +44,8 @@ SECONDS = float(os.environ.get("PGFENCE_FUZZ_SECONDS", "60"))
 CALLS = int(os.environ.get("PGFENCE_FUZZ_CALLS", "40"))
 CHUNK = int(os.environ.get("PGFENCE_FUZZ_CHUNK", "8"))  # examples per Hypothesis run
 LONG = os.environ.get("PGFENCE_FUZZ_LONG") == "1"   # make fuzz: random seeds, shrink a finding
+# record the first finding of each kind and go on, instead of stopping at the first one
+COLLECT = os.environ.get("PGFENCE_FUZZ_COLLECT") == "1"
 
 
 def test_documented_codes_follow_the_errors_convention() -> None:
@@ -58,6 +66,32 @@ def test_every_public_routine_lists_its_errors(conn: psycopg.Connection[tuple[ob
     assert [r.signature for r in rs if r.codes is None] == []
     known = errors_md_codes()
     assert {r.signature: sorted(r.codes - known) for r in rs if r.codes and r.codes - known} == {}
+
+
+def test_snapshot_puts_the_seed_back(conn: psycopg.Connection[tuple[object, ...]]) -> None:
+    """The reset between examples restores every row, with replication's trigger switch (a
+    superuser) and with each table's own triggers disabled (an owner that is not one)."""
+    seed(conn)
+    tables = item_tables(conn)
+    content = sql.SQL("SELECT concat_ws('|', {})").format(sql.SQL(", ").join(
+        sql.SQL("(SELECT count(*) || ':' || coalesce(sum(hashtext(t::text)::bigint), 0) FROM {} t)").format(sql.SQL(t))
+        for t in tables))
+    seeded = conn.execute(content).fetchone()
+    next_id = conn.execute("SELECT max(id) + 1 FROM pgfence.outbox").fetchone()
+    snapshot = Snapshot.take(conn, tables)
+    for superuser in (True, False):
+        conn.execute("SELECT pgfence.outbox_enqueue('fz-log', 'r', '{}')")
+        conn.execute("SELECT pgfence.document_delete(1, 1, 'fz-user')")
+        assert conn.execute(content).fetchone() != seeded
+        snapshot.superuser = superuser
+        snapshot.restore(conn)
+        assert conn.execute(content).fetchone() == seeded
+        assert conn.execute("SELECT pgfence.outbox_enqueue('fz-x', 'r', '{}')").fetchone() == next_id, \
+            "the identity sequences are back too"
+        snapshot.restore(conn)
+    assert conn.execute("""SELECT count(*) FROM pg_catalog.pg_trigger t JOIN pg_catalog.pg_class c ON c.oid = t.tgrelid
+                           WHERE c.relnamespace = 'pgfence'::regnamespace AND t.tgenabled <> 'O'""").fetchone() == (0,), \
+        "every trigger is enabled again"
 
 
 @pytest.mark.slow
@@ -81,7 +115,7 @@ def test_fuzz_every_public_routine(db: str, capsys: pytest.CaptureFixture[str]) 
             for _ in range(CALLS):
                 routine, args = fuzzer.draw_call(data)
                 in_block = data.draw(st.integers(0, 24), label="in a transaction block") == 0
-                fuzzer.run(routine, args, in_block)
+                fuzzer.run(routine, args, in_block, COLLECT)
 
         start = time.monotonic()
         try:
@@ -96,5 +130,6 @@ def test_fuzz_every_public_routine(db: str, capsys: pytest.CaptureFixture[str]) 
             stats.seconds = time.monotonic() - start
             with capsys.disabled():
                 print(f"\n(Hypothesis seeds {first_seed}..{first_seed + run}) " + stats.report())
+    assert not stats.findings, stats.report()
     if SECONDS >= 30:
         assert set(stats.calls) == {r.name for r in fuzzer.routines}, "every public routine was called"
