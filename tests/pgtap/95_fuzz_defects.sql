@@ -4,7 +4,7 @@
 -- Everything is rolled back; the purge (which commits) runs in a dblink peer.
 BEGIN;
 \ir helpers/setup.sql
-SELECT plan(46);
+SELECT plan(49);
 
 -- =============================================================================================
 -- A PostgreSQL error leaked from inside instead of a documented SQLSTATE
@@ -152,6 +152,24 @@ SELECT throws_ok($$SELECT * FROM pgfence.document_register_kind('tap-fuzz-k3', p
 SELECT throws_ok($$SELECT pgfence.outbox_requeue(NULL)$$, '22004', NULL, 'outbox_requeue(NULL) is 22004');
 SELECT matches(substring(obj_description('pgfence.outbox_requeue(bigint,integer)'::regprocedure, 'pg_proc') FROM 'Errors:.*'), '22004',
   '... and its COMMENT lists 22004');
+
+-- The REPEATABLE READ rule (ERRORS.md): a lost row race raises 40001 there, returns in READ COMMITTED.
+SELECT tap_helpers.peer('rr');
+SELECT tap_helpers.peer('rc');
+SELECT tap_helpers.peer('other');
+CREATE TEMP TABLE race AS SELECT * FROM dblink('other', $$SELECT pgfence.outbox_enqueue('tap-fuzz-rr', 'r', '{}')$$) AS t(id bigint);
+SELECT dblink_exec('rr', 'BEGIN ISOLATION LEVEL REPEATABLE READ');
+SELECT dblink_exec('rc', 'BEGIN ISOLATION LEVEL READ COMMITTED');
+SELECT * FROM dblink('rr', 'SELECT 1') AS t(x int);   -- the snapshot: the message is pending
+SELECT is((SELECT count(*)::int FROM dblink('other', $$SELECT id FROM pgfence.outbox_claim('tap-fuzz-other', 1, ARRAY['tap-fuzz-rr'])$$) AS t(id bigint)), 1,
+  'another session claims the message (committed)');
+SELECT throws_ok($$SELECT * FROM dblink('rr', 'SELECT id FROM pgfence.outbox_claim(''tap-fuzz-rr'', 1, ARRAY[''tap-fuzz-rr''])') AS t(id bigint)$$,
+  '40001', NULL, 'REPEATABLE READ: a transition that lost the row race raises 40001 (could not serialize)');
+SELECT is((SELECT count(*)::int FROM dblink('rc', $$SELECT id FROM pgfence.outbox_claim('tap-fuzz-rc', 1, ARRAY['tap-fuzz-rr'])$$) AS t(id bigint)), 0,
+  'READ COMMITTED: the same lost race claims nothing, no error');
+SELECT dblink_exec('rc', 'ROLLBACK');
+SELECT dblink_exec('other', $$SET pgfence.purging = on; DELETE FROM pgfence.outbox WHERE channel = 'tap-fuzz-rr'$$);
+SELECT tap_helpers.close_peers();
 
 SELECT * FROM finish();
 ROLLBACK;
