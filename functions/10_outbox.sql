@@ -682,7 +682,7 @@ BEGIN
   -- Lock the rows in id order first: the UPDATE below locks them in the order its join
   -- produces, the input order, so two calls over the same (id, attempt) pairs in different
   -- orders deadlocked (40P01); in id order one of them waits for the other, then finds its
-  -- claims stale (a lost race). Locked with SKIP LOCKED nowhere: a concurrent mark is waited for.
+  -- claims stale (a lost race). No SKIP LOCKED: a concurrent mark is waited for, not skipped.
   PERFORM 1 FROM pgfence.outbox o WHERE o.id = ANY (p_ids) ORDER BY o.id FOR UPDATE;
   RETURN QUERY
   UPDATE pgfence.outbox o
