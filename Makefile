@@ -9,12 +9,14 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 PGFENCE := $(VENV)/bin/pgfence
 PYTEST_ARGS ?=
+FUZZ_SECONDS ?= 900
 
-.PHONY: help venv deps test-deps demo test test-here pgtap pytest bench lint schema clean
+.PHONY: help venv deps test-deps demo test test-here pgtap pytest fuzz bench lint schema clean
 
 help:
 	@echo "make demo    run the demo on a throwaway PostgreSQL"
 	@echo "make test    pgTAP + pytest (installs what it needs)"
+	@echo "make fuzz    the fuzzer of every public function, longer (FUZZ_SECONDS=$(FUZZ_SECONDS)), random seeds"
 	@echo "make bench   benchmarks (prints numbers and ratios, writes bench/results/)"
 	@echo "make lint    ruff + mypy"
 	@echo "make schema  regenerate schema/pgfence.sql (the one-file install) from migrations/ + functions/"
@@ -48,6 +50,12 @@ pgtap:
 
 pytest:
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# The fuzzer of tests/test_fuzz.py (a minute of it runs in `make test`): random Hypothesis
+# seeds, a finding shrunk to a short sequence; the call counts are printed.
+fuzz: venv test-deps
+	@$(PGFENCE) db run -- env PGFENCE_FUZZ_LONG=1 PGFENCE_FUZZ_SECONDS=$(FUZZ_SECONDS) \
+	  $(PY) -m pytest tests/test_fuzz.py -q $(PYTEST_ARGS)
 
 bench: venv deps
 	$(PGFENCE) db run --durable -- $(PY) bench/run.py

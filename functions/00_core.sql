@@ -16,11 +16,19 @@ $$;
 REVOKE ALL ON FUNCTION pgfence.schema_version() FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION pgfence.schema_version() TO pgfence_client, pgfence_executor, pgfence_admin;
 COMMENT ON FUNCTION pgfence.schema_version() IS
-  'Schema version the migrations brought this database to. Client libraries compare it with the version they were written for and refuse to run against one they do not know.';
+  'Schema version the migrations brought this database to. Client libraries compare it with the version they were written for and refuse to run against one they do not know. Errors: none.';
 
--- Capped exponential backoff with jitter, in interval arithmetic that cannot overflow:
--- delay = min(cap, base * 2^(attempt-1)) * (1 - jitter/2), jitter in [0,1) (random if NULL).
--- The exponent is clamped before the power, so attempt = 5000 (or 2^31-1) still gives the cap.
+-- Capped exponential backoff with jitter:
+-- delay = least(cap, base * 2^(attempt-1)) * (1 - jitter/2), jitter in [0,1) (random if NULL).
+-- Computed in numeric seconds measured as PostgreSQL compares intervals (a month is 30 days,
+-- so a year is 360 days: `interval '1 year' < interval '365 days'`), so the result is never
+-- above the cap by PostgreSQL's own comparison, and no step can overflow or underflow: the
+-- exponent is clamped at 80 (2^80 microseconds exceed the largest interval, so attempt =
+-- 2^31-1 gives the cap), and a denormal jitter (5e-324) is exact in numeric. (Through
+-- double-precision epoch seconds a year was 365.25 days, so a cap of 1 year was exceeded by
+-- 1.5%, and a cap of 300000 years overflowed into a negative interval.)
+-- The result is a plain time interval (hours, minutes, seconds) whenever it fits one (up to
+-- about 285,000 years), so now() + backoff(...) does not depend on the session's TimeZone.
 CREATE OR REPLACE FUNCTION pgfence.backoff(
   p_attempt integer,
   p_base    interval,
@@ -32,35 +40,54 @@ LANGUAGE plpgsql VOLATILE PARALLEL SAFE
 SET search_path = pg_catalog, pgfence, pg_temp
 AS $$
 DECLARE
-  v_base_s double precision;
-  v_cap_s  double precision;
   v_jitter double precision := coalesce(p_jitter, random());
-  v_delay  double precision;
+  v_base_s numeric;
+  v_cap_s  numeric;
+  v_s      numeric;
+  v_months numeric;
+  v_days   numeric;
 BEGIN
   IF p_attempt IS NULL OR p_base IS NULL OR p_cap IS NULL THEN
     RAISE EXCEPTION 'backoff: attempt, base and cap are required'
-      USING ERRCODE = '22004', HINT = 'Pass the attempt number and the channel''s backoff_base and backoff_cap.';
+      USING ERRCODE = '22004', DETAIL = 'A NULL argument gives no delay.',
+            HINT = 'Pass the attempt number and the channel''s backoff_base and backoff_cap.';
   END IF;
   IF p_base <= interval '0' OR p_cap < p_base THEN
     RAISE EXCEPTION 'backoff: need 0 < base <= cap (got base %, cap %)', p_base, p_cap
-      USING ERRCODE = '22023', HINT = 'Use a positive base and a cap at least as large.';
+      USING ERRCODE = '22023', DETAIL = 'Intervals compare as PostgreSQL compares them (a month is 30 days).',
+            HINT = 'Use a positive base and a cap at least as large.';
   END IF;
-  IF v_jitter < 0 OR v_jitter >= 1 THEN
+  IF v_jitter < 0 OR v_jitter >= 1 THEN   -- NaN sorts above every number: refused too
     RAISE EXCEPTION 'backoff: jitter must be in [0, 1) (got %)', v_jitter
-      USING ERRCODE = '22023', HINT = 'Pass NULL for a random jitter.';
+      USING ERRCODE = '22023', DETAIL = 'The delay is scaled by (1 - jitter/2).',
+            HINT = 'Pass NULL for a random jitter.';
   END IF;
-  v_base_s := extract(epoch FROM p_base);
-  v_cap_s  := extract(epoch FROM p_cap);
-  -- 2^60 * any positive base already exceeds any cap an interval can hold.
-  v_delay := least(v_cap_s, v_base_s * power(2::double precision, least(greatest(p_attempt, 1) - 1, 60)));
-  RETURN make_interval(secs => v_delay * (1 - v_jitter / 2));
+  -- seconds as interval comparison counts them: epoch counts a year as 365.25 days
+  v_base_s := extract(epoch FROM p_base) - 453600 * extract(year FROM p_base);
+  v_cap_s  := extract(epoch FROM p_cap) - 453600 * extract(year FROM p_cap);
+  v_s := least(v_cap_s, v_base_s * power(2::numeric, least(greatest(p_attempt, 1) - 1, 80)))
+         * (1 - v_jitter::numeric / 2);
+  IF v_s < 9e12 THEN
+    RETURN least(make_interval(secs => v_s::double precision), p_cap);
+  END IF;
+  -- beyond what the time field of an interval holds: 30-day months, days and seconds
+  v_months := floor(v_s / 2592000);
+  IF v_months > 2147483647 THEN
+    RETURN p_cap;
+  END IF;
+  v_days := floor((v_s - v_months * 2592000) / 86400);
+  RETURN least(make_interval(months => v_months::integer, days => v_days::integer,
+                             secs => (v_s - v_months * 2592000 - v_days * 86400)::double precision),
+               p_cap);
 END
 $$;
 REVOKE ALL ON FUNCTION pgfence.backoff(integer, interval, interval, double precision) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION pgfence.backoff(integer, interval, interval, double precision)
   TO pgfence_client, pgfence_executor, pgfence_admin;
 COMMENT ON FUNCTION pgfence.backoff(integer, interval, interval, double precision) IS
-  'Delay before retry number p_attempt: min(cap, base * 2^(attempt-1)), scaled by (1 - jitter/2) so that concurrent retries spread over [delay/2, delay]. Never exceeds the cap and never overflows, whatever the attempt. p_jitter NULL = random. Errors: 22004 (NULL argument), 22023 (base <= 0, cap < base, jitter outside [0,1)).';
+  'Delay before retry number p_attempt: least(cap, base * 2^(attempt-1)) * (1 - jitter/2).
+Concurrent retries spread over [delay/2, delay]. Measured as PostgreSQL compares intervals (a month = 30 days, a year = 360 days): never above the cap, never negative, never an overflow, whatever the attempt. A plain time interval whenever one holds it (up to ~285,000 years). p_jitter NULL = random.
+Errors: 22004 (NULL attempt, base or cap), 22023 (base <= 0, cap < base, jitter outside [0,1)).';
 
 -- The event log writer, shared by every module's triggers.
 CREATE OR REPLACE FUNCTION pgfence._event(

@@ -44,16 +44,10 @@ SET search_path = pg_catalog, pgfence, pg_temp
 AS $$
 BEGIN
   IF TG_OP = 'INSERT' THEN
-    IF NEW.status <> 'pending' OR NEW.attempts <> 0 OR NEW.max_attempts < 1
-       OR NEW.locked_by IS NOT NULL OR NEW.lease_expires_at IS NOT NULL OR NEW.finished_at IS NOT NULL THEN
-      RAISE EXCEPTION 'outbox: a new message starts pending, with 0 attempts, no owner and no lease'
-        USING ERRCODE = 'PF001', HINT = 'Use pgfence.outbox_enqueue().';
-    END IF;
-    IF NEW.log_events THEN
-      PERFORM pgfence._event('outbox', NEW.id, 'enqueue', NULL, NEW.status, NEW.attempts,
-        jsonb_build_object('channel', NEW.channel, 'recipient', NEW.recipient, 'due_at', NEW.next_attempt_at));
-    END IF;
-    RETURN NEW;
+    -- Reached only through the WHEN condition of outbox_insert_guard: not a fresh message.
+    -- (The enqueue event is written by outbox_enqueue_event, AFTER the row exists.)
+    RAISE EXCEPTION 'outbox: a new message starts pending, with 0 attempts, no owner and no lease'
+      USING ERRCODE = 'PF001', HINT = 'Use pgfence.outbox_enqueue().';
   END IF;
 
   IF NEW.attempts < OLD.attempts THEN
@@ -97,7 +91,7 @@ END
 $$;
 REVOKE ALL ON FUNCTION pgfence.tg_outbox_guard() FROM PUBLIC;
 COMMENT ON FUNCTION pgfence.tg_outbox_guard() IS
-  'BEFORE UPDATE row trigger on pgfence.outbox (and BEFORE INSERT, filtered by a WHEN condition): refuses any move outside the status machine or breaking a row invariant (PF001) and any decrease of the fence token (PF002), even from a hand-written statement; for messages with log_events it writes the enqueue, claim or transition event (actor, attempt, error, receipt) in the same statement.';
+  'BEFORE UPDATE row trigger on pgfence.outbox (and BEFORE INSERT, filtered by a WHEN condition): refuses any move outside the status machine or breaking a row invariant (PF001) and any decrease of the fence token (PF002), even from a hand-written statement; for messages with log_events it writes the claim or transition event (actor, attempt, error, receipt) in the same statement (the enqueue event: tg_outbox_enqueued).';
 
 CREATE OR REPLACE TRIGGER outbox_guard
   BEFORE UPDATE ON pgfence.outbox
@@ -110,8 +104,35 @@ CREATE OR REPLACE TRIGGER outbox_insert_guard
   FOR EACH ROW
   WHEN (NEW.status <> 'pending' OR NEW.attempts <> 0 OR NEW.max_attempts < 1
         OR NEW.locked_by IS NOT NULL OR NEW.lease_expires_at IS NOT NULL
-        OR NEW.finished_at IS NOT NULL OR NEW.log_events)
+        OR NEW.finished_at IS NOT NULL)
   EXECUTE FUNCTION pgfence.tg_outbox_guard();
+
+-- The enqueue event is written AFTER the insert: a BEFORE INSERT trigger also fires for a row
+-- that ON CONFLICT (idempotency_key) DO NOTHING then skips (a retry, or a key repeated inside
+-- one outbox_enqueue_many), which logged an enqueue for a message id that never existed.
+CREATE OR REPLACE FUNCTION pgfence.tg_outbox_enqueued()
+RETURNS trigger
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pgfence, pg_temp
+AS $$
+BEGIN
+  PERFORM pgfence._event('outbox', NEW.id, 'enqueue', NULL, NEW.status, NEW.attempts,
+    jsonb_build_object('channel', NEW.channel, 'recipient', NEW.recipient, 'due_at', NEW.next_attempt_at));
+  RETURN NULL;
+END
+$$;
+REVOKE ALL ON FUNCTION pgfence.tg_outbox_enqueued() FROM PUBLIC;
+COMMENT ON FUNCTION pgfence.tg_outbox_enqueued() IS
+  'AFTER INSERT row trigger on pgfence.outbox, for messages with log_events: writes the enqueue event.
+Only for rows really inserted: a row skipped by ON CONFLICT DO NOTHING (a repeated idempotency key) gets none.';
+
+-- WHEN in an AFTER trigger is evaluated as the row is inserted: a channel that does not log
+-- events queues nothing.
+CREATE OR REPLACE TRIGGER outbox_enqueue_event
+  AFTER INSERT ON pgfence.outbox
+  FOR EACH ROW
+  WHEN (NEW.log_events)
+  EXECUTE FUNCTION pgfence.tg_outbox_enqueued();
 
 -- A stray DELETE would lose messages: only a purge deletes (see pgfence.tg_purge_only).
 CREATE OR REPLACE TRIGGER outbox_purge_only
@@ -309,6 +330,9 @@ DECLARE
   v_bad      record;
   v_seq      regclass;
   v_set      pgfence.outbox_channel;
+  v_ids      bigint[];
+  v_unseen   bigint;
+  v_clash    bigint;
 BEGIN
   IF p_channel IS NULL OR p_recipients IS NULL OR p_payloads IS NULL THEN
     RAISE EXCEPTION 'outbox_enqueue_many: channel, recipients and payloads are required'
@@ -353,7 +377,11 @@ BEGIN
     SELECT ins.id FROM ins ORDER BY ins.id;
   ELSE
     -- With keys: a key must name one message (PF003), then ON CONFLICT on the key; a key
-    -- repeated inside this call or already stored yields that message's id.
+    -- repeated inside this call or already stored yields that message's id. Rows are inserted
+    -- in key order (ids are drawn in input order first): each insert waits for a concurrent
+    -- transaction holding its key, so two calls with the same keys in different orders took
+    -- them in different orders and deadlocked (40P01); in one canonical order one of them
+    -- simply waits for the other.
     v_seq := pg_get_serial_sequence('pgfence.outbox', 'id')::regclass;
     SELECT min(u.i) AS i, u.k INTO v_bad
     FROM unnest(p_recipients, p_idempotency_keys) WITH ORDINALITY AS u(r, k, i)
@@ -373,29 +401,35 @@ BEGIN
       RAISE EXCEPTION 'outbox_enqueue_many: the idempotency key of message % already names message % for %/%', v_bad.i, v_bad.id, v_bad.channel, v_bad.recipient
         USING ERRCODE = 'PF003', HINT = 'Idempotency keys identify one message; nothing was enqueued.';
     END IF;
-    RETURN QUERY
-    WITH input AS (
-      SELECT u.i, u.r, u.p, u.k, nextval(v_seq) AS new_id
-      FROM unnest(p_recipients, p_payloads, p_idempotency_keys) WITH ORDINALITY AS u(r, p, k, i)
-    ), ins AS (
-      INSERT INTO pgfence.outbox AS o (id, channel, recipient, payload, idempotency_key, max_attempts,
-                                       next_attempt_at, log_events)
-      OVERRIDING SYSTEM VALUE
-      SELECT input.new_id, p_channel, input.r, input.p, input.k, v_max, coalesce(p_deliver_at, now()),
-             v_set.log_events
-      FROM input ORDER BY input.i
-      ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
-      RETURNING o.id, o.idempotency_key
-    )
-    SELECT coalesce(mine.id, dup.id, existing.id)
-    FROM input
-    LEFT JOIN ins AS mine ON mine.id = input.new_id
-    LEFT JOIN LATERAL (  -- a key repeated within this call: the row inserted for its first use
-      SELECT ins.id FROM ins WHERE mine.id IS NULL AND ins.idempotency_key = input.k) AS dup ON true
-    LEFT JOIN LATERAL (  -- a key that existed before this call
-      SELECT o.id FROM pgfence.outbox o
-      WHERE mine.id IS NULL AND dup.id IS NULL AND o.idempotency_key = input.k) AS existing ON true
-    ORDER BY input.i;
+    v_ids := ARRAY(SELECT nextval(v_seq) FROM generate_series(1, v_n));
+    INSERT INTO pgfence.outbox AS o (id, channel, recipient, payload, idempotency_key, max_attempts,
+                                     next_attempt_at, log_events)
+    OVERRIDING SYSTEM VALUE
+    SELECT v_ids[u.i], p_channel, u.r, u.p, u.k, v_max, coalesce(p_deliver_at, now()), v_set.log_events
+    FROM unnest(p_recipients, p_payloads, p_idempotency_keys) WITH ORDINALITY AS u(r, p, k, i)
+    ORDER BY u.k COLLATE "C", u.i
+    ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING;
+    -- The ids, in a statement of its own: its snapshot (READ COMMITTED) sees a key that a
+    -- concurrent transaction committed while the insert waited for it, which the insert's own
+    -- snapshot did not (its lookup answered NULL for such a key). A key repeated inside this
+    -- call finds the row inserted for its first use.
+    SELECT array_agg(coalesce(o.id, CASE WHEN u.k IS NULL THEN u.new_id END) ORDER BY u.i),
+           min(u.i) FILTER (WHERE u.k IS NOT NULL AND o.id IS NULL),
+           min(u.i) FILTER (WHERE o.channel <> p_channel OR o.recipient <> u.r)
+      INTO v_ids, v_unseen, v_clash
+    FROM unnest(p_recipients, p_idempotency_keys, v_ids) WITH ORDINALITY AS u(r, k, new_id, i)
+    LEFT JOIN pgfence.outbox o ON o.idempotency_key = u.k;
+    IF v_clash IS NOT NULL THEN
+      RAISE EXCEPTION 'outbox_enqueue_many: the idempotency key of message % was just used by a concurrent transaction for another channel or recipient', v_clash
+        USING ERRCODE = 'PF003', DETAIL = 'That transaction committed while this call waited for the key.',
+              HINT = 'Idempotency keys identify one message; nothing was enqueued.';
+    END IF;
+    IF v_unseen IS NOT NULL THEN
+      RAISE EXCEPTION 'outbox_enqueue_many: the idempotency key of message % is held by a transaction this snapshot cannot see', v_unseen
+        USING ERRCODE = '40001', DETAIL = 'Nothing was enqueued.',
+              HINT = 'Retry the transaction (this happens only under REPEATABLE READ or SERIALIZABLE).';
+    END IF;
+    RETURN QUERY SELECT u.id FROM unnest(v_ids) WITH ORDINALITY AS u(id, i) ORDER BY u.i;
   END IF;
 
   IF p_deliver_at IS NULL OR p_deliver_at <= now() THEN
@@ -407,7 +441,7 @@ REVOKE ALL ON FUNCTION pgfence.outbox_enqueue_many(text, text[], jsonb[], text[]
 GRANT EXECUTE ON FUNCTION pgfence.outbox_enqueue_many(text, text[], jsonb[], text[], timestamptz, integer)
   TO pgfence_client, pgfence_admin;
 COMMENT ON FUNCTION pgfence.outbox_enqueue_many(text, text[], jsonb[], text[], timestamptz, integer) IS
-  'Bulk enqueue on one channel in one statement: element i of recipients, payloads and idempotency_keys is message i. Returns the ids in input order (a repeated key yields the existing id). One NOTIFY per call. Same validation and errors as outbox_enqueue; an invalid element rejects the whole call (22023) so nothing is half-enqueued.';
+  'Bulk enqueue on one channel in one statement: element i of recipients, payloads and idempotency_keys is message i. Returns the ids in input order (a repeated key yields the existing id). Keys are taken in one canonical order, so concurrent calls with the same keys in any order wait for each other instead of deadlocking. One NOTIFY per call. Same validation as outbox_enqueue; an invalid element rejects the whole call (22023) so nothing is half-enqueued. Arrays of any shape are read element by element (unnest order). Errors: 22004 (channel, recipients or payloads NULL), 22023 (bad channel, element, max_attempts or deliver_at; arrays of different lengths), PF003 (a key already used for another channel or recipient, or for two recipients in this call), 40001 (a key held by a transaction invisible to a REPEATABLE READ snapshot: retry).';
 
 -- ---------------------------------------------------------------------------------------------
 -- Claim (executor)
@@ -454,6 +488,11 @@ BEGIN
   IF p_batch IS NULL OR p_batch NOT BETWEEN 1 AND 10000 THEN
     RAISE EXCEPTION 'outbox_claim: batch must be between 1 and 10000, got %', p_batch
       USING ERRCODE = '22023', HINT = 'Claim at most as many messages as you can deliver within one lease.';
+  END IF;
+  -- A channel array of any shape means its elements: '[0:0]={c}' or '{{c}}' is channel c (the
+  -- one-channel path below reads p_channels[1], which is NULL for those).
+  IF array_ndims(p_channels) > 1 OR array_lower(p_channels, 1) <> 1 THEN
+    p_channels := ARRAY(SELECT u.ch FROM unnest(p_channels) AS u(ch));
   END IF;
   -- One statement: the ARRAY(...) sub-select locks the due rows, the UPDATE claims them by
   -- primary key (an id array keeps even a generic plan on the index). Each shape walks an index
@@ -544,7 +583,7 @@ $$;
 REVOKE ALL ON FUNCTION pgfence.outbox_claim(text, integer, text[], interval) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION pgfence.outbox_claim(text, integer, text[], interval) TO pgfence_executor, pgfence_admin;
 COMMENT ON FUNCTION pgfence.outbox_claim(text, integer, text[], interval) IS
-  'Claim up to p_batch due messages (oldest due time first, then id) with FOR UPDATE SKIP LOCKED, so concurrent claimers never get the same row. Each claim bumps attempts and returns it as attempt: the fence token for outbox_mark_sent / outbox_mark_failed. The lease runs from now() (database clock) for p_lease, or the channel''s lease when NULL. p_channels NULL = all channels. Errors: 22023 (empty worker, batch outside 1..10000, lease not in (0, 1 day]).';
+  'Claim up to p_batch due messages (oldest due time first, then id) with FOR UPDATE SKIP LOCKED, so concurrent claimers never get the same row. Each claim bumps attempts and returns it as attempt: the fence token for outbox_mark_sent / outbox_mark_failed. The lease runs from now() (database clock) for p_lease, or the channel''s lease when NULL. p_channels NULL = all channels; an array of any shape (lower bound, dimensions) means its elements. Errors: 22023 (empty worker, batch outside 1..10000, lease not in (0, 1 day]).';
 
 CREATE OR REPLACE FUNCTION pgfence.outbox_next_due(p_channels text[] DEFAULT NULL)
 RETURNS interval
@@ -574,7 +613,7 @@ $$;
 REVOKE ALL ON FUNCTION pgfence.outbox_next_due(text[]) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION pgfence.outbox_next_due(text[]) TO pgfence_executor, pgfence_admin;
 COMMENT ON FUNCTION pgfence.outbox_next_due(text[]) IS
-  'How long until the earliest pending message is due, by the database clock (0 if one is due now, NULL if none is pending). Executors sleep min(this, poll interval) so delayed and backed-off messages go out on time without a NOTIFY.';
+  'How long until the earliest pending message is due, by the database clock (0 if one is due now, NULL if none is pending). Executors sleep min(this, poll interval) so delayed and backed-off messages go out on time without a NOTIFY. Errors: none.';
 
 -- ---------------------------------------------------------------------------------------------
 -- Report an outcome (executor), fenced on attempt
@@ -640,6 +679,11 @@ BEGIN
     RAISE EXCEPTION 'outbox_mark_sent_many: ids, attempts and receipts must have the same length'
       USING ERRCODE = '22023';
   END IF;
+  -- Lock the rows in id order first: the UPDATE below locks them in the order its join
+  -- produces, the input order, so two calls over the same (id, attempt) pairs in different
+  -- orders deadlocked (40P01); in id order one of them waits for the other, then finds its
+  -- claims stale (a lost race). No SKIP LOCKED: a concurrent mark is waited for, not skipped.
+  PERFORM 1 FROM pgfence.outbox o WHERE o.id = ANY (p_ids) ORDER BY o.id FOR UPDATE;
   RETURN QUERY
   UPDATE pgfence.outbox o
   SET status = 'sent', receipt = u.receipt, finished_at = now(), last_error = NULL,
@@ -662,7 +706,7 @@ $$;
 REVOKE ALL ON FUNCTION pgfence.outbox_mark_sent_many(bigint[], integer[], jsonb[]) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION pgfence.outbox_mark_sent_many(bigint[], integer[], jsonb[]) TO pgfence_executor, pgfence_admin;
 COMMENT ON FUNCTION pgfence.outbox_mark_sent_many(bigint[], integer[], jsonb[]) IS
-  'outbox_mark_sent for many messages in one statement: element i of ids/attempts/receipts is one (id, fence, receipt). Every row is fenced exactly as in outbox_mark_sent. Returns the ids that this call moved to sent; the others were stale claims (lost races). Errors: 22004, 22023 (arrays of different lengths), P0002 (an unknown id; then nothing is marked).';
+  'outbox_mark_sent for many messages in one statement: element i of ids/attempts/receipts is one (id, fence, receipt). Every row is fenced exactly as in outbox_mark_sent. Returns the ids that this call moved to sent; the others were stale claims (lost races). Rows are locked in id order, so concurrent calls over the same pairs in any order wait for each other instead of deadlocking. Errors: 22004 (ids or attempts NULL), 22023 (arrays of different lengths), P0002 (an unknown id; then nothing is marked).';
 
 -- ---------------------------------------------------------------------------------------------
 -- Settle one message and claim the next, in one statement (single-message workers)
@@ -868,7 +912,7 @@ $$;
 REVOKE ALL ON FUNCTION pgfence.outbox_requeue(bigint, integer) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION pgfence.outbox_requeue(bigint, integer) TO pgfence_admin;
 COMMENT ON FUNCTION pgfence.outbox_requeue(bigint, integer) IS
-  'Operator: retry a failed or dead message now, granting extra_attempts more attempts (default: the channel''s max_attempts); a pending message is made due now (and gets extra_attempts more, if given). attempts keeps counting, so fence tokens are never reused. Returns false for a message that is processing or sent (a sent message never changes again). Errors: 22023 (extra_attempts outside 1..1000), P0002 (unknown id).';
+  'Operator: retry a failed or dead message now, granting extra_attempts more attempts (default: the channel''s max_attempts); a pending message is made due now (and gets extra_attempts more, if given). attempts keeps counting, so fence tokens are never reused. Returns false for a message that is processing or sent (a sent message never changes again). Errors: 22004 (id NULL), 22023 (extra_attempts outside 1..1000), P0002 (unknown id).';
 
 CREATE OR REPLACE FUNCTION pgfence.outbox_configure_channel(
   p_channel      text,

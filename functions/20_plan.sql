@@ -682,6 +682,12 @@ BEGIN
     SELECT p.prokind, p.pronargs, p.proargtypes, p.prorettype, p.proretset, n.nspname INTO v_proc
     FROM pg_catalog.pg_proc p JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace
     WHERE p.oid = p_function;
+    IF NOT FOUND THEN
+      -- a regprocedure is only an OID: '999999'::regprocedure names nothing
+      RAISE EXCEPTION 'plan_register_action: function % does not exist', p_function::oid
+        USING ERRCODE = '42883', DETAIL = 'No function has this OID; a step of this action could never run.',
+              HINT = 'Pass an existing function (args jsonb) RETURNS jsonb, e.g. ''myschema.my_action(jsonb)''::regprocedure.';
+    END IF;
     IF v_proc.prokind <> 'f' OR v_proc.pronargs <> 1 OR v_proc.proargtypes[0] <> 'jsonb'::regtype
        OR v_proc.prorettype <> 'jsonb'::regtype OR v_proc.proretset THEN
       RAISE EXCEPTION 'plan_register_action: % is not a function (args jsonb) RETURNS jsonb', p_function
@@ -721,7 +727,7 @@ $$;
 REVOKE ALL ON FUNCTION pgfence.plan_register_action(text, regprocedure, text) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION pgfence.plan_register_action(text, regprocedure, text) TO pgfence_admin;
 COMMENT ON FUNCTION pgfence.plan_register_action(text, regprocedure, text) IS
-  'Administrators: put an action on the allow-list. p_function = a function (args jsonb) RETURNS jsonb makes a sql action, run by plan_run_step with the privileges of the executing role; p_function NULL makes an external action, performed by the executor through the transport routed for the action''s name (step args {"recipient", "payload"}). Returns true when the name is new, false when it existed (the description is updated and a retired action is back in use). Errors: 22004 (missing name/description), 22023 (bad name or description, wrong function signature, a pgfence function), PF102 (the name is already registered to another kind or to another function that still exists).';
+  'Administrators: put an action on the allow-list. p_function = a function (args jsonb) RETURNS jsonb makes a sql action, run by plan_run_step with the privileges of the executing role; p_function NULL makes an external action, performed by the executor through the transport routed for the action''s name (step args {"recipient", "payload"}). Returns true when the name is new, false when it existed (the description is updated and a retired action is back in use). Errors: 22004 (missing name/description), 22023 (bad name or description, wrong function signature, a pgfence function), PF102 (the name is already registered to another kind or to another function that still exists), 42883 (p_function names no function).';
 
 CREATE OR REPLACE FUNCTION pgfence.plan_retire_action(p_name text)
 RETURNS boolean
@@ -863,7 +869,7 @@ $$;
 REVOKE ALL ON FUNCTION pgfence.plan_compensate(bigint, jsonb, text, interval, text) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION pgfence.plan_compensate(bigint, jsonb, text, interval, text) TO pgfence_client, pgfence_admin;
 COMMENT ON FUNCTION pgfence.plan_compensate(bigint, jsonb, text, interval, text) IS
-  'Propose a compensating plan for plan p_id (executed, or failed after some steps committed): a new plan with its own steps, approval and receipts that references the one it undoes; no step of the original is rolled back. Same rules as plan_propose. Errors: as plan_propose; 22004 (p_id NULL), P0002 (unknown plan), PF106 (that plan is not executed or failed).';
+  'Propose a compensating plan for plan p_id (executed, or failed after some steps committed): a new plan with its own steps, approval and receipts that references the one it undoes; no step of the original is rolled back. Same rules as plan_propose. Errors: those of plan_propose — 22004 (p_id, steps, proposer or ttl NULL), 22023 (malformed steps, ttl, key), PF101 (an action not on the allow-list), 42883 (a sql action whose function was dropped), P0002 (unknown plan p_id), PF106 (that plan is not executed or failed), PF003 (key already names another plan), 40001 (key held by an invisible transaction: retry).';
 
 CREATE OR REPLACE FUNCTION pgfence.plan_approve(p_id bigint, p_by text)
 RETURNS text
@@ -1483,7 +1489,7 @@ $$;
 REVOKE ALL ON PROCEDURE pgfence.plan_execute(bigint, text, interval, text, jsonb) FROM PUBLIC;
 GRANT EXECUTE ON PROCEDURE pgfence.plan_execute(bigint, text, interval, text, jsonb) TO pgfence_executor, pgfence_admin;
 COMMENT ON PROCEDURE pgfence.plan_execute(bigint, text, interval, text, jsonb) IS
-  'CALL pgfence.plan_execute(id, worker): take the run (plan_start, under a new run token) and run its SQL steps one by one, committing after each, so every committed step has its receipt and a crash loses at most the step in flight (rolled back whole). Stops at an error (plan failed), at the end (executed), when the run is lost (heartbeat lapsed, another owner), or at an external step, which it releases to an executor. A plan that is terminal, or owned by someone else, runs nothing. Returns (status, receipts): the plan''s status and every receipt so far. Must be called outside an explicit transaction block (autocommit), since it commits. Errors: those of plan_start; 2D000 inside a transaction block.';
+  'CALL pgfence.plan_execute(id, worker): take the run (plan_start, under a new run token) and run its SQL steps one by one, committing after each, so every committed step has its receipt and a crash loses at most the step in flight (rolled back whole). Stops at an error (plan failed), at the end (executed), when the run is lost (heartbeat lapsed, another owner), or at an external step, which it releases to an executor. A plan that is terminal, or owned by someone else, runs nothing. Returns (status, receipts): the plan''s status and every receipt so far. Must be called outside an explicit transaction block (autocommit), since it commits. Errors: those of plan_start — 22004 (id or worker NULL), 22023 (bad worker, heartbeat outside 1 s..1 day), P0002 (unknown plan) —, 2D000 (inside a transaction block).';
 
 -- ---------------------------------------------------------------------------------------------
 -- Read: plan_get (with lazy heal), plan_steps, plan_list, plan_receipts

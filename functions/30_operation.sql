@@ -311,9 +311,13 @@ BEGIN
     RAISE EXCEPTION 'operation_request: invalid kind "%"', p_kind
       USING ERRCODE = '22023', HINT = 'Kinds are 1-63 characters of a-z, 0-9, _ . - starting with a letter or digit; the executor maps each kind to a handler.';
   END IF;
-  IF p_target = '' OR length(p_target) > 1024 THEN
-    RAISE EXCEPTION 'operation_request: target must be 1-1024 characters'
-      USING ERRCODE = '22023', HINT = 'The target names what the operation acts on (a branch, a resource id).';
+  -- Bytes too: (kind, target) is a btree key (operation_one_in_flight, operation_target_idx),
+  -- whose entries hold at most ~2700 bytes; 1024 characters of CJK text are 3072 bytes (54000).
+  IF p_target = '' OR length(p_target) > 1024 OR octet_length(p_target) > 2048 THEN
+    RAISE EXCEPTION 'operation_request: target must be 1-1024 characters and at most 2048 bytes'
+      USING ERRCODE = '22023',
+            DETAIL = format('Got %s characters, %s bytes in the database encoding.', length(p_target), octet_length(p_target)),
+            HINT = 'The target names what the operation acts on (a branch, a resource id).';
   END IF;
   IF jsonb_typeof(p_params) <> 'object' THEN
     RAISE EXCEPTION 'operation_request: params must be a JSON object, got %', jsonb_typeof(p_params)
@@ -381,7 +385,7 @@ $$;
 REVOKE ALL ON FUNCTION pgfence.operation_request(text, text, jsonb, text, text) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION pgfence.operation_request(text, text, jsonb, text, text) TO pgfence_client, pgfence_admin;
 COMMENT ON FUNCTION pgfence.operation_request(text, text, jsonb, text, text) IS
-  'Request a long external operation of p_kind on p_target (e.g. ''branch.reset'', ''dev-42''); returns (id, status, created, result, error). A repeated idempotency key — also from a concurrent transaction — returns the existing operation with created = false, a finished one answering from its row, and starts nothing. At most one operation per (kind, target) is queued or running: a different request for a busy target raises PF201, whose DETAIL starts with "Operation <id>" (the one in flight). requested_by NULL = session_user. At commit, NOTIFY pgfence_operation carries {"kind","id"}. Errors: 22004 (kind/target/params NULL), 22023 (bad kind, target, params, key), PF003 (key already names a different request), PF201 (target busy), 40001 (conflict invisible to a REPEATABLE READ snapshot: retry).';
+  'Request a long external operation of p_kind on p_target (e.g. ''branch.reset'', ''dev-42''); returns (id, status, created, result, error). A repeated idempotency key — also from a concurrent transaction — returns the existing operation with created = false, a finished one answering from its row, and starts nothing. At most one operation per (kind, target) is queued or running: a different request for a busy target raises PF201, whose DETAIL starts with "Operation <id>" (the one in flight). requested_by NULL = session_user. At commit, NOTIFY pgfence_operation carries {"kind","id"}. Errors: 22004 (kind/target/params NULL), 22023 (bad kind, target — 1-1024 characters, at most 2048 bytes —, params, key), PF003 (key already names a different request), PF201 (target busy), 40001 (conflict invisible to a REPEATABLE READ snapshot: retry).';
 
 -- ---------------------------------------------------------------------------------------------
 -- Claim (executor)

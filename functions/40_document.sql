@@ -300,6 +300,11 @@ BEGIN
     RAISE EXCEPTION 'document_register_kind: max_bytes must be between 1 and 104857600 (100 MiB), got %', p_max_bytes
       USING ERRCODE = '22023';
   END IF;
+  IF length(p_description) > 1000 THEN
+    RAISE EXCEPTION 'document_register_kind: description must be at most 1000 characters, got %', length(p_description)
+      USING ERRCODE = '22023', DETAIL = 'The kind registry holds descriptions of up to 1000 characters.',
+            HINT = 'Shorten the description; nothing was registered.';
+  END IF;
   SELECT k.* INTO v_cur FROM pgfence.document_kind k WHERE k.kind = p_kind FOR UPDATE;
   IF FOUND AND v_cur.builtin
      AND (coalesce(p_merge, v_cur.merge) <> v_cur.merge
@@ -318,6 +323,14 @@ BEGIN
         HINT = 'Pass a function f(base jsonb, local jsonb, stored jsonb) RETURNS jsonb.';
     END IF;
     SELECT p.* INTO v_fn FROM pg_catalog.pg_proc p WHERE p.oid = coalesce(p_merge_function, v_cur.merge_function);
+    IF NOT FOUND THEN
+      -- a regprocedure is only an OID: '999999'::regprocedure, or a function dropped since
+      RAISE EXCEPTION 'document_register_kind: merge_function % does not exist', coalesce(p_merge_function, v_cur.merge_function)::oid
+        USING ERRCODE = '42883',
+              DETAIL = CASE WHEN p_merge_function IS NULL THEN 'The kind''s merge function was dropped after it was registered.'
+                            ELSE 'No function has this OID.' END,
+              HINT = 'Pass an existing function f(base jsonb, local jsonb, stored jsonb) RETURNS jsonb.';
+    END IF;
     IF v_fn.pronargs <> 3 OR v_fn.proargtypes[0] <> 'jsonb'::regtype OR v_fn.proargtypes[1] <> 'jsonb'::regtype
        OR v_fn.proargtypes[2] <> 'jsonb'::regtype
        OR v_fn.prorettype <> 'jsonb'::regtype OR v_fn.proretset OR v_fn.prokind <> 'f' THEN
@@ -352,7 +365,7 @@ $$;
 REVOKE ALL ON FUNCTION pgfence.document_register_kind(text, text, regprocedure, text, integer, text) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION pgfence.document_register_kind(text, text, regprocedure, text, integer, text) TO pgfence_admin;
 COMMENT ON FUNCTION pgfence.document_register_kind(text, text, regprocedure, text, integer, text) IS
-  'Admin: register a document kind or change one (NULL keeps the current value; a new kind defaults to content_type object and max_bytes 1 MiB). merge: attributes (three-way merge by top-level key, like record), none (never merges, like sheet) or function (merge_function f(base, local, stored jsonb) RETURNS jsonb {"content", "conflicts"}, IMMUTABLE or STABLE; it runs with the privileges of whoever calls document_merge, so grant them EXECUTE on it). Built-in kinds (record, sheet) only take a new max_bytes or description. Returns the stored kind. Errors: 22004 (missing kind, merge or merge_function), 22023 (bad name, merge, content_type, max_bytes or function signature; changing a built-in''s merge).';
+  'Admin: register a document kind or change one (NULL keeps the current value; a new kind defaults to content_type object and max_bytes 1 MiB). merge: attributes (three-way merge by top-level key, like record), none (never merges, like sheet) or function (merge_function f(base, local, stored jsonb) RETURNS jsonb {"content", "conflicts"}, IMMUTABLE or STABLE; it runs with the privileges of whoever calls document_merge, so grant them EXECUTE on it). Built-in kinds (record, sheet) only take a new max_bytes or description. Returns the stored kind. Errors: 22004 (missing kind, merge or merge_function), 22023 (bad name, merge, content_type, max_bytes, description over 1000 characters or function signature; changing a built-in''s merge), 42883 (merge_function names no function: an OID of nothing, or the kind''s function was dropped).';
 
 -- ---------------------------------------------------------------------------------------------
 -- Create, read
@@ -534,7 +547,8 @@ SET search_path = pg_catalog, pgfence, pg_temp
 AS $$
 #variable_conflict use_column
 BEGIN
-  IF p_rev.op <> 'save' OR p_rev.version <> p_expected_version + 1 OR p_rev.content <> p_content THEN
+  -- version - 1, not expected_version + 1: an expected_version of 2^63-1 must not overflow
+  IF p_rev.op <> 'save' OR p_rev.version - 1 <> p_expected_version OR p_rev.content <> p_content THEN
     RAISE EXCEPTION 'document %: save_id "%" already saved version % (from version %) with other content', p_rev.document_id, p_rev.save_id, p_rev.version, p_rev.version - 1
       USING ERRCODE = 'PF003',
             DETAIL = format('This call is based on version %s.', p_expected_version),
@@ -657,7 +671,8 @@ BEGIN
     IF NOT FOUND THEN
       RAISE EXCEPTION 'document_delete: no document with id %', p_id USING ERRCODE = 'P0002';
     END IF;
-    IF v_doc.status = 'deleted' AND v_doc.version = p_expected_version + 1 THEN
+    -- version - 1, not expected_version + 1: an expected_version of 2^63-1 must not overflow
+    IF v_doc.status = 'deleted' AND v_doc.version - 1 = p_expected_version THEN
       -- Already deleted by a delete based on the same version (a retry whose answer was lost).
       PERFORM pgfence._event('document', p_id, 'replay', NULL, NULL, v_doc.version,
                              jsonb_build_object('op', 'delete', 'expected_version', p_expected_version), p_by);
@@ -698,6 +713,7 @@ AS $$
 DECLARE
   v_merge    text;
   v_function regprocedure;
+  v_call     text;
   v_result   jsonb;
 BEGIN
   IF p_kind IS NULL THEN
@@ -792,10 +808,15 @@ BEGIN
   END IF;
 
   -- merge = function: the application's merge, with the caller's privileges.
-  EXECUTE (SELECT format('SELECT %I.%I($1, $2, $3)', n.nspname, p.proname)
-           FROM pg_catalog.pg_proc p JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace
-           WHERE p.oid = v_function)
-    INTO v_result USING p_base, p_local, p_stored;
+  SELECT format('SELECT %I.%I($1, $2, $3)', n.nspname, p.proname) INTO v_call
+  FROM pg_catalog.pg_proc p JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace
+  WHERE p.oid = v_function;
+  IF v_call IS NULL THEN
+    RAISE EXCEPTION 'document_merge: the merge function of kind % no longer exists', p_kind
+      USING ERRCODE = '42883', DETAIL = format('The kind was registered with function OID %s, which names no function now.', v_function::oid),
+            HINT = 'An admin re-registers the kind with an existing merge function (document_register_kind).';
+  END IF;
+  EXECUTE v_call INTO v_result USING p_base, p_local, p_stored;
   IF v_result IS NULL OR jsonb_typeof(v_result) <> 'object' OR NOT v_result ? 'content'
      OR jsonb_typeof(v_result -> 'conflicts') IS DISTINCT FROM 'array' THEN
     RAISE EXCEPTION 'document_merge: the merge function % of kind % returned %, not {"content": ..., "conflicts": [...]}', v_function, p_kind, left(coalesce(v_result::text, 'NULL'), 200)
@@ -808,4 +829,4 @@ $$;
 REVOKE ALL ON FUNCTION pgfence.document_merge(text, jsonb, jsonb, jsonb) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION pgfence.document_merge(text, jsonb, jsonb, jsonb) TO pgfence_client, pgfence_admin;
 COMMENT ON FUNCTION pgfence.document_merge(text, jsonb, jsonb, jsonb) IS
-  'Three-way merge of a kind: base = the revision the local copy was edited from, local = the client''s copy, stored = the conflict answer''s content. Returns content (the merge, to save against the stored version) and conflicts (a JSON array of {"key", "base", "local", "stored"}, a side''s field absent when the key is absent on that side; empty = clean). attributes (record): per top-level key, the side that changed it wins; keys changed differently on both sides are conflicts and content keeps the stored value for them. none (sheet): never merges: if only one side changed, content is that side; if both changed, content is NULL and every differing top-level key or array index (key NULL: the whole value) is a conflict. function: the kind''s merge_function, run with the caller''s privileges. Changes nothing. Errors: 22004 (NULL argument), 22023 (record inputs that are not objects), PF302 (unknown kind), PF304 (a merge function returned a malformed result).';
+  'Three-way merge of a kind: base = the revision the local copy was edited from, local = the client''s copy, stored = the conflict answer''s content. Returns content (the merge, to save against the stored version) and conflicts (a JSON array of {"key", "base", "local", "stored"}, a side''s field absent when the key is absent on that side; empty = clean). attributes (record): per top-level key, the side that changed it wins; keys changed differently on both sides are conflicts and content keeps the stored value for them. none (sheet): never merges: if only one side changed, content is that side; if both changed, content is NULL and every differing top-level key or array index (key NULL: the whole value) is a conflict. function: the kind''s merge_function, run with the caller''s privileges. Changes nothing. Errors: 22004 (NULL argument), 22023 (record inputs that are not objects), PF302 (unknown kind), PF304 (a merge function returned a malformed result), 42883 (the kind''s merge function was dropped); a kind''s merge function may raise its own.';

@@ -734,7 +734,12 @@ BEGIN
   v_older := coalesce(p_older_than, CASE p_module WHEN 'outbox' THEN interval '7 days' ELSE interval '90 days' END);
   v_batch := coalesce(p_batch_size, CASE p_module WHEN 'plan' THEN 100 WHEN 'document' THEN 5000 ELSE 1000 END);
   PERFORM pgfence._audit_check_purge(v_older, v_batch);
-  v_cutoff := now() - v_older;
+  BEGIN
+    v_cutoff := now() - v_older;
+  EXCEPTION WHEN datetime_field_overflow THEN
+    -- older than the earliest timestamp PostgreSQL has (4713 BC): nothing is that old
+    v_cutoff := '-infinity';
+  END;
   purged := 0;
   LOOP
     SELECT * INTO v FROM pgfence._audit_purge_batch(p_module, v_cutoff, v_after, v_batch);
@@ -748,4 +753,4 @@ $$;
 REVOKE ALL ON PROCEDURE pgfence.audit_purge(text, interval, integer, bigint) FROM PUBLIC;
 GRANT EXECUTE ON PROCEDURE pgfence.audit_purge(text, interval, integer, bigint) TO pgfence_admin;
 COMMENT ON PROCEDURE pgfence.audit_purge(text, interval, integer, bigint) IS
-  'Retention: CALL pgfence.audit_purge(module [, older_than [, batch_size]]). Deletes the module''s terminal items that finished more than older_than ago (database clock, fixed when the call starts) together with their events: outbox messages sent, failed or dead (and the reaper''s lapse receipts; default older_than 7 days, batch_size 1000); plans executed, failed, rejected or expired, with their steps and receipts (90 days, 100: a plan may have 10000 steps), keeping a plan that a kept plan compensates until that one goes; operations succeeded, failed or canceled (90 days, 1000). Pending, processing, approved, executing, queued and running items are never touched. For module document it deletes document events older than older_than (90 days, 5000); documents and their revisions are never deleted (a deleted document keeps its tombstone; revisions are the save receipts). Walks the table batch_size rows per transaction and commits after each, so every lock is short and rows locked by someone else (a requeue) are skipped. Returns purged = items deleted (events, for documents). Must be called outside an explicit transaction block (it commits). Errors: 22004 (module NULL), 22023 (unknown module, negative older_than, batch_size outside 1..100000), 2D000 (inside a transaction block).';
+  'Retention: CALL pgfence.audit_purge(module [, older_than [, batch_size]]). Deletes the module''s terminal items that finished more than older_than ago (database clock, fixed when the call starts) together with their events: outbox messages sent, failed or dead (and the reaper''s lapse receipts; default older_than 7 days, batch_size 1000); plans executed, failed, rejected or expired, with their steps and receipts (90 days, 100: a plan may have 10000 steps), keeping a plan that a kept plan compensates until that one goes; operations succeeded, failed or canceled (90 days, 1000). Pending, processing, approved, executing, queued and running items are never touched. For module document it deletes document events older than older_than (90 days, 5000); documents and their revisions are never deleted (a deleted document keeps its tombstone; revisions are the save receipts). Walks the table batch_size rows per transaction and commits after each, so every lock is short and rows locked by someone else (a requeue) are skipped. Returns purged = items deleted (events, for documents); an older_than reaching before the earliest timestamp (4713 BC) purges nothing. Must be called outside an explicit transaction block (it commits). Errors: 22004 (module NULL), 22023 (unknown module, negative older_than, batch_size outside 1..100000), 2D000 (inside a transaction block).';

@@ -253,7 +253,8 @@ def delete(conn: AnyConn, document_id: int, expected_version: int, by: str) -> S
 def merge(conn: AnyConn, kind: str, base: Any, local: Any, stored: Any) -> MergeResult:
     """The kind's three-way merge (changes nothing).
 
-    Raises: InvalidArgument, UnknownKind (PF302), MergeInvalid (PF304).
+    Raises: InvalidArgument, UnknownKind (PF302), MergeInvalid (PF304),
+    psycopg.errors.UndefinedFunction (42883: the kind's merge function was dropped).
     """
     with _sqlstate(), conn.cursor(row_factory=tuple_row) as cur:
         cur.execute(SQL_MERGE, (kind, as_jsonb(base), as_jsonb(local), as_jsonb(stored)))
@@ -269,6 +270,10 @@ def register_kind(conn: AnyConn, kind: str, merge: str | None = None, *,
 
     ``merge`` is ``attributes``, ``none`` or ``function`` (then ``merge_function`` is a
     signature such as ``'app.merge_todo(jsonb,jsonb,jsonb)'``).
+
+    Raises: InvalidArgument (22004/22023: bad name, merge, content type, max_bytes, signature,
+    a description over 1000 characters), psycopg.errors.UndefinedFunction (42883: the merge
+    function names no function).
     """
     with _sqlstate(), conn.cursor(row_factory=dict_row) as cur:
         cur.execute(SQL_REGISTER_KIND,

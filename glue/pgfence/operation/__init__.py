@@ -154,7 +154,7 @@ def request(conn: AnyConn, kind: str, target: str, params: dict[str, Any] | None
     Args:
         kind: ``[a-z0-9][a-z0-9_.-]{0,62}``, e.g. ``branch.reset``; the executor maps kinds to
             handlers.
-        target: what it acts on (a branch name, a resource id), 1–1024 chars.
+        target: what it acts on (a branch name, a resource id), 1–1024 chars, at most 2048 bytes.
         params: a JSON object for the handler (None = ``{}``).
         idempotency_key: 1–255 chars; a repeat (also a concurrent one) returns the same
             operation. Also passed to the external API by handlers that can.
