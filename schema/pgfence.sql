@@ -644,11 +644,19 @@ $$;
 REVOKE ALL ON FUNCTION pgfence.schema_version() FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION pgfence.schema_version() TO pgfence_client, pgfence_executor, pgfence_admin;
 COMMENT ON FUNCTION pgfence.schema_version() IS
-  'Schema version the migrations brought this database to. Client libraries compare it with the version they were written for and refuse to run against one they do not know.';
+  'Schema version the migrations brought this database to. Client libraries compare it with the version they were written for and refuse to run against one they do not know. Errors: none.';
 
--- Capped exponential backoff with jitter, in interval arithmetic that cannot overflow:
--- delay = min(cap, base * 2^(attempt-1)) * (1 - jitter/2), jitter in [0,1) (random if NULL).
--- The exponent is clamped before the power, so attempt = 5000 (or 2^31-1) still gives the cap.
+-- Capped exponential backoff with jitter:
+-- delay = least(cap, base * 2^(attempt-1)) * (1 - jitter/2), jitter in [0,1) (random if NULL).
+-- Computed in numeric seconds measured as PostgreSQL compares intervals (a month is 30 days,
+-- so a year is 360 days: `interval '1 year' < interval '365 days'`), so the result is never
+-- above the cap by PostgreSQL's own comparison, and no step can overflow or underflow: the
+-- exponent is clamped at 80 (2^80 microseconds exceed the largest interval, so attempt =
+-- 2^31-1 gives the cap), and a denormal jitter (5e-324) is exact in numeric. (Through
+-- double-precision epoch seconds a year was 365.25 days, so a cap of 1 year was exceeded by
+-- 1.5%, and a cap of 300000 years overflowed into a negative interval.)
+-- The result is a plain time interval (hours, minutes, seconds) whenever it fits one (up to
+-- about 285,000 years), so now() + backoff(...) does not depend on the session's TimeZone.
 CREATE OR REPLACE FUNCTION pgfence.backoff(
   p_attempt integer,
   p_base    interval,
@@ -660,35 +668,54 @@ LANGUAGE plpgsql VOLATILE PARALLEL SAFE
 SET search_path = pg_catalog, pgfence, pg_temp
 AS $$
 DECLARE
-  v_base_s double precision;
-  v_cap_s  double precision;
   v_jitter double precision := coalesce(p_jitter, random());
-  v_delay  double precision;
+  v_base_s numeric;
+  v_cap_s  numeric;
+  v_s      numeric;
+  v_months numeric;
+  v_days   numeric;
 BEGIN
   IF p_attempt IS NULL OR p_base IS NULL OR p_cap IS NULL THEN
     RAISE EXCEPTION 'backoff: attempt, base and cap are required'
-      USING ERRCODE = '22004', HINT = 'Pass the attempt number and the channel''s backoff_base and backoff_cap.';
+      USING ERRCODE = '22004', DETAIL = 'A NULL argument gives no delay.',
+            HINT = 'Pass the attempt number and the channel''s backoff_base and backoff_cap.';
   END IF;
   IF p_base <= interval '0' OR p_cap < p_base THEN
     RAISE EXCEPTION 'backoff: need 0 < base <= cap (got base %, cap %)', p_base, p_cap
-      USING ERRCODE = '22023', HINT = 'Use a positive base and a cap at least as large.';
+      USING ERRCODE = '22023', DETAIL = 'Intervals compare as PostgreSQL compares them (a month is 30 days).',
+            HINT = 'Use a positive base and a cap at least as large.';
   END IF;
-  IF v_jitter < 0 OR v_jitter >= 1 THEN
+  IF v_jitter < 0 OR v_jitter >= 1 THEN   -- NaN sorts above every number: refused too
     RAISE EXCEPTION 'backoff: jitter must be in [0, 1) (got %)', v_jitter
-      USING ERRCODE = '22023', HINT = 'Pass NULL for a random jitter.';
+      USING ERRCODE = '22023', DETAIL = 'The delay is scaled by (1 - jitter/2).',
+            HINT = 'Pass NULL for a random jitter.';
   END IF;
-  v_base_s := extract(epoch FROM p_base);
-  v_cap_s  := extract(epoch FROM p_cap);
-  -- 2^60 * any positive base already exceeds any cap an interval can hold.
-  v_delay := least(v_cap_s, v_base_s * power(2::double precision, least(greatest(p_attempt, 1) - 1, 60)));
-  RETURN make_interval(secs => v_delay * (1 - v_jitter / 2));
+  -- seconds as interval comparison counts them: epoch counts a year as 365.25 days
+  v_base_s := extract(epoch FROM p_base) - 453600 * extract(year FROM p_base);
+  v_cap_s  := extract(epoch FROM p_cap) - 453600 * extract(year FROM p_cap);
+  v_s := least(v_cap_s, v_base_s * power(2::numeric, least(greatest(p_attempt, 1) - 1, 80)))
+         * (1 - v_jitter::numeric / 2);
+  IF v_s < 9e12 THEN
+    RETURN least(make_interval(secs => v_s::double precision), p_cap);
+  END IF;
+  -- beyond what the time field of an interval holds: 30-day months, days and seconds
+  v_months := floor(v_s / 2592000);
+  IF v_months > 2147483647 THEN
+    RETURN p_cap;
+  END IF;
+  v_days := floor((v_s - v_months * 2592000) / 86400);
+  RETURN least(make_interval(months => v_months::integer, days => v_days::integer,
+                             secs => (v_s - v_months * 2592000 - v_days * 86400)::double precision),
+               p_cap);
 END
 $$;
 REVOKE ALL ON FUNCTION pgfence.backoff(integer, interval, interval, double precision) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION pgfence.backoff(integer, interval, interval, double precision)
   TO pgfence_client, pgfence_executor, pgfence_admin;
 COMMENT ON FUNCTION pgfence.backoff(integer, interval, interval, double precision) IS
-  'Delay before retry number p_attempt: min(cap, base * 2^(attempt-1)), scaled by (1 - jitter/2) so that concurrent retries spread over [delay/2, delay]. Never exceeds the cap and never overflows, whatever the attempt. p_jitter NULL = random. Errors: 22004 (NULL argument), 22023 (base <= 0, cap < base, jitter outside [0,1)).';
+  'Delay before retry number p_attempt: least(cap, base * 2^(attempt-1)) * (1 - jitter/2).
+Concurrent retries spread over [delay/2, delay]. Measured as PostgreSQL compares intervals (a month = 30 days, a year = 360 days): never above the cap, never negative, never an overflow, whatever the attempt. A plain time interval whenever one holds it (up to ~285,000 years). p_jitter NULL = random.
+Errors: 22004 (NULL attempt, base or cap), 22023 (base <= 0, cap < base, jitter outside [0,1)).';
 
 -- The event log writer, shared by every module's triggers.
 CREATE OR REPLACE FUNCTION pgfence._event(
@@ -835,16 +862,10 @@ SET search_path = pg_catalog, pgfence, pg_temp
 AS $$
 BEGIN
   IF TG_OP = 'INSERT' THEN
-    IF NEW.status <> 'pending' OR NEW.attempts <> 0 OR NEW.max_attempts < 1
-       OR NEW.locked_by IS NOT NULL OR NEW.lease_expires_at IS NOT NULL OR NEW.finished_at IS NOT NULL THEN
-      RAISE EXCEPTION 'outbox: a new message starts pending, with 0 attempts, no owner and no lease'
-        USING ERRCODE = 'PF001', HINT = 'Use pgfence.outbox_enqueue().';
-    END IF;
-    IF NEW.log_events THEN
-      PERFORM pgfence._event('outbox', NEW.id, 'enqueue', NULL, NEW.status, NEW.attempts,
-        jsonb_build_object('channel', NEW.channel, 'recipient', NEW.recipient, 'due_at', NEW.next_attempt_at));
-    END IF;
-    RETURN NEW;
+    -- Reached only through the WHEN condition of outbox_insert_guard: not a fresh message.
+    -- (The enqueue event is written by outbox_enqueue_event, AFTER the row exists.)
+    RAISE EXCEPTION 'outbox: a new message starts pending, with 0 attempts, no owner and no lease'
+      USING ERRCODE = 'PF001', HINT = 'Use pgfence.outbox_enqueue().';
   END IF;
 
   IF NEW.attempts < OLD.attempts THEN
@@ -888,7 +909,7 @@ END
 $$;
 REVOKE ALL ON FUNCTION pgfence.tg_outbox_guard() FROM PUBLIC;
 COMMENT ON FUNCTION pgfence.tg_outbox_guard() IS
-  'BEFORE UPDATE row trigger on pgfence.outbox (and BEFORE INSERT, filtered by a WHEN condition): refuses any move outside the status machine or breaking a row invariant (PF001) and any decrease of the fence token (PF002), even from a hand-written statement; for messages with log_events it writes the enqueue, claim or transition event (actor, attempt, error, receipt) in the same statement.';
+  'BEFORE UPDATE row trigger on pgfence.outbox (and BEFORE INSERT, filtered by a WHEN condition): refuses any move outside the status machine or breaking a row invariant (PF001) and any decrease of the fence token (PF002), even from a hand-written statement; for messages with log_events it writes the claim or transition event (actor, attempt, error, receipt) in the same statement (the enqueue event: tg_outbox_enqueued).';
 
 CREATE OR REPLACE TRIGGER outbox_guard
   BEFORE UPDATE ON pgfence.outbox
@@ -901,8 +922,35 @@ CREATE OR REPLACE TRIGGER outbox_insert_guard
   FOR EACH ROW
   WHEN (NEW.status <> 'pending' OR NEW.attempts <> 0 OR NEW.max_attempts < 1
         OR NEW.locked_by IS NOT NULL OR NEW.lease_expires_at IS NOT NULL
-        OR NEW.finished_at IS NOT NULL OR NEW.log_events)
+        OR NEW.finished_at IS NOT NULL)
   EXECUTE FUNCTION pgfence.tg_outbox_guard();
+
+-- The enqueue event is written AFTER the insert: a BEFORE INSERT trigger also fires for a row
+-- that ON CONFLICT (idempotency_key) DO NOTHING then skips (a retry, or a key repeated inside
+-- one outbox_enqueue_many), which logged an enqueue for a message id that never existed.
+CREATE OR REPLACE FUNCTION pgfence.tg_outbox_enqueued()
+RETURNS trigger
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pgfence, pg_temp
+AS $$
+BEGIN
+  PERFORM pgfence._event('outbox', NEW.id, 'enqueue', NULL, NEW.status, NEW.attempts,
+    jsonb_build_object('channel', NEW.channel, 'recipient', NEW.recipient, 'due_at', NEW.next_attempt_at));
+  RETURN NULL;
+END
+$$;
+REVOKE ALL ON FUNCTION pgfence.tg_outbox_enqueued() FROM PUBLIC;
+COMMENT ON FUNCTION pgfence.tg_outbox_enqueued() IS
+  'AFTER INSERT row trigger on pgfence.outbox, for messages with log_events: writes the enqueue event.
+Only for rows really inserted: a row skipped by ON CONFLICT DO NOTHING (a repeated idempotency key) gets none.';
+
+-- WHEN in an AFTER trigger is evaluated as the row is inserted: a channel that does not log
+-- events queues nothing.
+CREATE OR REPLACE TRIGGER outbox_enqueue_event
+  AFTER INSERT ON pgfence.outbox
+  FOR EACH ROW
+  WHEN (NEW.log_events)
+  EXECUTE FUNCTION pgfence.tg_outbox_enqueued();
 
 -- A stray DELETE would lose messages: only a purge deletes (see pgfence.tg_purge_only).
 CREATE OR REPLACE TRIGGER outbox_purge_only
@@ -1100,6 +1148,9 @@ DECLARE
   v_bad      record;
   v_seq      regclass;
   v_set      pgfence.outbox_channel;
+  v_ids      bigint[];
+  v_unseen   bigint;
+  v_clash    bigint;
 BEGIN
   IF p_channel IS NULL OR p_recipients IS NULL OR p_payloads IS NULL THEN
     RAISE EXCEPTION 'outbox_enqueue_many: channel, recipients and payloads are required'
@@ -1144,7 +1195,11 @@ BEGIN
     SELECT ins.id FROM ins ORDER BY ins.id;
   ELSE
     -- With keys: a key must name one message (PF003), then ON CONFLICT on the key; a key
-    -- repeated inside this call or already stored yields that message's id.
+    -- repeated inside this call or already stored yields that message's id. Rows are inserted
+    -- in key order (ids are drawn in input order first): each insert waits for a concurrent
+    -- transaction holding its key, so two calls with the same keys in different orders took
+    -- them in different orders and deadlocked (40P01); in one canonical order one of them
+    -- simply waits for the other.
     v_seq := pg_get_serial_sequence('pgfence.outbox', 'id')::regclass;
     SELECT min(u.i) AS i, u.k INTO v_bad
     FROM unnest(p_recipients, p_idempotency_keys) WITH ORDINALITY AS u(r, k, i)
@@ -1164,29 +1219,35 @@ BEGIN
       RAISE EXCEPTION 'outbox_enqueue_many: the idempotency key of message % already names message % for %/%', v_bad.i, v_bad.id, v_bad.channel, v_bad.recipient
         USING ERRCODE = 'PF003', HINT = 'Idempotency keys identify one message; nothing was enqueued.';
     END IF;
-    RETURN QUERY
-    WITH input AS (
-      SELECT u.i, u.r, u.p, u.k, nextval(v_seq) AS new_id
-      FROM unnest(p_recipients, p_payloads, p_idempotency_keys) WITH ORDINALITY AS u(r, p, k, i)
-    ), ins AS (
-      INSERT INTO pgfence.outbox AS o (id, channel, recipient, payload, idempotency_key, max_attempts,
-                                       next_attempt_at, log_events)
-      OVERRIDING SYSTEM VALUE
-      SELECT input.new_id, p_channel, input.r, input.p, input.k, v_max, coalesce(p_deliver_at, now()),
-             v_set.log_events
-      FROM input ORDER BY input.i
-      ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
-      RETURNING o.id, o.idempotency_key
-    )
-    SELECT coalesce(mine.id, dup.id, existing.id)
-    FROM input
-    LEFT JOIN ins AS mine ON mine.id = input.new_id
-    LEFT JOIN LATERAL (  -- a key repeated within this call: the row inserted for its first use
-      SELECT ins.id FROM ins WHERE mine.id IS NULL AND ins.idempotency_key = input.k) AS dup ON true
-    LEFT JOIN LATERAL (  -- a key that existed before this call
-      SELECT o.id FROM pgfence.outbox o
-      WHERE mine.id IS NULL AND dup.id IS NULL AND o.idempotency_key = input.k) AS existing ON true
-    ORDER BY input.i;
+    v_ids := ARRAY(SELECT nextval(v_seq) FROM generate_series(1, v_n));
+    INSERT INTO pgfence.outbox AS o (id, channel, recipient, payload, idempotency_key, max_attempts,
+                                     next_attempt_at, log_events)
+    OVERRIDING SYSTEM VALUE
+    SELECT v_ids[u.i], p_channel, u.r, u.p, u.k, v_max, coalesce(p_deliver_at, now()), v_set.log_events
+    FROM unnest(p_recipients, p_payloads, p_idempotency_keys) WITH ORDINALITY AS u(r, p, k, i)
+    ORDER BY u.k COLLATE "C", u.i
+    ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING;
+    -- The ids, in a statement of its own: its snapshot (READ COMMITTED) sees a key that a
+    -- concurrent transaction committed while the insert waited for it, which the insert's own
+    -- snapshot did not (its lookup answered NULL for such a key). A key repeated inside this
+    -- call finds the row inserted for its first use.
+    SELECT array_agg(coalesce(o.id, CASE WHEN u.k IS NULL THEN u.new_id END) ORDER BY u.i),
+           min(u.i) FILTER (WHERE u.k IS NOT NULL AND o.id IS NULL),
+           min(u.i) FILTER (WHERE o.channel <> p_channel OR o.recipient <> u.r)
+      INTO v_ids, v_unseen, v_clash
+    FROM unnest(p_recipients, p_idempotency_keys, v_ids) WITH ORDINALITY AS u(r, k, new_id, i)
+    LEFT JOIN pgfence.outbox o ON o.idempotency_key = u.k;
+    IF v_clash IS NOT NULL THEN
+      RAISE EXCEPTION 'outbox_enqueue_many: the idempotency key of message % was just used by a concurrent transaction for another channel or recipient', v_clash
+        USING ERRCODE = 'PF003', DETAIL = 'That transaction committed while this call waited for the key.',
+              HINT = 'Idempotency keys identify one message; nothing was enqueued.';
+    END IF;
+    IF v_unseen IS NOT NULL THEN
+      RAISE EXCEPTION 'outbox_enqueue_many: the idempotency key of message % is held by a transaction this snapshot cannot see', v_unseen
+        USING ERRCODE = '40001', DETAIL = 'Nothing was enqueued.',
+              HINT = 'Retry the transaction (this happens only under REPEATABLE READ or SERIALIZABLE).';
+    END IF;
+    RETURN QUERY SELECT u.id FROM unnest(v_ids) WITH ORDINALITY AS u(id, i) ORDER BY u.i;
   END IF;
 
   IF p_deliver_at IS NULL OR p_deliver_at <= now() THEN
@@ -1198,7 +1259,7 @@ REVOKE ALL ON FUNCTION pgfence.outbox_enqueue_many(text, text[], jsonb[], text[]
 GRANT EXECUTE ON FUNCTION pgfence.outbox_enqueue_many(text, text[], jsonb[], text[], timestamptz, integer)
   TO pgfence_client, pgfence_admin;
 COMMENT ON FUNCTION pgfence.outbox_enqueue_many(text, text[], jsonb[], text[], timestamptz, integer) IS
-  'Bulk enqueue on one channel in one statement: element i of recipients, payloads and idempotency_keys is message i. Returns the ids in input order (a repeated key yields the existing id). One NOTIFY per call. Same validation and errors as outbox_enqueue; an invalid element rejects the whole call (22023) so nothing is half-enqueued.';
+  'Bulk enqueue on one channel in one statement: element i of recipients, payloads and idempotency_keys is message i. Returns the ids in input order (a repeated key yields the existing id). Keys are taken in one canonical order, so concurrent calls with the same keys in any order wait for each other instead of deadlocking. One NOTIFY per call. Same validation as outbox_enqueue; an invalid element rejects the whole call (22023) so nothing is half-enqueued. Arrays of any shape are read element by element (unnest order). Errors: 22004 (channel, recipients or payloads NULL), 22023 (bad channel, element, max_attempts or deliver_at; arrays of different lengths), PF003 (a key already used for another channel or recipient, or for two recipients in this call), 40001 (a key held by a transaction invisible to a REPEATABLE READ snapshot: retry).';
 
 -- ---------------------------------------------------------------------------------------------
 -- Claim (executor)
@@ -1245,6 +1306,11 @@ BEGIN
   IF p_batch IS NULL OR p_batch NOT BETWEEN 1 AND 10000 THEN
     RAISE EXCEPTION 'outbox_claim: batch must be between 1 and 10000, got %', p_batch
       USING ERRCODE = '22023', HINT = 'Claim at most as many messages as you can deliver within one lease.';
+  END IF;
+  -- A channel array of any shape means its elements: '[0:0]={c}' or '{{c}}' is channel c (the
+  -- one-channel path below reads p_channels[1], which is NULL for those).
+  IF array_ndims(p_channels) > 1 OR array_lower(p_channels, 1) <> 1 THEN
+    p_channels := ARRAY(SELECT u.ch FROM unnest(p_channels) AS u(ch));
   END IF;
   -- One statement: the ARRAY(...) sub-select locks the due rows, the UPDATE claims them by
   -- primary key (an id array keeps even a generic plan on the index). Each shape walks an index
@@ -1335,7 +1401,7 @@ $$;
 REVOKE ALL ON FUNCTION pgfence.outbox_claim(text, integer, text[], interval) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION pgfence.outbox_claim(text, integer, text[], interval) TO pgfence_executor, pgfence_admin;
 COMMENT ON FUNCTION pgfence.outbox_claim(text, integer, text[], interval) IS
-  'Claim up to p_batch due messages (oldest due time first, then id) with FOR UPDATE SKIP LOCKED, so concurrent claimers never get the same row. Each claim bumps attempts and returns it as attempt: the fence token for outbox_mark_sent / outbox_mark_failed. The lease runs from now() (database clock) for p_lease, or the channel''s lease when NULL. p_channels NULL = all channels. Errors: 22023 (empty worker, batch outside 1..10000, lease not in (0, 1 day]).';
+  'Claim up to p_batch due messages (oldest due time first, then id) with FOR UPDATE SKIP LOCKED, so concurrent claimers never get the same row. Each claim bumps attempts and returns it as attempt: the fence token for outbox_mark_sent / outbox_mark_failed. The lease runs from now() (database clock) for p_lease, or the channel''s lease when NULL. p_channels NULL = all channels; an array of any shape (lower bound, dimensions) means its elements. Errors: 22023 (empty worker, batch outside 1..10000, lease not in (0, 1 day]).';
 
 CREATE OR REPLACE FUNCTION pgfence.outbox_next_due(p_channels text[] DEFAULT NULL)
 RETURNS interval
@@ -1365,7 +1431,7 @@ $$;
 REVOKE ALL ON FUNCTION pgfence.outbox_next_due(text[]) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION pgfence.outbox_next_due(text[]) TO pgfence_executor, pgfence_admin;
 COMMENT ON FUNCTION pgfence.outbox_next_due(text[]) IS
-  'How long until the earliest pending message is due, by the database clock (0 if one is due now, NULL if none is pending). Executors sleep min(this, poll interval) so delayed and backed-off messages go out on time without a NOTIFY.';
+  'How long until the earliest pending message is due, by the database clock (0 if one is due now, NULL if none is pending). Executors sleep min(this, poll interval) so delayed and backed-off messages go out on time without a NOTIFY. Errors: none.';
 
 -- ---------------------------------------------------------------------------------------------
 -- Report an outcome (executor), fenced on attempt
@@ -1431,6 +1497,11 @@ BEGIN
     RAISE EXCEPTION 'outbox_mark_sent_many: ids, attempts and receipts must have the same length'
       USING ERRCODE = '22023';
   END IF;
+  -- Lock the rows in id order first: the UPDATE below locks them in the order its join
+  -- produces, the input order, so two calls over the same (id, attempt) pairs in different
+  -- orders deadlocked (40P01); in id order one of them waits for the other, then finds its
+  -- claims stale (a lost race). No SKIP LOCKED: a concurrent mark is waited for, not skipped.
+  PERFORM 1 FROM pgfence.outbox o WHERE o.id = ANY (p_ids) ORDER BY o.id FOR UPDATE;
   RETURN QUERY
   UPDATE pgfence.outbox o
   SET status = 'sent', receipt = u.receipt, finished_at = now(), last_error = NULL,
@@ -1453,7 +1524,7 @@ $$;
 REVOKE ALL ON FUNCTION pgfence.outbox_mark_sent_many(bigint[], integer[], jsonb[]) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION pgfence.outbox_mark_sent_many(bigint[], integer[], jsonb[]) TO pgfence_executor, pgfence_admin;
 COMMENT ON FUNCTION pgfence.outbox_mark_sent_many(bigint[], integer[], jsonb[]) IS
-  'outbox_mark_sent for many messages in one statement: element i of ids/attempts/receipts is one (id, fence, receipt). Every row is fenced exactly as in outbox_mark_sent. Returns the ids that this call moved to sent; the others were stale claims (lost races). Errors: 22004, 22023 (arrays of different lengths), P0002 (an unknown id; then nothing is marked).';
+  'outbox_mark_sent for many messages in one statement: element i of ids/attempts/receipts is one (id, fence, receipt). Every row is fenced exactly as in outbox_mark_sent. Returns the ids that this call moved to sent; the others were stale claims (lost races). Rows are locked in id order, so concurrent calls over the same pairs in any order wait for each other instead of deadlocking. Errors: 22004 (ids or attempts NULL), 22023 (arrays of different lengths), P0002 (an unknown id; then nothing is marked).';
 
 -- ---------------------------------------------------------------------------------------------
 -- Settle one message and claim the next, in one statement (single-message workers)
@@ -1659,7 +1730,7 @@ $$;
 REVOKE ALL ON FUNCTION pgfence.outbox_requeue(bigint, integer) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION pgfence.outbox_requeue(bigint, integer) TO pgfence_admin;
 COMMENT ON FUNCTION pgfence.outbox_requeue(bigint, integer) IS
-  'Operator: retry a failed or dead message now, granting extra_attempts more attempts (default: the channel''s max_attempts); a pending message is made due now (and gets extra_attempts more, if given). attempts keeps counting, so fence tokens are never reused. Returns false for a message that is processing or sent (a sent message never changes again). Errors: 22023 (extra_attempts outside 1..1000), P0002 (unknown id).';
+  'Operator: retry a failed or dead message now, granting extra_attempts more attempts (default: the channel''s max_attempts); a pending message is made due now (and gets extra_attempts more, if given). attempts keeps counting, so fence tokens are never reused. Returns false for a message that is processing or sent (a sent message never changes again). Errors: 22004 (id NULL), 22023 (extra_attempts outside 1..1000), P0002 (unknown id).';
 
 CREATE OR REPLACE FUNCTION pgfence.outbox_configure_channel(
   p_channel      text,
@@ -2499,6 +2570,12 @@ BEGIN
     SELECT p.prokind, p.pronargs, p.proargtypes, p.prorettype, p.proretset, n.nspname INTO v_proc
     FROM pg_catalog.pg_proc p JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace
     WHERE p.oid = p_function;
+    IF NOT FOUND THEN
+      -- a regprocedure is only an OID: '999999'::regprocedure names nothing
+      RAISE EXCEPTION 'plan_register_action: function % does not exist', p_function::oid
+        USING ERRCODE = '42883', DETAIL = 'No function has this OID; a step of this action could never run.',
+              HINT = 'Pass an existing function (args jsonb) RETURNS jsonb, e.g. ''myschema.my_action(jsonb)''::regprocedure.';
+    END IF;
     IF v_proc.prokind <> 'f' OR v_proc.pronargs <> 1 OR v_proc.proargtypes[0] <> 'jsonb'::regtype
        OR v_proc.prorettype <> 'jsonb'::regtype OR v_proc.proretset THEN
       RAISE EXCEPTION 'plan_register_action: % is not a function (args jsonb) RETURNS jsonb', p_function
@@ -2538,7 +2615,7 @@ $$;
 REVOKE ALL ON FUNCTION pgfence.plan_register_action(text, regprocedure, text) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION pgfence.plan_register_action(text, regprocedure, text) TO pgfence_admin;
 COMMENT ON FUNCTION pgfence.plan_register_action(text, regprocedure, text) IS
-  'Administrators: put an action on the allow-list. p_function = a function (args jsonb) RETURNS jsonb makes a sql action, run by plan_run_step with the privileges of the executing role; p_function NULL makes an external action, performed by the executor through the transport routed for the action''s name (step args {"recipient", "payload"}). Returns true when the name is new, false when it existed (the description is updated and a retired action is back in use). Errors: 22004 (missing name/description), 22023 (bad name or description, wrong function signature, a pgfence function), PF102 (the name is already registered to another kind or to another function that still exists).';
+  'Administrators: put an action on the allow-list. p_function = a function (args jsonb) RETURNS jsonb makes a sql action, run by plan_run_step with the privileges of the executing role; p_function NULL makes an external action, performed by the executor through the transport routed for the action''s name (step args {"recipient", "payload"}). Returns true when the name is new, false when it existed (the description is updated and a retired action is back in use). Errors: 22004 (missing name/description), 22023 (bad name or description, wrong function signature, a pgfence function), PF102 (the name is already registered to another kind or to another function that still exists), 42883 (p_function names no function).';
 
 CREATE OR REPLACE FUNCTION pgfence.plan_retire_action(p_name text)
 RETURNS boolean
@@ -2680,7 +2757,7 @@ $$;
 REVOKE ALL ON FUNCTION pgfence.plan_compensate(bigint, jsonb, text, interval, text) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION pgfence.plan_compensate(bigint, jsonb, text, interval, text) TO pgfence_client, pgfence_admin;
 COMMENT ON FUNCTION pgfence.plan_compensate(bigint, jsonb, text, interval, text) IS
-  'Propose a compensating plan for plan p_id (executed, or failed after some steps committed): a new plan with its own steps, approval and receipts that references the one it undoes; no step of the original is rolled back. Same rules as plan_propose. Errors: as plan_propose; 22004 (p_id NULL), P0002 (unknown plan), PF106 (that plan is not executed or failed).';
+  'Propose a compensating plan for plan p_id (executed, or failed after some steps committed): a new plan with its own steps, approval and receipts that references the one it undoes; no step of the original is rolled back. Same rules as plan_propose. Errors: those of plan_propose — 22004 (p_id, steps, proposer or ttl NULL), 22023 (malformed steps, ttl, key), PF101 (an action not on the allow-list), 42883 (a sql action whose function was dropped), P0002 (unknown plan p_id), PF106 (that plan is not executed or failed), PF003 (key already names another plan), 40001 (key held by an invisible transaction: retry).';
 
 CREATE OR REPLACE FUNCTION pgfence.plan_approve(p_id bigint, p_by text)
 RETURNS text
@@ -3300,7 +3377,7 @@ $$;
 REVOKE ALL ON PROCEDURE pgfence.plan_execute(bigint, text, interval, text, jsonb) FROM PUBLIC;
 GRANT EXECUTE ON PROCEDURE pgfence.plan_execute(bigint, text, interval, text, jsonb) TO pgfence_executor, pgfence_admin;
 COMMENT ON PROCEDURE pgfence.plan_execute(bigint, text, interval, text, jsonb) IS
-  'CALL pgfence.plan_execute(id, worker): take the run (plan_start, under a new run token) and run its SQL steps one by one, committing after each, so every committed step has its receipt and a crash loses at most the step in flight (rolled back whole). Stops at an error (plan failed), at the end (executed), when the run is lost (heartbeat lapsed, another owner), or at an external step, which it releases to an executor. A plan that is terminal, or owned by someone else, runs nothing. Returns (status, receipts): the plan''s status and every receipt so far. Must be called outside an explicit transaction block (autocommit), since it commits. Errors: those of plan_start; 2D000 inside a transaction block.';
+  'CALL pgfence.plan_execute(id, worker): take the run (plan_start, under a new run token) and run its SQL steps one by one, committing after each, so every committed step has its receipt and a crash loses at most the step in flight (rolled back whole). Stops at an error (plan failed), at the end (executed), when the run is lost (heartbeat lapsed, another owner), or at an external step, which it releases to an executor. A plan that is terminal, or owned by someone else, runs nothing. Returns (status, receipts): the plan''s status and every receipt so far. Must be called outside an explicit transaction block (autocommit), since it commits. Errors: those of plan_start — 22004 (id or worker NULL), 22023 (bad worker, heartbeat outside 1 s..1 day), P0002 (unknown plan) —, 2D000 (inside a transaction block).';
 
 -- ---------------------------------------------------------------------------------------------
 -- Read: plan_get (with lazy heal), plan_steps, plan_list, plan_receipts
@@ -3767,9 +3844,13 @@ BEGIN
     RAISE EXCEPTION 'operation_request: invalid kind "%"', p_kind
       USING ERRCODE = '22023', HINT = 'Kinds are 1-63 characters of a-z, 0-9, _ . - starting with a letter or digit; the executor maps each kind to a handler.';
   END IF;
-  IF p_target = '' OR length(p_target) > 1024 THEN
-    RAISE EXCEPTION 'operation_request: target must be 1-1024 characters'
-      USING ERRCODE = '22023', HINT = 'The target names what the operation acts on (a branch, a resource id).';
+  -- Bytes too: (kind, target) is a btree key (operation_one_in_flight, operation_target_idx),
+  -- whose entries hold at most ~2700 bytes; 1024 characters of CJK text are 3072 bytes (54000).
+  IF p_target = '' OR length(p_target) > 1024 OR octet_length(p_target) > 2048 THEN
+    RAISE EXCEPTION 'operation_request: target must be 1-1024 characters and at most 2048 bytes'
+      USING ERRCODE = '22023',
+            DETAIL = format('Got %s characters, %s bytes in the database encoding.', length(p_target), octet_length(p_target)),
+            HINT = 'The target names what the operation acts on (a branch, a resource id).';
   END IF;
   IF jsonb_typeof(p_params) <> 'object' THEN
     RAISE EXCEPTION 'operation_request: params must be a JSON object, got %', jsonb_typeof(p_params)
@@ -3837,7 +3918,7 @@ $$;
 REVOKE ALL ON FUNCTION pgfence.operation_request(text, text, jsonb, text, text) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION pgfence.operation_request(text, text, jsonb, text, text) TO pgfence_client, pgfence_admin;
 COMMENT ON FUNCTION pgfence.operation_request(text, text, jsonb, text, text) IS
-  'Request a long external operation of p_kind on p_target (e.g. ''branch.reset'', ''dev-42''); returns (id, status, created, result, error). A repeated idempotency key — also from a concurrent transaction — returns the existing operation with created = false, a finished one answering from its row, and starts nothing. At most one operation per (kind, target) is queued or running: a different request for a busy target raises PF201, whose DETAIL starts with "Operation <id>" (the one in flight). requested_by NULL = session_user. At commit, NOTIFY pgfence_operation carries {"kind","id"}. Errors: 22004 (kind/target/params NULL), 22023 (bad kind, target, params, key), PF003 (key already names a different request), PF201 (target busy), 40001 (conflict invisible to a REPEATABLE READ snapshot: retry).';
+  'Request a long external operation of p_kind on p_target (e.g. ''branch.reset'', ''dev-42''); returns (id, status, created, result, error). A repeated idempotency key — also from a concurrent transaction — returns the existing operation with created = false, a finished one answering from its row, and starts nothing. At most one operation per (kind, target) is queued or running: a different request for a busy target raises PF201, whose DETAIL starts with "Operation <id>" (the one in flight). requested_by NULL = session_user. At commit, NOTIFY pgfence_operation carries {"kind","id"}. Errors: 22004 (kind/target/params NULL), 22023 (bad kind, target — 1-1024 characters, at most 2048 bytes —, params, key), PF003 (key already names a different request), PF201 (target busy), 40001 (conflict invisible to a REPEATABLE READ snapshot: retry).';
 
 -- ---------------------------------------------------------------------------------------------
 -- Claim (executor)
@@ -4753,6 +4834,11 @@ BEGIN
     RAISE EXCEPTION 'document_register_kind: max_bytes must be between 1 and 104857600 (100 MiB), got %', p_max_bytes
       USING ERRCODE = '22023';
   END IF;
+  IF length(p_description) > 1000 THEN
+    RAISE EXCEPTION 'document_register_kind: description must be at most 1000 characters, got %', length(p_description)
+      USING ERRCODE = '22023', DETAIL = 'The kind registry holds descriptions of up to 1000 characters.',
+            HINT = 'Shorten the description; nothing was registered.';
+  END IF;
   SELECT k.* INTO v_cur FROM pgfence.document_kind k WHERE k.kind = p_kind FOR UPDATE;
   IF FOUND AND v_cur.builtin
      AND (coalesce(p_merge, v_cur.merge) <> v_cur.merge
@@ -4771,6 +4857,14 @@ BEGIN
         HINT = 'Pass a function f(base jsonb, local jsonb, stored jsonb) RETURNS jsonb.';
     END IF;
     SELECT p.* INTO v_fn FROM pg_catalog.pg_proc p WHERE p.oid = coalesce(p_merge_function, v_cur.merge_function);
+    IF NOT FOUND THEN
+      -- a regprocedure is only an OID: '999999'::regprocedure, or a function dropped since
+      RAISE EXCEPTION 'document_register_kind: merge_function % does not exist', coalesce(p_merge_function, v_cur.merge_function)::oid
+        USING ERRCODE = '42883',
+              DETAIL = CASE WHEN p_merge_function IS NULL THEN 'The kind''s merge function was dropped after it was registered.'
+                            ELSE 'No function has this OID.' END,
+              HINT = 'Pass an existing function f(base jsonb, local jsonb, stored jsonb) RETURNS jsonb.';
+    END IF;
     IF v_fn.pronargs <> 3 OR v_fn.proargtypes[0] <> 'jsonb'::regtype OR v_fn.proargtypes[1] <> 'jsonb'::regtype
        OR v_fn.proargtypes[2] <> 'jsonb'::regtype
        OR v_fn.prorettype <> 'jsonb'::regtype OR v_fn.proretset OR v_fn.prokind <> 'f' THEN
@@ -4805,7 +4899,7 @@ $$;
 REVOKE ALL ON FUNCTION pgfence.document_register_kind(text, text, regprocedure, text, integer, text) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION pgfence.document_register_kind(text, text, regprocedure, text, integer, text) TO pgfence_admin;
 COMMENT ON FUNCTION pgfence.document_register_kind(text, text, regprocedure, text, integer, text) IS
-  'Admin: register a document kind or change one (NULL keeps the current value; a new kind defaults to content_type object and max_bytes 1 MiB). merge: attributes (three-way merge by top-level key, like record), none (never merges, like sheet) or function (merge_function f(base, local, stored jsonb) RETURNS jsonb {"content", "conflicts"}, IMMUTABLE or STABLE; it runs with the privileges of whoever calls document_merge, so grant them EXECUTE on it). Built-in kinds (record, sheet) only take a new max_bytes or description. Returns the stored kind. Errors: 22004 (missing kind, merge or merge_function), 22023 (bad name, merge, content_type, max_bytes or function signature; changing a built-in''s merge).';
+  'Admin: register a document kind or change one (NULL keeps the current value; a new kind defaults to content_type object and max_bytes 1 MiB). merge: attributes (three-way merge by top-level key, like record), none (never merges, like sheet) or function (merge_function f(base, local, stored jsonb) RETURNS jsonb {"content", "conflicts"}, IMMUTABLE or STABLE; it runs with the privileges of whoever calls document_merge, so grant them EXECUTE on it). Built-in kinds (record, sheet) only take a new max_bytes or description. Returns the stored kind. Errors: 22004 (missing kind, merge or merge_function), 22023 (bad name, merge, content_type, max_bytes, description over 1000 characters or function signature; changing a built-in''s merge), 42883 (merge_function names no function: an OID of nothing, or the kind''s function was dropped).';
 
 -- ---------------------------------------------------------------------------------------------
 -- Create, read
@@ -4987,7 +5081,8 @@ SET search_path = pg_catalog, pgfence, pg_temp
 AS $$
 #variable_conflict use_column
 BEGIN
-  IF p_rev.op <> 'save' OR p_rev.version <> p_expected_version + 1 OR p_rev.content <> p_content THEN
+  -- version - 1, not expected_version + 1: an expected_version of 2^63-1 must not overflow
+  IF p_rev.op <> 'save' OR p_rev.version - 1 <> p_expected_version OR p_rev.content <> p_content THEN
     RAISE EXCEPTION 'document %: save_id "%" already saved version % (from version %) with other content', p_rev.document_id, p_rev.save_id, p_rev.version, p_rev.version - 1
       USING ERRCODE = 'PF003',
             DETAIL = format('This call is based on version %s.', p_expected_version),
@@ -5110,7 +5205,8 @@ BEGIN
     IF NOT FOUND THEN
       RAISE EXCEPTION 'document_delete: no document with id %', p_id USING ERRCODE = 'P0002';
     END IF;
-    IF v_doc.status = 'deleted' AND v_doc.version = p_expected_version + 1 THEN
+    -- version - 1, not expected_version + 1: an expected_version of 2^63-1 must not overflow
+    IF v_doc.status = 'deleted' AND v_doc.version - 1 = p_expected_version THEN
       -- Already deleted by a delete based on the same version (a retry whose answer was lost).
       PERFORM pgfence._event('document', p_id, 'replay', NULL, NULL, v_doc.version,
                              jsonb_build_object('op', 'delete', 'expected_version', p_expected_version), p_by);
@@ -5151,6 +5247,7 @@ AS $$
 DECLARE
   v_merge    text;
   v_function regprocedure;
+  v_call     text;
   v_result   jsonb;
 BEGIN
   IF p_kind IS NULL THEN
@@ -5245,10 +5342,15 @@ BEGIN
   END IF;
 
   -- merge = function: the application's merge, with the caller's privileges.
-  EXECUTE (SELECT format('SELECT %I.%I($1, $2, $3)', n.nspname, p.proname)
-           FROM pg_catalog.pg_proc p JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace
-           WHERE p.oid = v_function)
-    INTO v_result USING p_base, p_local, p_stored;
+  SELECT format('SELECT %I.%I($1, $2, $3)', n.nspname, p.proname) INTO v_call
+  FROM pg_catalog.pg_proc p JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace
+  WHERE p.oid = v_function;
+  IF v_call IS NULL THEN
+    RAISE EXCEPTION 'document_merge: the merge function of kind % no longer exists', p_kind
+      USING ERRCODE = '42883', DETAIL = format('The kind was registered with function OID %s, which names no function now.', v_function::oid),
+            HINT = 'An admin re-registers the kind with an existing merge function (document_register_kind).';
+  END IF;
+  EXECUTE v_call INTO v_result USING p_base, p_local, p_stored;
   IF v_result IS NULL OR jsonb_typeof(v_result) <> 'object' OR NOT v_result ? 'content'
      OR jsonb_typeof(v_result -> 'conflicts') IS DISTINCT FROM 'array' THEN
     RAISE EXCEPTION 'document_merge: the merge function % of kind % returned %, not {"content": ..., "conflicts": [...]}', v_function, p_kind, left(coalesce(v_result::text, 'NULL'), 200)
@@ -5261,7 +5363,7 @@ $$;
 REVOKE ALL ON FUNCTION pgfence.document_merge(text, jsonb, jsonb, jsonb) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION pgfence.document_merge(text, jsonb, jsonb, jsonb) TO pgfence_client, pgfence_admin;
 COMMENT ON FUNCTION pgfence.document_merge(text, jsonb, jsonb, jsonb) IS
-  'Three-way merge of a kind: base = the revision the local copy was edited from, local = the client''s copy, stored = the conflict answer''s content. Returns content (the merge, to save against the stored version) and conflicts (a JSON array of {"key", "base", "local", "stored"}, a side''s field absent when the key is absent on that side; empty = clean). attributes (record): per top-level key, the side that changed it wins; keys changed differently on both sides are conflicts and content keeps the stored value for them. none (sheet): never merges: if only one side changed, content is that side; if both changed, content is NULL and every differing top-level key or array index (key NULL: the whole value) is a conflict. function: the kind''s merge_function, run with the caller''s privileges. Changes nothing. Errors: 22004 (NULL argument), 22023 (record inputs that are not objects), PF302 (unknown kind), PF304 (a merge function returned a malformed result).';
+  'Three-way merge of a kind: base = the revision the local copy was edited from, local = the client''s copy, stored = the conflict answer''s content. Returns content (the merge, to save against the stored version) and conflicts (a JSON array of {"key", "base", "local", "stored"}, a side''s field absent when the key is absent on that side; empty = clean). attributes (record): per top-level key, the side that changed it wins; keys changed differently on both sides are conflicts and content keeps the stored value for them. none (sheet): never merges: if only one side changed, content is that side; if both changed, content is NULL and every differing top-level key or array index (key NULL: the whole value) is a conflict. function: the kind''s merge_function, run with the caller''s privileges. Changes nothing. Errors: 22004 (NULL argument), 22023 (record inputs that are not objects), PF302 (unknown kind), PF304 (a merge function returned a malformed result), 42883 (the kind''s merge function was dropped); a kind''s merge function may raise its own.';
 
 
 -- ==== functions/90_audit.sql
@@ -6001,7 +6103,12 @@ BEGIN
   v_older := coalesce(p_older_than, CASE p_module WHEN 'outbox' THEN interval '7 days' ELSE interval '90 days' END);
   v_batch := coalesce(p_batch_size, CASE p_module WHEN 'plan' THEN 100 WHEN 'document' THEN 5000 ELSE 1000 END);
   PERFORM pgfence._audit_check_purge(v_older, v_batch);
-  v_cutoff := now() - v_older;
+  BEGIN
+    v_cutoff := now() - v_older;
+  EXCEPTION WHEN datetime_field_overflow THEN
+    -- older than the earliest timestamp PostgreSQL has (4713 BC): nothing is that old
+    v_cutoff := '-infinity';
+  END;
   purged := 0;
   LOOP
     SELECT * INTO v FROM pgfence._audit_purge_batch(p_module, v_cutoff, v_after, v_batch);
@@ -6015,7 +6122,7 @@ $$;
 REVOKE ALL ON PROCEDURE pgfence.audit_purge(text, interval, integer, bigint) FROM PUBLIC;
 GRANT EXECUTE ON PROCEDURE pgfence.audit_purge(text, interval, integer, bigint) TO pgfence_admin;
 COMMENT ON PROCEDURE pgfence.audit_purge(text, interval, integer, bigint) IS
-  'Retention: CALL pgfence.audit_purge(module [, older_than [, batch_size]]). Deletes the module''s terminal items that finished more than older_than ago (database clock, fixed when the call starts) together with their events: outbox messages sent, failed or dead (and the reaper''s lapse receipts; default older_than 7 days, batch_size 1000); plans executed, failed, rejected or expired, with their steps and receipts (90 days, 100: a plan may have 10000 steps), keeping a plan that a kept plan compensates until that one goes; operations succeeded, failed or canceled (90 days, 1000). Pending, processing, approved, executing, queued and running items are never touched. For module document it deletes document events older than older_than (90 days, 5000); documents and their revisions are never deleted (a deleted document keeps its tombstone; revisions are the save receipts). Walks the table batch_size rows per transaction and commits after each, so every lock is short and rows locked by someone else (a requeue) are skipped. Returns purged = items deleted (events, for documents). Must be called outside an explicit transaction block (it commits). Errors: 22004 (module NULL), 22023 (unknown module, negative older_than, batch_size outside 1..100000), 2D000 (inside a transaction block).';
+  'Retention: CALL pgfence.audit_purge(module [, older_than [, batch_size]]). Deletes the module''s terminal items that finished more than older_than ago (database clock, fixed when the call starts) together with their events: outbox messages sent, failed or dead (and the reaper''s lapse receipts; default older_than 7 days, batch_size 1000); plans executed, failed, rejected or expired, with their steps and receipts (90 days, 100: a plan may have 10000 steps), keeping a plan that a kept plan compensates until that one goes; operations succeeded, failed or canceled (90 days, 1000). Pending, processing, approved, executing, queued and running items are never touched. For module document it deletes document events older than older_than (90 days, 5000); documents and their revisions are never deleted (a deleted document keeps its tombstone; revisions are the save receipts). Walks the table batch_size rows per transaction and commits after each, so every lock is short and rows locked by someone else (a requeue) are skipped. Returns purged = items deleted (events, for documents); an older_than reaching before the earliest timestamp (4713 BC) purges nothing. Must be called outside an explicit transaction block (it commits). Errors: 22004 (module NULL), 22023 (unknown module, negative older_than, batch_size outside 1..100000), 2D000 (inside a transaction block).';
 
 
 -- ==== functions/99_owner.sql
