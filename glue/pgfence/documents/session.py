@@ -61,7 +61,7 @@ from typing import Any
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
-from ..db import check_version
+from ..db import aschema_version, check_version
 from ..errors import NotFound, PgfenceError, SerializationFailure
 from . import api
 from .api import JsonText, MergeResult
@@ -337,7 +337,7 @@ class DocumentSession:
         store = drafts if isinstance(drafts, DraftStore) else DraftStore(drafts)
         try:
             async with src.connection() as conn:
-                check_version(await _aschema_version(conn))
+                check_version(await aschema_version(conn))
                 doc = await api.aget(conn, document_id)
             if doc.deleted:
                 raise DocumentDeleted(f"document {document_id} was deleted (version {doc.version})")
@@ -891,17 +891,6 @@ class DocumentSession:
                 self._on_state(change)
             except Exception:
                 logger.exception("document %s: on_state callback failed", self.document_id)
-
-
-async def _aschema_version(conn: psycopg.AsyncConnection[Any]) -> int | None:
-    """Async :func:`pgfence.db.schema_version`."""
-    cur = await conn.execute("SELECT to_regprocedure('pgfence.schema_version()') IS NOT NULL")
-    row = await cur.fetchone()
-    if not row or not row[0]:
-        return None
-    cur = await conn.execute("SELECT pgfence.schema_version()")
-    got = await cur.fetchone()
-    return int(got[0]) if got else None
 
 
 async def create_document(kind: str, content: Any, *, user: str, dsn: str | None = None,

@@ -49,10 +49,9 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from ..db import check_version
+from ..db import aschema_version, check_version
 from ..documents import api
 from ..documents.connections import ConnectionSource
-from ..documents.session import _aschema_version
 from ..errors import PgfenceError
 from .auth import READ, WRITE, Authenticate, Authorize, Forbidden, Principal, Unauthenticated
 
@@ -188,7 +187,7 @@ class _DocumentsAPI:
             pool = self._own_pool
             if not self._schema_checked:
                 async with pool.connection() as conn:
-                    check_version(await _aschema_version(conn))
+                    check_version(await aschema_version(conn))
                 self._schema_checked = True
         return pool
 
