@@ -215,6 +215,44 @@ def test_body_limit_content_type_and_malformed_json(db: str) -> None:
         assert nan.status == 400
 
 
+def test_hostile_versions_and_json_are_answered_4xx_never_500(server: str, db: str) -> None:
+    doc = create(server, {"t": 0})
+
+    def raw_put(body: bytes, if_match: str | None = '"1"', key: str = "h") -> Answer:
+        headers = {"Content-Type": "application/json", "Idempotency-Key": key}
+        if if_match is not None:
+            headers["If-Match"] = if_match
+        return call(server, "PUT", f"/documents/{doc}", raw=body, token=tok(), headers=headers)
+
+    # versions: only ASCII digits, only bigint range (str.isdigit() takes "\u00b2", int() not)
+    for if_match in ['"\u00b2"', '"\u00b9"', f'"{2**63}"', '"' + "9" * 30 + '"', '"-1"', '""']:
+        res = raw_put(b'{"content": {"t": 1}}', if_match)
+        assert (res.status, res.json["error"]) == (400, "bad_request"), (if_match, res.raw)
+    for version in [2**63, 2**70, -1, 0, 1.5, "1", True]:
+        res = put(server, doc, {"t": 1}, None, key="bv", expectedVersion=version)
+        assert (res.status, res.json["error"]) == (400, "bad_request"), (version, res.raw)
+    assert call(server, "DELETE", f"/documents/{doc}", token=tok(),
+                headers={"If-Match": f'"{2**64}"'}).status == 400
+    # JSON that PostgreSQL's jsonb cannot hold: a NUL character, a lone surrogate
+    nul = raw_put(b'{"content": {"t": "a\\u0000b"}}', key="nul")
+    assert (nul.status, nul.json["error"], nul.json["sqlstate"]) == (422, "invalid_argument", "22P05")
+    lone = raw_put(b'{"content": {"t": "\\ud800"}}', key="lone")
+    assert (lone.status, lone.json["error"], lone.json["sqlstate"]) == (422, "invalid_argument", "22P02")
+    # numbers a double cannot carry would be stored changed: refused, not rounded
+    for number in [b"1e400", b"-1e400", b"1e-400", b"3.14159265358979323846264338327950288"]:
+        res = raw_put(b'{"content": {"t": ' + number + b"}}", key="num")
+        assert (res.status, res.json["error"]) == (400, "bad_request"), (number, res.raw)
+        assert "exactly" in res.json["message"]
+    fine = raw_put(b'{"content": {"t": 0.1, "u": 1.10, "v": 12345678901234567890123}}', key="ok")
+    assert fine.status == 200, fine.raw
+    # nesting deeper than the parser's recursion: 400, not a RecursionError 500
+    deep = raw_put(b'{"content": {"t": ' + b"[" * 100_000 + b"]" * 100_000 + b"}}", '"2"', key="deep")
+    assert (deep.status, deep.json["error"]) == (400, "bad_request"), deep.raw
+    with psycopg.connect(db, autocommit=True) as c:
+        assert api.get(c, doc).content == {"t": 0.1, "u": 1.1, "v": 12345678901234567890123}
+        assert [r["version"] for r in api.history(c, doc)] == [2, 1]
+
+
 # ---------------------------------------------------------------------------------------------
 # delete, merge
 # ---------------------------------------------------------------------------------------------

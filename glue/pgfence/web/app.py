@@ -34,7 +34,10 @@ import contextlib
 import inspect
 import json
 import logging
+import math
+import re
 from collections.abc import AsyncIterator, Sequence
+from decimal import Decimal
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -65,6 +68,9 @@ MAX_DOCUMENT_ID = 2**63 - 1
 HTTP_BY_SQLSTATE: dict[str, tuple[int, str]] = {
     "22004": (422, "invalid_argument"),         # a required value is missing
     "22023": (422, "invalid_argument"),         # content of the wrong shape, bad save id
+    "22P02": (422, "invalid_argument"),         # JSON jsonb refuses (a lone surrogate)
+    "22P05": (422, "invalid_argument"),         # JSON jsonb refuses (\u0000 in a string)
+    "22003": (422, "invalid_argument"),         # a number out of a column's range
     "P0002": (404, "not_found"),                # unknown document or version
     "PF001": (409, "illegal_transition"),
     "PF002": (409, "immutable"),
@@ -140,19 +146,41 @@ async def _maybe_await(value: Any) -> Any:
     return await value if inspect.isawaitable(value) else value
 
 
+_ETAG_VERSION = re.compile(r'(?:W/)?("?)([0-9]{1,19})\1')
+
+
+def _version_or_none(value: object) -> int | None:
+    """``value`` if it is an int version (1 .. 2**63-1), else None."""
+    if isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= MAX_DOCUMENT_ID:
+        return value
+    return None
+
+
 def _parse_if_match(value: str) -> int:
-    """``"3"`` (or weak ``W/"3"``) → 3. ``*`` is refused: there is no unconditional save."""
+    """``"3"`` (or weak ``W/"3"``, or bare ``3``) → 3: ASCII digits in bigint range only.
+    ``*`` is refused (428): there is no unconditional save."""
     text = value.strip()
     if text == "*":
         raise HttpError(428, "precondition_required",
                         "If-Match: * would overwrite blindly; send the version you edited "
                         "(the ETag of your GET)")
-    text = text.removeprefix("W/")
-    if len(text) >= 2 and text[0] == text[-1] == '"':
-        text = text[1:-1]
-    if not text.isdigit() or int(text) < 1:
-        raise HttpError(400, "bad_request", f"If-Match must be one ETag like \"3\", got {value!r}")
-    return int(text)
+    match = _ETAG_VERSION.fullmatch(text)
+    version = _version_or_none(int(match.group(2))) if match else None
+    if version is None:
+        raise HttpError(400, "bad_request",
+                        f"If-Match must be one ETag like \"3\" (a version 1..2^63-1), "
+                        f"got {value[:80]!r}")
+    return version
+
+
+def _exact_float(text: str) -> float:
+    """``parse_float`` for request bodies: a JSON number that a double holds exactly (as
+    jsonb will then store it); anything a double would change (1e400, 1e-400, more than 17
+    significant digits) is refused rather than silently stored rounded."""
+    value = float(text)
+    if not math.isfinite(value) or Decimal(repr(value)) != Decimal(text):
+        raise ValueError(f"the number {text[:40]} cannot be kept exactly; send it as a string")
+    return value
 
 
 class _DocumentsAPI:
@@ -251,9 +279,12 @@ class _DocumentsAPI:
                                 f"the request body is over {self.max_body_bytes} bytes")
             chunks.append(chunk)
         try:
-            body = json.loads(b"".join(chunks), parse_constant=_no_constant)
+            body = json.loads(b"".join(chunks), parse_constant=_no_constant,
+                              parse_float=_exact_float)
         except (ValueError, UnicodeDecodeError) as exc:
             raise HttpError(400, "bad_request", f"the body is not valid JSON: {exc}") from exc
+        except RecursionError as exc:
+            raise HttpError(400, "bad_request", "the body is nested too deeply") from exc
         if not isinstance(body, dict):
             raise HttpError(400, "bad_request", "the body must be a JSON object")
         return body
@@ -277,10 +308,11 @@ class _DocumentsAPI:
         from_header = _parse_if_match(header) if header is not None else None
         from_body = None
         if body is not None and ("expectedVersion" in body or "expected_version" in body):
-            value = body.get("expectedVersion", body.get("expected_version"))
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise HttpError(400, "bad_request", "expectedVersion must be an integer >= 1")
-            from_body = value
+            from_body = _version_or_none(body.get("expectedVersion",
+                                                  body.get("expected_version")))
+            if from_body is None:
+                raise HttpError(400, "bad_request",
+                                "expectedVersion must be an integer 1..2^63-1")
         if from_header is not None and from_body is not None and from_header != from_body:
             raise HttpError(400, "bad_request",
                             f"If-Match ({from_header}) and expectedVersion ({from_body}) differ")
