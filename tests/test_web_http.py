@@ -112,6 +112,25 @@ def test_create_201_location_etag_and_an_idempotent_repeat(server: str, db: str)
         assert api.get(c, a.json["id"]).created_by == "ann"
 
 
+def test_a_create_idempotency_key_is_the_callers_own(server: str, db: str) -> None:
+    """Two users who happen to send the same key (clients count from 1) never get each
+    other's document, nor learn that it exists."""
+    body = {"kind": "record", "content": {}}
+    ann = call(server, "POST", "/documents", body, token=tok("ann"), headers={"Idempotency-Key": "1"})
+    bob = call(server, "POST", "/documents", body, token=tok("bob"), headers={"Idempotency-Key": "1"})
+    assert ann.status == bob.status == 201 and ann.json["id"] != bob.json["id"]
+    other = call(server, "POST", "/documents", {"kind": "record", "content": {"x": 1}},
+                 token=tok("carol"), headers={"Idempotency-Key": "1"})
+    assert other.status == 201 and other.json["id"] not in (ann.json["id"], bob.json["id"])
+    again = call(server, "POST", "/documents", body, token=tok("bob"), headers={"Idempotency-Key": "1"})
+    assert again.status == 201 and again.json["id"] == bob.json["id"]     # bob's retry: bob's doc
+    with psycopg.connect(db, autocommit=True) as c:
+        assert api.get(c, bob.json["id"]).created_by == "bob"
+    for bad in ["", "k" * 256]:
+        res = call(server, "POST", "/documents", body, token=tok(), headers={"Idempotency-Key": bad})
+        assert (res.status, res.json["error"]) == (400, "bad_request")
+
+
 def test_create_errors_422_unknown_kind_and_invalid_content(server: str) -> None:
     bad_kind = call(server, "POST", "/documents", {"kind": "nope", "content": {}}, token=tok())
     assert (bad_kind.status, bad_kind.json["error"], bad_kind.json["sqlstate"]) == (

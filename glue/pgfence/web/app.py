@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import inspect
 import json
 import logging
@@ -171,6 +172,17 @@ def _parse_if_match(value: str) -> int:
                         f"If-Match must be one ETag like \"3\" (a version 1..2^63-1), "
                         f"got {value[:80]!r}")
     return version
+
+
+def _create_key(user: str, key: str | None) -> str | None:
+    """The ``idempotency_key`` stored for a create: the caller's ``Idempotency-Key`` scoped to
+    the authenticated user (a hash of both), so that two users sending the same key never get
+    each other's document, nor learn that it exists. Raises HttpError 400 unless 1-255 chars."""
+    if key is None:
+        return None
+    if not 1 <= len(key) <= 255:
+        raise HttpError(400, "bad_request", "Idempotency-Key must be 1-255 characters")
+    return "http:" + hashlib.sha256(f"{user}\0{key}".encode()).hexdigest()
 
 
 def _exact_float(text: str) -> float:
@@ -344,7 +356,7 @@ class _DocumentsAPI:
         self._require(body, "kind", "content")
         if not isinstance(body["kind"], str):
             raise HttpError(400, "bad_request", "kind must be a string")
-        key = request.headers.get("idempotency-key")
+        key = _create_key(who.name, request.headers.get("idempotency-key"))
         async with self._conn() as conn:
             doc_id = await api.acreate(conn, body["kind"], body["content"], who.name,
                                        idempotency_key=key)
