@@ -330,3 +330,19 @@ def test_edits_debounce_into_one_save_and_an_edit_during_a_save_stays_pending(
     assert js(browser, "return await s.flush(5000);") == 4
     assert stored(db, doc).content == {"n": 7} and versions(db, doc) == [1, 2, 3, 4]
     assert drafts_in(browser) == []
+
+
+def test_a_save_whose_upload_stalls_is_answered_408_and_retried_with_the_same_key(
+        browser: webdriver.Chrome, db: str) -> None:
+    app = serve_app(dsn=db, authenticate=trusted_header_auth(DEMO_USER_HEADER), body_timeout=1.0)
+    with ServerThread(app) as server, HttpFaultProxy(server.port) as proxy:
+        doc = create(db, "record", {"title": "a"})
+        open_session(browser, proxy.url, doc, "ann")
+        stalled = proxy.stall_next("PUT", f"/documents/{doc}")
+        js(browser, "s.edit({title: 'b'});")
+        assert js(browser, "return await s.flush(15000);") == 2
+        assert stalled.is_set()
+        puts = proxy.requests("PUT", f"/documents/{doc}")
+        assert [p[3].split(" ")[1] for p in puts] == ["408", "200"]
+        assert puts[0][2] == puts[1][2]                           # the same Idempotency-Key
+        assert versions(db, doc) == [1, 2] and stored(db, doc).content == {"title": "b"}

@@ -10,6 +10,7 @@ import http.client
 import json
 import os
 import re
+import socket
 import subprocess
 import sys
 import time
@@ -270,6 +271,21 @@ def test_hostile_versions_and_json_are_answered_4xx_never_500(server: str, db: s
     with psycopg.connect(db, autocommit=True) as c:
         assert api.get(c, doc).content == {"t": 0.1, "u": 1.1, "v": 12345678901234567890123}
         assert [r["version"] for r in api.history(c, doc)] == [2, 1]
+
+
+def test_a_body_that_trickles_in_is_answered_408_not_waited_on_forever(db: str) -> None:
+    """A client that sends its headers and then stalls (slowloris) holds a connection only
+    until body_timeout; the session retries 408 with the same save id."""
+    app = documents_app(dsn=db, authenticate=lambda r: "ann", body_timeout=1.0)
+    with ServerThread(app) as srv, socket.create_connection(("127.0.0.1", srv.port), timeout=15) as s:
+        s.sendall(b"PUT /documents/1 HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  b'If-Match: "1"\r\nIdempotency-Key: slow\r\nContent-Length: 100\r\n\r\n{')
+        answer = b""
+        while b"\r\n\r\n" not in answer:
+            chunk = s.recv(4096)
+            assert chunk, f"connection closed without an answer: {answer!r}"
+            answer += chunk
+    assert answer.startswith(b"HTTP/1.1 408"), answer
 
 
 # ---------------------------------------------------------------------------------------------

@@ -200,7 +200,7 @@ class _DocumentsAPI:
 
     def __init__(self, *, dsn: str | None, source: ConnectionSource | None,
                  authenticate: Authenticate, authorize: Authorize | None, max_body_bytes: int,
-                 db_timeout: float, pool_size: int) -> None:
+                 db_timeout: float, pool_size: int, body_timeout: float = 30.0) -> None:
         self._dsn = dsn
         self._source = source
         self._own_pool: AsyncConnectionPool[Any] | None = None
@@ -211,6 +211,7 @@ class _DocumentsAPI:
         self.max_body_bytes = max_body_bytes
         self.db_timeout = db_timeout
         self.pool_size = pool_size
+        self.body_timeout = body_timeout
 
     # -- plumbing --------------------------------------------------------------------------
     async def _connections(self) -> ConnectionSource:
@@ -284,12 +285,20 @@ class _DocumentsAPI:
             raise HttpError(413, "body_too_large",
                             f"the request body is over {self.max_body_bytes} bytes")
         chunks, size = [], 0
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > self.max_body_bytes:
-                raise HttpError(413, "body_too_large",
-                                f"the request body is over {self.max_body_bytes} bytes")
-            chunks.append(chunk)
+        try:
+            async with asyncio.timeout(self.body_timeout):
+                async for chunk in request.stream():
+                    size += len(chunk)
+                    if size > self.max_body_bytes:
+                        raise HttpError(413, "body_too_large",
+                                        f"the request body is over {self.max_body_bytes} bytes")
+                    chunks.append(chunk)
+        except TimeoutError as exc:
+            raise HttpError(408, "body_timeout",
+                            f"the request body did not arrive within {self.body_timeout:g}s",
+                            headers={"Connection": "close"},
+                            hint="send the same request again (a save with the same "
+                                 "Idempotency-Key)") from exc
         try:
             body = json.loads(b"".join(chunks), parse_constant=_no_constant,
                               parse_float=_exact_float)
@@ -494,7 +503,8 @@ def cors_middleware(origins: Sequence[str]) -> list[Middleware]:
 def documents_app(*, dsn: str | None = None, source: ConnectionSource | None = None,
                   authenticate: Authenticate, authorize: Authorize | None = None,
                   cors_origins: Sequence[str] = (), max_body_bytes: int = 2 * 1024 * 1024,
-                  db_timeout: float = 10.0, pool_size: int = 10) -> Starlette:
+                  db_timeout: float = 10.0, pool_size: int = 10,
+                  body_timeout: float = 30.0) -> Starlette:
     """The documents API as an ASGI app, to run or mount (``Mount("/api", documents_app(…))``
     serves ``/api/documents/…``; the browser module is at ``/api/static/pgfence-documents.js``).
 
@@ -511,6 +521,8 @@ def documents_app(*, dsn: str | None = None, source: ConnectionSource | None = N
         max_body_bytes: larger request bodies are answered 413 before they are read in full.
         db_timeout: seconds a request may wait for a connection and its statements (then 503).
         pool_size: most pooled connections.
+        body_timeout: seconds a request body may take to arrive (then 408): a client that
+            stalls mid-body does not hold its connection forever.
 
     Raises:
         ValueError: neither or both of ``dsn`` and ``source``.
@@ -519,7 +531,8 @@ def documents_app(*, dsn: str | None = None, source: ConnectionSource | None = N
         raise ValueError("pass exactly one of dsn= or source=")
     handlers = _DocumentsAPI(dsn=dsn, source=source, authenticate=authenticate,
                              authorize=authorize, max_body_bytes=max_body_bytes,
-                             db_timeout=db_timeout, pool_size=pool_size)
+                             db_timeout=db_timeout, pool_size=pool_size,
+                             body_timeout=body_timeout)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:

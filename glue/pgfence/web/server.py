@@ -41,13 +41,14 @@ DEMO_USER_HEADER = "X-Pgfence-User"
 def serve_app(*, dsn: str, authenticate: Authenticate, authorize: Authorize | None = None,
               demo: bool = False, cors_origins: Sequence[str] = (),
               max_body_bytes: int = 2 * 1024 * 1024, db_timeout: float = 10.0,
-              pool_size: int = 10) -> Starlette:
+              pool_size: int = 10, body_timeout: float = 30.0) -> Starlette:
     """The app of ``pgfence serve``: ``/documents…``, ``/static/…``, an index at ``/`` and,
     with ``demo``, the demo page at ``/demo/`` (arguments as for
     :func:`~pgfence.web.documents_app`)."""
     handlers = _DocumentsAPI(dsn=dsn, source=None, authenticate=authenticate,
                              authorize=authorize, max_body_bytes=max_body_bytes,
-                             db_timeout=db_timeout, pool_size=pool_size)
+                             db_timeout=db_timeout, pool_size=pool_size,
+                             body_timeout=body_timeout)
 
     async def index(request: Request) -> Response:
         links = ['<li><a href="static/pgfence-documents.js">static/pgfence-documents.js</a>'

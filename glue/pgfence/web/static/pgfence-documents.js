@@ -7,10 +7,10 @@
 //     at most maxWaitMs after the first unsaved one) and serialised: one save in flight, always
 //     of the latest snapshot, against the last confirmed version. An edit made during a save
 //     stays pending; that save's success never clears it.
-//   - A save whose answer was lost (network error, timeout, 502/503/504) is retried with the
-//     same save id (Idempotency-Key), base version and content: the server answers "saved"
-//     (replayed) if the first attempt committed. A refusal (4xx) is not retried until the
-//     next edit.
+//   - A save whose answer was lost (network error, timeout, 408/429/502/503/504) is retried
+//     with the same save id (Idempotency-Key), base version and content: the server answers
+//     "saved" (replayed) if the first attempt committed. A refusal (other 4xx) is not retried
+//     until the next edit.
 //   - A 409 stops saving: state "conflict" with base, local and stored copies. No automatic
 //     rebase: rebase(resolve) runs the kind's merge on the server (POST …/merge; records merge
 //     by attribute id, sheets never merge) and saves the result against the stored version.
@@ -83,8 +83,8 @@ export class HttpError extends Error {
     this.code = this.body.error;
     this.sqlstate = this.body.sqlstate;
   }
-  /** 502/503/504: the outcome is unknown or the server asked for a retry. */
-  get transient() { return this.status === 502 || this.status === 503 || this.status === 504; }
+  /** 408/429/502/503/504: the outcome is unknown or the server asked for a retry. */
+  get transient() { return [408, 429, 502, 503, 504].includes(this.status); }
 }
 /** No answer (network down, connection cut, timeout): the outcome is unknown. */
 export class NetworkError extends Error {
