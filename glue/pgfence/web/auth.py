@@ -25,6 +25,7 @@ import binascii
 import hashlib
 import hmac
 import json
+import re
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
@@ -36,6 +37,7 @@ READ = "read"
 WRITE = "write"
 ALL_SCOPES = frozenset({READ, WRITE})
 MIN_SECRET_BYTES = 32
+_TOKEN = re.compile(r"([A-Za-z0-9_-]+)\.([A-Za-z0-9_-]+)")
 
 
 @dataclass(frozen=True)
@@ -112,10 +114,13 @@ def verify_token(secret: bytes, token: str, *, now: float | None = None) -> Prin
     Raises:
         InvalidToken: malformed, bad signature, expired, or a payload of the wrong shape.
     """
-    payload, sep, signature = token.partition(".")
-    if not sep or not payload or not signature:
+    # Only the exact text sign_token makes: base64 decoding alone would skip padding and
+    # stray characters, so many strings would verify as one token.
+    parts = _TOKEN.fullmatch(token)
+    if parts is None:
         raise InvalidToken("malformed token")
-    want = hmac.new(secret, payload.encode("ascii", "replace"), hashlib.sha256).digest()
+    payload, signature = parts.groups()
+    want = hmac.new(secret, payload.encode("ascii"), hashlib.sha256).digest()
     try:
         got = _unb64(signature)
         data: Any = json.loads(_unb64(payload))
