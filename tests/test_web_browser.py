@@ -346,3 +346,27 @@ def test_a_save_whose_upload_stalls_is_answered_408_and_retried_with_the_same_ke
         assert [p[3].split(" ")[1] for p in puts] == ["408", "200"]
         assert puts[0][2] == puts[1][2]                           # the same Idempotency-Key
         assert versions(db, doc) == [1, 2] and stored(db, doc).content == {"title": "b"}
+
+
+def test_the_demo_page_shows_other_users_names_and_values_as_text_never_as_markup(
+        browser: webdriver.Chrome, db: str, site: tuple[str, HttpFaultProxy]) -> None:
+    from selenium.webdriver.common.by import By
+
+    base, _ = site
+    browser.get(f"{base}/demo/?user=ann")
+    wait_js(browser, "window.demo && demo.record.session.state", lambda v: v == "clean",
+            what="the demo page to open its documents")
+    doc = int(browser.execute_script("return demo.record.session.documentId;"))
+    evil = "<img src=x onerror=window.pwned=1>"
+    save_as(db, doc, {"title": evil, "owner": "ann", "budget": 100, "notes": ""},
+            user="<img src=x onerror=window.pwned=2>")
+    browser.find_element(By.CSS_SELECTOR, "#record input[name=title]").send_keys(" (mine)")
+    browser.find_element(By.CSS_SELECTOR, '#record [data-act="flush"]').click()
+    wait_js(browser, "document.querySelector('#record .badge').textContent", lambda v: v == "conflict")
+    browser.find_element(By.XPATH, "//section[@id='record']//button[text()='Rebase (merge)']").click()
+    wait_js(browser, "document.querySelectorAll('#record .conflict-box input[type=radio]').length",
+            lambda v: v == 2, what="the per-attribute choice")
+    box = browser.find_element(By.CSS_SELECTOR, "#record .conflict-box")
+    assert "saved by <img src=x onerror=window.pwned=2>" in box.text
+    assert evil in box.text
+    assert browser.execute_script("return [window.pwned, document.querySelectorAll('#record img').length];") == [None, 0]
