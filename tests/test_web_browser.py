@@ -370,3 +370,60 @@ def test_the_demo_page_shows_other_users_names_and_values_as_text_never_as_marku
     assert "saved by <img src=x onerror=window.pwned=2>" in box.text
     assert evil in box.text
     assert browser.execute_script("return [window.pwned, document.querySelectorAll('#record img').length];") == [None, 0]
+
+
+def test_two_tabs_asking_for_one_writer_id_never_share_its_draft_slot(
+        browser: webdriver.Chrome, db: str, site: tuple[str, HttpFaultProxy]) -> None:
+    """An app that keeps its writer id in sessionStorage gets it copied by "duplicate tab":
+    the second live tab must not restore and overwrite the first one's draft."""
+    base, _ = site
+    doc = create(db, "record", {"a": 0, "b": 0})
+    tab_a = browser.current_window_handle
+    quiet = {"debounceMs": 60000, "flushOnHide": False}
+    open_session(browser, base, doc, "ann", writerId="w1", **quiet)
+    js(browser, "s.edit({...s.content, a: 1});")
+    new_tab(browser)
+    snap = open_session(browser, base, doc, "ann", writerId="w1", **quiet)
+    assert snap["state"] == "clean" and snap["pending"] is False          # not restored
+    assert js(browser, "return [s.writerId !== 'w1', s.requestedWriterId, s.restoredDraft, "
+                       "s.siblingDrafts.map(d => [d.writerId, d.content])];") == [
+        True, "w1", None, [["w1", {"a": 1, "b": 0}]]]
+    js(browser, "s.edit({...s.content, b: 2});")
+    assert sorted(d["contentJson"] for d in drafts_in(browser)) == ['{"a":0,"b":2}', '{"a":1,"b":0}']
+    # the writer id is free again once its session closed
+    browser.switch_to.window(tab_a)
+    assert js(browser, "return await s.close(5000);") is True
+    js(browser, "window.s3 = await m.DocumentSession.open(args[0], {user: 'ann', writerId: 'w1', "
+                "headers: {'X-Pgfence-User': 'ann'}}); return null;", doc)
+    assert js(browser, "return [s3.writerId, s3.requestedWriterId];") == ["w1", None]
+
+
+def test_adopting_a_draft_when_storage_is_full_keeps_the_draft(
+        browser: webdriver.Chrome, db: str, site: tuple[str, HttpFaultProxy]) -> None:
+    base, _ = site
+    doc = create(db, "record", {"title": "a"})
+    open_session(browser, base, doc, "ann", writerId="short", debounceMs=60000, flushOnHide=False)
+    js(browser, "s.edit({title: 'unsaved work'});")
+    # a second session (string id: the same draft key) with a writer id longer than the space
+    # left once localStorage is full
+    js(browser, """
+      window.s2 = await m.DocumentSession.open(String(args[0]), {user: 'ann', writerId: 'w'.repeat(2000),
+        headers: {'X-Pgfence-User': 'ann'}, debounceMs: 60000, flushOnHide: false});
+      let i = 0;
+      for (let size = 1 << 22; size >= 1; ) {
+        try { localStorage.setItem(`fill${i++}`, 'x'.repeat(size)); } catch { size >>= 1; }
+      }
+      return null;""", doc)
+    assert js(browser, "return s2.siblingDrafts.map(d => d.content);") == [{"title": "unsaved work"}]
+    err = js(browser, "try { await s2.adopt(s2.siblingDrafts[0]); return null; } "
+                      "catch (e) { return e.name; }")
+    assert err == "QuotaExceededError"
+    js(browser, "for (const k of Object.keys(localStorage)) if (k.startsWith('fill')) "
+                "localStorage.removeItem(k);")
+    assert [(d["writerId"], d["contentJson"]) for d in drafts_in(browser)] == [
+        ("short", '{"title":"unsaved work"}')]                            # still there
+    assert js(browser, "return [s2.state, s2.siblingDrafts.length];") == ["clean", 1]
+    js(browser, "await s2.adopt(s2.siblingDrafts[0]); await s2.flush(5000);")
+    assert stored(db, doc).content == {"title": "unsaved work"} and drafts_in(browser) == []
+    with pytest.raises(JsError, match="TypeError: documentId must be a positive integer"):
+        js(browser, "await m.DocumentSession.open('1e3', {user: 'ann'});")
