@@ -427,3 +427,33 @@ def test_adopting_a_draft_when_storage_is_full_keeps_the_draft(
     assert stored(db, doc).content == {"title": "unsaved work"} and drafts_in(browser) == []
     with pytest.raises(JsError, match="TypeError: documentId must be a positive integer"):
         js(browser, "await m.DocumentSession.open('1e3', {user: 'ann'});")
+
+
+def test_a_save_refused_401_goes_out_on_the_next_flush_once_the_app_has_a_fresh_token(
+        browser: webdriver.Chrome, db: str) -> None:
+    """Tokens expire while a tab is open: the refused save must not wait for another edit (a
+    tab closing then would send nothing)."""
+    import time
+
+    from pgfence.web import bearer_token_auth, sign_token
+
+    secret = b"k" * 32
+    app = serve_app(dsn=db, authenticate=bearer_token_auth(secret))
+    with ServerThread(app) as server:
+        doc = create(db, "record", {"title": "a"})
+        browser.get(f"{server.url}/")
+        js(browser, """
+          window.token = args[0];
+          window.m = await import("/static/pgfence-documents.js");
+          window.s = await m.DocumentSession.open(args[1], {user: "ann",
+            headers: () => ({Authorization: `Bearer ${window.token}`})});
+          return null;""", sign_token(secret, "ann"), doc)
+        browser.execute_script("window.token = arguments[0];",
+                               sign_token(secret, "ann", ttl=1, now=time.time() - 60))
+        js(browser, "s.edit({title: 'b'});")
+        err = js(browser, "try { await s.flush(5000); return null; } catch (e) { "
+                          "return [e.name, e.cause.status, s.state]; }")
+        assert err == ["SaveRefused", 401, "error"]
+        browser.execute_script("window.token = arguments[0];", sign_token(secret, "ann"))
+        assert js(browser, "return await s.flush(5000);") == 2
+        assert stored(db, doc).content == {"title": "b"} and stored(db, doc).saved_by == "ann"

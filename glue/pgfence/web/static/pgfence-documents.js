@@ -10,7 +10,7 @@
 //   - A save whose answer was lost (network error, timeout, 408/429/502/503/504) is retried
 //     with the same save id (Idempotency-Key), base version and content: the server answers
 //     "saved" (replayed) if the first attempt committed. A refusal (other 4xx) is not retried
-//     until the next edit.
+//     until the next edit; one refused 401 (expired credentials) also on the next flush.
 //   - A 409 stops saving: state "conflict" with base, local and stored copies. No automatic
 //     rebase: rebase(resolve) runs the kind's merge on the server (POST …/merge; records merge
 //     by attribute id, sheets never merge) and saves the result against the stored version.
@@ -533,6 +533,7 @@ export class DocumentSession extends EventTarget {
    * @throws ConflictPending, SaveRefused, FlushTimeout, SessionClosed
    */
   async flush(timeoutMs = 30000) {
+    this._rearmUnauthorized();
     const target = this._generation;
     if (this._urgentGeneration < target) this._urgentGeneration = target;
     this._retryAt = null;
@@ -549,6 +550,17 @@ export class DocumentSession extends EventTarget {
       const left = deadline - now();
       if (left <= 0) throw new FlushTimeout(`document ${this.documentId}: not saved within ${timeoutMs} ms`);
       await this._progress(left);
+    }
+  }
+
+  /**
+   * A save refused 401 was refused for its credentials (a token expired), not its content:
+   * an explicit flush sends it again, with whatever headers() gives now.
+   */
+  _rearmUnauthorized() {
+    if (this._refusedGeneration === this._generation && this._lastError instanceof HttpError
+        && this._lastError.status === 401) {
+      this._refusedGeneration = -1;
     }
   }
 
@@ -864,6 +876,7 @@ export class DocumentSession extends EventTarget {
    */
   flushNow() {
     if (this._closed || this._conflict) return;
+    this._rearmUnauthorized();
     this._urgentGeneration = this._generation;
     this._retryAt = null;
     if (this._timer !== null) { clearTimeout(this._timer); this._timer = null; }
