@@ -33,6 +33,7 @@ from pgfence.web import (
     bearer_token_auth,
     documents_app,
     sign_token,
+    trusted_header_auth,
 )
 from support import wait_for
 
@@ -365,6 +366,21 @@ def test_401_without_or_with_a_bad_token_and_403_read_only(server: str, db: str)
     assert res.status == 200 and res.json["saved_by"] == "ann"
     with psycopg.connect(db, autocommit=True) as c:
         assert api.get(c, doc).saved_by == "ann"
+
+
+def test_the_dev_trusted_header_is_believed_only_for_a_loopback_host(db: str) -> None:
+    """A page on any site can DNS-rebind its name to 127.0.0.1 and then call the dev server
+    same-origin, header included: only requests addressed to a loopback name are believed."""
+    app = documents_app(dsn=db, authenticate=trusted_header_auth("X-User"))
+    with ServerThread(app) as srv:
+        made = call(srv.url, "POST", "/documents", {"kind": "record", "content": {}},
+                    headers={"X-User": "ann"})
+        assert made.status == 201
+        path = f"/documents/{made.json['id']}"
+        for host in [f"127.0.0.1:{srv.port}", "localhost", f"[::1]:{srv.port}", "app.localhost"]:
+            assert call(srv.url, "GET", path, headers={"X-User": "ann", "Host": host}).status == 200
+        rebound = call(srv.url, "GET", path, headers={"X-User": "ann", "Host": f"evil.example:{srv.port}"})
+        assert rebound.status == 401 and "loopback" in rebound.json["message"]
 
 
 def test_the_embedding_apps_hooks_async_authenticate_authorize_and_mounting(db: str) -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ipaddress
 import os
 import sys
 from pathlib import Path
@@ -21,15 +20,6 @@ def _secret(secret_file: Path | None) -> bytes | None:
         return secret_file.read_bytes().strip()
     env = os.environ.get(SECRET_ENV)
     return env.encode() if env else None
-
-
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 secret_option = click.option(
@@ -74,7 +64,7 @@ def serve_cmd(state: CliState, host: str, port: int, secret_file: Path | None,
     if demo and dev_trusted_header is None:
         dev_trusted_header = DEMO_USER_HEADER
     if dev_trusted_header is not None:
-        if not _is_loopback(host):
+        if not auth.is_loopback_name(host):
             raise click.UsageError(f"--dev-trusted-header lets anyone claim to be anyone; it is "
                                    f"refused on {host}: use a loopback address (127.0.0.1)")
         authenticate = auth.trusted_header_auth(dev_trusted_header)

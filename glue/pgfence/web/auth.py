@@ -12,7 +12,8 @@ embedding application (it knows its sessions and cookies); it returns the :class
   "scopes": ["read", "write"]}``. Mint one with :func:`sign_token` or ``pgfence token USER``.
 - :func:`trusted_header_auth`: the user named in a request header, believed as is. Only for
   development behind nothing (``pgfence serve --dev-trusted-header X-Pgfence-User``): anyone who
-  can reach the port can claim to be anyone.
+  can reach the port can claim to be anyone. Only requests addressed to a loopback name are
+  believed (a DNS-rebinding page cannot use it).
 
 Scopes: ``read`` (GET, merge) and ``write`` (create, save, delete). A principal without the
 scope an endpoint needs is answered 403.
@@ -24,6 +25,7 @@ import base64
 import binascii
 import hashlib
 import hmac
+import ipaddress
 import json
 import re
 import time
@@ -154,11 +156,31 @@ def bearer_token_auth(secret: bytes) -> Authenticate:
     return authenticate
 
 
-def trusted_header_auth(header: str) -> Authenticate:
+def is_loopback_name(host: str) -> bool:
+    """``localhost``, ``*.localhost`` or a loopback address (``127.x``, ``::1``)."""
+    name = host.strip("[]").rstrip(".").lower()
+    if name == "localhost" or name.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False
+
+
+def trusted_header_auth(header: str, *, loopback_only: bool = True) -> Authenticate:
     """Development hook: the user is whatever the request header ``header`` says (no proof).
-    Missing or empty: None (401)."""
+    Missing or empty: None (401).
+
+    With ``loopback_only`` (the default) the header is believed only in requests addressed to
+    a loopback name (the ``Host`` header): a page on any site can rebind its DNS name to
+    127.0.0.1 and then call the development server as its own origin, header and all; such
+    requests are answered 401.
+    """
 
     def authenticate(request: Request) -> Principal | None:
+        if loopback_only and not is_loopback_name(request.url.hostname or ""):
+            raise Unauthenticated(f"the development header {header} is only believed in "
+                                  "requests to a loopback name (localhost, 127.0.0.1, [::1])")
         name = request.headers.get(header, "").strip()
         return Principal(name=name) if name else None
 
