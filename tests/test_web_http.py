@@ -152,6 +152,11 @@ def test_get_200_with_etag_304_404_and_revisions(server: str) -> None:
         "id": doc, "kind": "record", "version": 1, "content": {"title": "a"}, "saved_by": "ann"}
     same = call(server, "GET", f"/documents/{doc}", headers={"If-None-Match": '"1"'}, token=tok())
     assert same.status == 304 and same.raw == b""
+    for inm in ['*', '"7", "1"', 'W/"1"']:                      # RFC 9110 13.1.2
+        assert call(server, "GET", f"/documents/{doc}", headers={"If-None-Match": inm},
+                    token=tok()).status == 304, inm
+    assert call(server, "GET", f"/documents/{doc}", headers={"If-None-Match": '"7"'},
+                token=tok()).status == 200
     missing = call(server, "GET", "/documents/999999", token=tok())
     assert (missing.status, missing.json["error"], missing.json["sqlstate"]) == (404, "not_found", "P0002")
     huge = call(server, "GET", f"/documents/{2**70}", token=tok())

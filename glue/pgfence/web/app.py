@@ -386,7 +386,8 @@ class _DocumentsAPI:
                             saved_at=_iso(doc.saved_at))
         etag = _etag(doc.version)
         inm = request.headers.get("if-none-match")
-        if inm is not None and etag in [t.strip().removeprefix("W/") for t in inm.split(",")]:
+        if inm is not None and (inm.strip() == "*" or etag in [
+                t.strip().removeprefix("W/") for t in inm.split(",")]):
             return Response(status_code=304, headers={"ETag": etag, "Cache-Control": "no-cache"})
         return _json(200, {"id": doc.id, "kind": doc.kind, "version": doc.version,
                            "content": doc.content, "created_by": doc.created_by,
