@@ -274,20 +274,24 @@ def wait_for_version(db: str, doc: int, version: int, timeout: float = 10.0) -> 
 _: Any = JsError
 
 
+def open_demo(browser: webdriver.Chrome, url: str) -> int:
+    """Load the demo page at ``url``, wait until its record is open; return the record's id."""
+    browser.get(url)
+    wait_js(browser, "window.demo && demo.record.session.state", lambda v: v == "clean",
+            what="the demo page to open its documents")
+    return int(browser.execute_script("return demo.record.session.documentId;"))
+
+
 def test_the_demo_page_shows_a_conflict_and_its_rebase_button_merges(
         browser: webdriver.Chrome, db: str, site: tuple[str, HttpFaultProxy]) -> None:
     from selenium.webdriver.common.by import By
 
     base, _ = site
-    browser.get(f"{base}/demo/?user=ann")
-    wait_js(browser, "window.demo && demo.record.session.state", lambda v: v == "clean",
-            what="the demo page to open its documents")
+    doc = open_demo(browser, f"{base}/demo/?user=ann")
     query = browser.execute_script("return location.search;")
-    doc = int(browser.execute_script("return demo.record.session.documentId;"))
     tab_a = browser.current_window_handle
     new_tab(browser)
-    browser.get(f"{base}/demo/{query.replace('user=ann', 'user=bob')}")
-    wait_js(browser, "window.demo && demo.record.session.state", lambda v: v == "clean")
+    open_demo(browser, f"{base}/demo/{query.replace('user=ann', 'user=bob')}")
     browser.switch_to.window(tab_a)
     browser.find_element(By.CSS_SELECTOR, "#record input[name=title]").send_keys(" (final)")
     browser.find_element(By.CSS_SELECTOR, '#record [data-act="flush"]').click()
@@ -353,10 +357,7 @@ def test_the_demo_page_shows_other_users_names_and_values_as_text_never_as_marku
     from selenium.webdriver.common.by import By
 
     base, _ = site
-    browser.get(f"{base}/demo/?user=ann")
-    wait_js(browser, "window.demo && demo.record.session.state", lambda v: v == "clean",
-            what="the demo page to open its documents")
-    doc = int(browser.execute_script("return demo.record.session.documentId;"))
+    doc = open_demo(browser, f"{base}/demo/?user=ann")
     evil = "<img src=x onerror=window.pwned=1>"
     save_as(db, doc, {"title": evil, "owner": "ann", "budget": 100, "notes": ""},
             user="<img src=x onerror=window.pwned=2>")

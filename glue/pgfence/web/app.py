@@ -50,7 +50,7 @@ from starlette.middleware import Middleware
 from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
-from starlette.routing import Mount, Route
+from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from ..db import aschema_version, check_version
@@ -505,7 +505,7 @@ def documents_app(*, dsn: str | None = None, source: ConnectionSource | None = N
                   authenticate: Authenticate, authorize: Authorize | None = None,
                   cors_origins: Sequence[str] = (), max_body_bytes: int = 2 * 1024 * 1024,
                   db_timeout: float = 10.0, pool_size: int = 10,
-                  body_timeout: float = 30.0) -> Starlette:
+                  body_timeout: float = 30.0, routes: Sequence[BaseRoute] = ()) -> Starlette:
     """The documents API as an ASGI app, to run or mount (``Mount("/api", documents_app(…))``
     serves ``/api/documents/…``; the browser module is at ``/api/static/pgfence-documents.js``).
 
@@ -524,6 +524,8 @@ def documents_app(*, dsn: str | None = None, source: ConnectionSource | None = N
         pool_size: most pooled connections.
         body_timeout: seconds a request body may take to arrive (then 408): a client that
             stalls mid-body does not hold its connection forever.
+        routes: more routes, matched before the documents ones (``pgfence serve`` adds its
+            index and demo pages).
 
     Raises:
         ValueError: neither or both of ``dsn`` and ``source``.
@@ -542,14 +544,15 @@ def documents_app(*, dsn: str | None = None, source: ConnectionSource | None = N
         finally:
             await handlers.close()
 
-    app = Starlette(routes=document_routes(handlers), middleware=cors_middleware(cors_origins),
+    app = Starlette(routes=[*routes, *document_routes(handlers)],
+                    middleware=cors_middleware(cors_origins),
                     exception_handlers=EXCEPTION_HANDLERS, lifespan=lifespan)
     app.state.pgfence_documents = handlers
     return app
 
 
 def document_routes(h: _DocumentsAPI) -> list[Route | Mount]:
-    """The routes of :func:`documents_app` (shared with ``pgfence serve``)."""
+    """The routes of :func:`documents_app`."""
     return [
         Route("/documents", h.create, methods=["POST"]),
         Route("/documents/{id:int}", h.get, methods=["GET"]),
