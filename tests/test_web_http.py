@@ -6,6 +6,7 @@ database; requests go over TCP with http.client.
 
 from __future__ import annotations
 
+import base64
 import http.client
 import json
 import os
@@ -354,6 +355,10 @@ def test_401_without_or_with_a_bad_token_and_403_read_only(server: str, db: str)
     # only the exact signed text: base64 decoding would skip padding and stray characters
     for altered in [tok() + "==", tok().replace(".", ".=", 1), tok().replace(".", "=.", 1)]:
         assert call(server, "GET", f"/documents/{doc}", token=altered).status == 401, altered
+    # an unsigned payload is never parsed: deep JSON in it was a RecursionError (500)
+    deep = base64.urlsafe_b64encode(b"[" * 9000).rstrip(b"=").decode() + ".AAAA"
+    unsigned = call(server, "GET", f"/documents/{doc}", token=deep)
+    assert (unsigned.status, unsigned.json["message"]) == (401, "bad token signature")
     other_secret = sign_token(b"o" * 32, "ann")
     assert call(server, "GET", f"/documents/{doc}", token=other_secret).status == 401
     expired = sign_token(SECRET, "ann", ttl=10, now=time.time() - 60)

@@ -125,11 +125,15 @@ def verify_token(secret: bytes, token: str, *, now: float | None = None) -> Prin
     want = hmac.new(secret, payload.encode("ascii"), hashlib.sha256).digest()
     try:
         got = _unb64(signature)
-        data: Any = json.loads(_unb64(payload))
     except (binascii.Error, ValueError) as exc:
         raise InvalidToken("malformed token") from exc
     if not hmac.compare_digest(want, got):
         raise InvalidToken("bad token signature")
+    # Parsed only once its signature is good: nothing a stranger wrote reaches the parser.
+    try:
+        data: Any = json.loads(_unb64(payload))
+    except (binascii.Error, ValueError, RecursionError) as exc:
+        raise InvalidToken("malformed token") from exc
     if not isinstance(data, dict) or not isinstance(data.get("sub"), str) \
             or not isinstance(data.get("exp"), int) or not isinstance(data.get("scopes"), list):
         raise InvalidToken("malformed token payload")
