@@ -460,6 +460,12 @@ def test_cors_is_off_unless_configured(db: str) -> None:
         assert evil.headers.get("access-control-allow-origin") != "http://evil"
 
 
+def test_the_sqlstates_the_sessions_retry_are_exactly_the_503_answers() -> None:
+    from pgfence.documents.session import TRANSIENT_SQLSTATES
+
+    assert {s for s, (status, _) in HTTP_BY_SQLSTATE.items() if status == 503} == TRANSIENT_SQLSTATES
+
+
 def test_every_sqlstate_in_the_table_is_documented() -> None:
     doc = (ROOT / "docs" / "http.md").read_text()
     errors = (ROOT / "functions" / "ERRORS.md").read_text()

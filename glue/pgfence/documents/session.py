@@ -194,7 +194,9 @@ class _Attempt:
     snapshot_id: str
 
 
-_TRANSIENT_SQLSTATES = {"40001", "40P01", "55P03", "57014", "57P01", "57P02", "57P03", "53300"}
+#: SQLSTATEs a call may be retried on as is (the HTTP API answers each of them 503).
+TRANSIENT_SQLSTATES = frozenset({"40001", "40P01", "55P03", "57014", "57P01", "57P02", "57P03",
+                                 "53300"})
 
 
 def is_transient(exc: BaseException) -> bool:
@@ -204,7 +206,7 @@ def is_transient(exc: BaseException) -> bool:
                   | TimeoutError | SerializationFailure):
         return True
     state = getattr(exc, "sqlstate", None)
-    return state in _TRANSIENT_SQLSTATES
+    return state in TRANSIENT_SQLSTATES
 
 
 def default_writer_id() -> str:
