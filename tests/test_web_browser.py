@@ -458,3 +458,22 @@ def test_a_save_refused_401_goes_out_on_the_next_flush_once_the_app_has_a_fresh_
         browser.execute_script("window.token = arguments[0];", sign_token(secret, "ann"))
         assert js(browser, "return await s.flush(5000);") == 2
         assert stored(db, doc).content == {"title": "b"} and stored(db, doc).saved_by == "ann"
+
+
+def test_reloading_a_tab_restores_its_own_draft_under_its_writer_id(
+        browser: webdriver.Chrome, db: str, site: tuple[str, HttpFaultProxy]) -> None:
+    """The writer-id lock of the page being unloaded must not make its own reload look like a
+    second live tab."""
+    base, _ = site
+    doc = create(db, "record", {"title": "a"})
+    for _ in range(3):
+        open_session(browser, base, doc, "ann", writerId="w1", debounceMs=60000, flushOnHide=False)
+        js(browser, "s.edit({title: 'typed ' + Math.random()});")
+        browser.refresh()                                     # the very next page opens at once
+        assert js(browser, """
+          const m = await import("/static/pgfence-documents.js");
+          window.s = await m.DocumentSession.open(args[0], {user: "ann", writerId: "w1",
+            headers: {"X-Pgfence-User": "ann"}, debounceMs: 60000, flushOnHide: false});
+          return [s.writerId, s.requestedWriterId, s.restoredDraft !== null,
+                  s.siblingDrafts.length, s.pending];""", doc) == ["w1", None, True, 0, True]
+        js(browser, "await s.close(5000);")

@@ -123,17 +123,17 @@ function now() { return performance.now(); }
 
 /**
  * Hold the Web Lock `name` for as long as this page wants it: resolves with its release
- * function, or null when another live tab (or session) holds it. Without Web Locks (a page
+ * function, or null when another live tab (or session) still holds it after waitMs (the wait
+ * covers a reloading page whose old document is still letting go). Without Web Locks (a page
  * that is not a secure context) every claim succeeds: there is nothing to ask.
  */
-function claimLock(name) {
+function claimLock(name, waitMs = 300) {
   const locks = globalThis.navigator && navigator.locks;
   if (!locks) return Promise.resolve(() => {});
   return new Promise((resolve, reject) => {
-    locks.request(name, { ifAvailable: true }, (lock) => {
-      if (!lock) { resolve(null); return undefined; }
-      return new Promise((release) => resolve(release));
-    }).catch(reject);
+    locks.request(name, { signal: AbortSignal.timeout(waitMs) },
+                  () => new Promise((release) => resolve(release)))
+      .catch((err) => (err && err.name === "TimeoutError" ? resolve(null) : reject(err)));
   });
 }
 
