@@ -158,10 +158,11 @@ class HttpFaultProxy:
             if fault is not None and fault.kind == "stall":
                 body = body[:len(body) // 2]
                 fault.fired.set()
-            up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.upstream_port)
+            up_reader, up_writer = await asyncio.wait_for(
+                asyncio.open_connection("127.0.0.1", self.upstream_port), 10)
             try:
                 up_writer.write(request + body)
-                await up_writer.drain()
+                await asyncio.wait_for(up_writer.drain(), 30)
                 response = await asyncio.wait_for(up_reader.read(), 30)
             finally:
                 up_writer.close()
@@ -178,7 +179,7 @@ class HttpFaultProxy:
             status = response.split(b"\r\n", 1)[0].decode("latin-1", "replace")
             self.log.append((method, path, key, status))
             writer.write(response)
-            await writer.drain()
+            await asyncio.wait_for(writer.drain(), 30)
             delivered = True
         except (ConnectionError, TimeoutError, asyncio.IncompleteReadError):
             pass
