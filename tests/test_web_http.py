@@ -21,10 +21,12 @@ from typing import Any
 
 import psycopg
 import pytest
+from click.testing import CliRunner
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.routing import Mount
 
+from pgfence.cli import main
 from pgfence.documents import api
 from pgfence.web import (
     HTTP_BY_SQLSTATE,
@@ -492,6 +494,9 @@ def test_serve_refuses_to_start_without_a_secret_or_with_the_dev_header_off_loop
     assert short.returncode == 2 and "32 bytes" in short.stderr
     open_dev = pgfence("--dsn", db, "serve", "--host", "0.0.0.0", "--dev-trusted-header", "X-User")
     assert open_dev.returncode == 2 and "loopback" in open_dev.stderr
+    for bad in [["--port", "99999"], ["--port", "-1"], ["--max-body-bytes", "0"]]:
+        res = CliRunner().invoke(main, ["--dsn", db, "serve", *bad, "--dev-trusted-header", "X"])
+        assert res.exit_code == 2 and isinstance(res.exception, SystemExit), (bad, res.exception)
 
 
 def test_serve_with_a_token_from_pgfence_token(db: str, tmp_path: Path) -> None:

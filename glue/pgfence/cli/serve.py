@@ -29,14 +29,16 @@ secret_option = click.option(
 
 @click.command("serve")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
-@click.option("--port", default=8765, show_default=True, type=int, help="Port (0 = any free).")
+@click.option("--port", default=8765, show_default=True, type=click.IntRange(0, 65535),
+              help="Port (0 = any free).")
 @secret_option
 @click.option("--dev-trusted-header", metavar="HEADER",
               help="DEVELOPMENT ONLY: believe the user named in this request header (e.g. "
                    "X-Pgfence-User) instead of checking a signed token. Loopback addresses only.")
 @click.option("--cors-origin", "cors_origins", multiple=True, metavar="ORIGIN",
               help="Allow this origin cross-origin (repeatable). Default: no CORS.")
-@click.option("--max-body-bytes", default=2 * 1024 * 1024, show_default=True, type=int,
+@click.option("--max-body-bytes", default=2 * 1024 * 1024, show_default=True,
+              type=click.IntRange(min=1),
               help="Larger request bodies are answered 413.")
 @click.option("--demo", is_flag=True,
               help="Serve the demo page at /demo/ with the trusted header X-Pgfence-User, on a "
