@@ -499,6 +499,15 @@ def test_serve_refuses_to_start_without_a_secret_or_with_the_dev_header_off_loop
         assert res.exit_code == 2 and isinstance(res.exception, SystemExit), (bad, res.exception)
 
 
+def test_serve_refuses_to_start_on_a_database_without_pgfence(admin_dsn: str) -> None:
+    """It checked the schema only on the first request: it printed its URL, then answered
+    every request 500."""
+    res = pgfence("--dsn", admin_dsn, "serve", "--port", "0", "--dev-trusted-header", "X",
+                  timeout=20)
+    assert res.returncode == 1 and "pgfence migrate" in res.stderr, res.stderr
+    assert "Traceback" not in res.stderr and "http://" not in res.stdout
+
+
 def test_serve_with_a_token_from_pgfence_token(db: str, tmp_path: Path) -> None:
     secret = tmp_path / "secret"
     secret.write_text("t" * 40)

@@ -85,6 +85,10 @@ def serve_cmd(state: CliState, host: str, port: int, secret_file: Path | None,
         mode = "users authenticate with Bearer tokens (pgfence token USER)"
 
     def run(dsn: str) -> None:
+        from ..db import connect
+
+        # Fail here, not on every request: unreachable (exit 1) or not migrated (SchemaMismatch).
+        connect(dsn, connect_timeout=10).close()
         app = serve_app(dsn=dsn, authenticate=authenticate, demo=demo,
                         cors_origins=cors_origins, max_body_bytes=max_body_bytes)
         try:
