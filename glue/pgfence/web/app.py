@@ -200,7 +200,7 @@ class _DocumentsAPI:
 
     def __init__(self, *, dsn: str | None, source: ConnectionSource | None,
                  authenticate: Authenticate, authorize: Authorize | None, max_body_bytes: int,
-                 db_timeout: float, pool_size: int, body_timeout: float = 30.0) -> None:
+                 db_timeout: float, pool_size: int, body_timeout: float) -> None:
         self._dsn = dsn
         self._source = source
         self._own_pool: AsyncConnectionPool[Any] | None = None
