@@ -9,6 +9,8 @@ close``). On request it:
   and cannot know whether its save happened;
 - **holds a response** (already read from the server) until released, to deliver answers out
   of order;
+- **stalls a request body**: forwards the head and half the body, then sends nothing more (a
+  link that hangs mid-upload), and delivers whatever the server answers to that;
 - **goes down**: accepts connections and cuts them at once, until :meth:`up`.
 
 It runs its own asyncio loop on a thread, so synchronous (Selenium) tests can drive it.
@@ -25,7 +27,7 @@ from dataclasses import dataclass, field
 
 @dataclass
 class _Fault:
-    kind: str                 # "drop" or "hold"
+    kind: str                 # "drop", "hold" or "stall"
     method: str
     path_contains: str
     fired: threading.Event = field(default_factory=threading.Event)
@@ -101,6 +103,14 @@ class HttpFaultProxy:
             self._faults.append(fault)
         return Held(self, fault)
 
+    def stall_next(self, method: str, path_contains: str = "") -> threading.Event:
+        """Send only half the body of the next ``method`` request on such a path, then stall
+        (the server's answer, e.g. 408, is delivered). Returns an event set when it happened."""
+        fault = _Fault("stall", method, path_contains)
+        with self._lock:
+            self._faults.append(fault)
+        return fault.fired
+
     def down(self) -> None:
         """Cut every new connection at once (the server looks unreachable)."""
         self._down = True
@@ -144,19 +154,23 @@ class HttpFaultProxy:
             kept = [ln for ln in headers if ln.split(":", 1)[0].strip().lower()
                     not in ("connection", "keep-alive")]
             request = "\r\n".join([lines[0], *kept, "Connection: close", "", ""]).encode("latin-1")
-            up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.upstream_port)
+            fault = self._take(method, path)
+            if fault is not None and fault.kind == "stall":
+                body = body[:len(body) // 2]
+                fault.fired.set()
+            up_reader, up_writer = await asyncio.wait_for(
+                asyncio.open_connection("127.0.0.1", self.upstream_port), 10)
             try:
                 up_writer.write(request + body)
-                await up_writer.drain()
+                await asyncio.wait_for(up_writer.drain(), 30)
                 response = await asyncio.wait_for(up_reader.read(), 30)
             finally:
                 up_writer.close()
-            fault = self._take(method, path)
             if fault is not None and fault.kind == "drop":
                 self.log.append((method, path, key, "dropped"))
                 fault.fired.set()
                 return                          # the finally below cuts the connection
-            if fault is not None:
+            if fault is not None and fault.kind == "hold":
                 if fault.release is None:
                     fault.release = asyncio.Event()
                 fault.fired.set()
@@ -165,7 +179,7 @@ class HttpFaultProxy:
             status = response.split(b"\r\n", 1)[0].decode("latin-1", "replace")
             self.log.append((method, path, key, status))
             writer.write(response)
-            await writer.drain()
+            await asyncio.wait_for(writer.drain(), 30)
             delivered = True
         except (ConnectionError, TimeoutError, asyncio.IncompleteReadError):
             pass

@@ -274,20 +274,24 @@ def wait_for_version(db: str, doc: int, version: int, timeout: float = 10.0) -> 
 _: Any = JsError
 
 
+def open_demo(browser: webdriver.Chrome, url: str) -> int:
+    """Load the demo page at ``url``, wait until its record is open; return the record's id."""
+    browser.get(url)
+    wait_js(browser, "window.demo && demo.record.session.state", lambda v: v == "clean",
+            what="the demo page to open its documents")
+    return int(browser.execute_script("return demo.record.session.documentId;"))
+
+
 def test_the_demo_page_shows_a_conflict_and_its_rebase_button_merges(
         browser: webdriver.Chrome, db: str, site: tuple[str, HttpFaultProxy]) -> None:
     from selenium.webdriver.common.by import By
 
     base, _ = site
-    browser.get(f"{base}/demo/?user=ann")
-    wait_js(browser, "window.demo && demo.record.session.state", lambda v: v == "clean",
-            what="the demo page to open its documents")
+    doc = open_demo(browser, f"{base}/demo/?user=ann")
     query = browser.execute_script("return location.search;")
-    doc = int(browser.execute_script("return demo.record.session.documentId;"))
     tab_a = browser.current_window_handle
     new_tab(browser)
-    browser.get(f"{base}/demo/{query.replace('user=ann', 'user=bob')}")
-    wait_js(browser, "window.demo && demo.record.session.state", lambda v: v == "clean")
+    open_demo(browser, f"{base}/demo/{query.replace('user=ann', 'user=bob')}")
     browser.switch_to.window(tab_a)
     browser.find_element(By.CSS_SELECTOR, "#record input[name=title]").send_keys(" (final)")
     browser.find_element(By.CSS_SELECTOR, '#record [data-act="flush"]').click()
@@ -330,3 +334,146 @@ def test_edits_debounce_into_one_save_and_an_edit_during_a_save_stays_pending(
     assert js(browser, "return await s.flush(5000);") == 4
     assert stored(db, doc).content == {"n": 7} and versions(db, doc) == [1, 2, 3, 4]
     assert drafts_in(browser) == []
+
+
+def test_a_save_whose_upload_stalls_is_answered_408_and_retried_with_the_same_key(
+        browser: webdriver.Chrome, db: str) -> None:
+    app = serve_app(dsn=db, authenticate=trusted_header_auth(DEMO_USER_HEADER), body_timeout=1.0)
+    with ServerThread(app) as server, HttpFaultProxy(server.port) as proxy:
+        doc = create(db, "record", {"title": "a"})
+        open_session(browser, proxy.url, doc, "ann")
+        stalled = proxy.stall_next("PUT", f"/documents/{doc}")
+        js(browser, "s.edit({title: 'b'});")
+        assert js(browser, "return await s.flush(15000);") == 2
+        assert stalled.is_set()
+        puts = proxy.requests("PUT", f"/documents/{doc}")
+        assert [p[3].split(" ")[1] for p in puts] == ["408", "200"]
+        assert puts[0][2] == puts[1][2]                           # the same Idempotency-Key
+        assert versions(db, doc) == [1, 2] and stored(db, doc).content == {"title": "b"}
+
+
+def test_the_demo_page_shows_other_users_names_and_values_as_text_never_as_markup(
+        browser: webdriver.Chrome, db: str, site: tuple[str, HttpFaultProxy]) -> None:
+    from selenium.webdriver.common.by import By
+
+    base, _ = site
+    doc = open_demo(browser, f"{base}/demo/?user=ann")
+    evil = "<img src=x onerror=window.pwned=1>"
+    save_as(db, doc, {"title": evil, "owner": "ann", "budget": 100, "notes": ""},
+            user="<img src=x onerror=window.pwned=2>")
+    browser.find_element(By.CSS_SELECTOR, "#record input[name=title]").send_keys(" (mine)")
+    browser.find_element(By.CSS_SELECTOR, '#record [data-act="flush"]').click()
+    wait_js(browser, "document.querySelector('#record .badge').textContent", lambda v: v == "conflict")
+    browser.find_element(By.XPATH, "//section[@id='record']//button[text()='Rebase (merge)']").click()
+    wait_js(browser, "document.querySelectorAll('#record .conflict-box input[type=radio]').length",
+            lambda v: v == 2, what="the per-attribute choice")
+    box = browser.find_element(By.CSS_SELECTOR, "#record .conflict-box")
+    assert "saved by <img src=x onerror=window.pwned=2>" in box.text
+    assert evil in box.text
+    assert browser.execute_script("return [window.pwned, document.querySelectorAll('#record img').length];") == [None, 0]
+
+
+def test_two_tabs_asking_for_one_writer_id_never_share_its_draft_slot(
+        browser: webdriver.Chrome, db: str, site: tuple[str, HttpFaultProxy]) -> None:
+    """An app that keeps its writer id in sessionStorage gets it copied by "duplicate tab":
+    the second live tab must not restore and overwrite the first one's draft."""
+    base, _ = site
+    doc = create(db, "record", {"a": 0, "b": 0})
+    tab_a = browser.current_window_handle
+    quiet = {"debounceMs": 60000, "flushOnHide": False}
+    open_session(browser, base, doc, "ann", writerId="w1", **quiet)
+    js(browser, "s.edit({...s.content, a: 1});")
+    new_tab(browser)
+    snap = open_session(browser, base, doc, "ann", writerId="w1", **quiet)
+    assert snap["state"] == "clean" and snap["pending"] is False          # not restored
+    assert js(browser, "return [s.writerId !== 'w1', s.requestedWriterId, s.restoredDraft, "
+                       "s.siblingDrafts.map(d => [d.writerId, d.content])];") == [
+        True, "w1", None, [["w1", {"a": 1, "b": 0}]]]
+    js(browser, "s.edit({...s.content, b: 2});")
+    assert sorted(d["contentJson"] for d in drafts_in(browser)) == ['{"a":0,"b":2}', '{"a":1,"b":0}']
+    # the writer id is free again once its session closed
+    browser.switch_to.window(tab_a)
+    assert js(browser, "return await s.close(5000);") is True
+    js(browser, "window.s3 = await m.DocumentSession.open(args[0], {user: 'ann', writerId: 'w1', "
+                "headers: {'X-Pgfence-User': 'ann'}}); return null;", doc)
+    assert js(browser, "return [s3.writerId, s3.requestedWriterId];") == ["w1", None]
+
+
+def test_adopting_a_draft_when_storage_is_full_keeps_the_draft(
+        browser: webdriver.Chrome, db: str, site: tuple[str, HttpFaultProxy]) -> None:
+    base, _ = site
+    doc = create(db, "record", {"title": "a"})
+    open_session(browser, base, doc, "ann", writerId="short", debounceMs=60000, flushOnHide=False)
+    js(browser, "s.edit({title: 'unsaved work'});")
+    # a second session (string id: the same draft key) with a writer id longer than the space
+    # left once localStorage is full
+    js(browser, """
+      window.s2 = await m.DocumentSession.open(String(args[0]), {user: 'ann', writerId: 'w'.repeat(2000),
+        headers: {'X-Pgfence-User': 'ann'}, debounceMs: 60000, flushOnHide: false});
+      let i = 0;
+      for (let size = 1 << 22; size >= 1; ) {
+        try { localStorage.setItem(`fill${i++}`, 'x'.repeat(size)); } catch { size >>= 1; }
+      }
+      return null;""", doc)
+    assert js(browser, "return s2.siblingDrafts.map(d => d.content);") == [{"title": "unsaved work"}]
+    err = js(browser, "try { await s2.adopt(s2.siblingDrafts[0]); return null; } "
+                      "catch (e) { return e.name; }")
+    assert err == "QuotaExceededError"
+    js(browser, "for (const k of Object.keys(localStorage)) if (k.startsWith('fill')) "
+                "localStorage.removeItem(k);")
+    assert [(d["writerId"], d["contentJson"]) for d in drafts_in(browser)] == [
+        ("short", '{"title":"unsaved work"}')]                            # still there
+    assert js(browser, "return [s2.state, s2.siblingDrafts.length];") == ["clean", 1]
+    js(browser, "await s2.adopt(s2.siblingDrafts[0]); await s2.flush(5000);")
+    assert stored(db, doc).content == {"title": "unsaved work"} and drafts_in(browser) == []
+    with pytest.raises(JsError, match="TypeError: documentId must be a positive integer"):
+        js(browser, "await m.DocumentSession.open('1e3', {user: 'ann'});")
+
+
+def test_a_save_refused_401_goes_out_on_the_next_flush_once_the_app_has_a_fresh_token(
+        browser: webdriver.Chrome, db: str) -> None:
+    """Tokens expire while a tab is open: the refused save must not wait for another edit (a
+    tab closing then would send nothing)."""
+    import time
+
+    from pgfence.web import bearer_token_auth, sign_token
+
+    secret = b"k" * 32
+    app = serve_app(dsn=db, authenticate=bearer_token_auth(secret))
+    with ServerThread(app) as server:
+        doc = create(db, "record", {"title": "a"})
+        browser.get(f"{server.url}/")
+        js(browser, """
+          window.token = args[0];
+          window.m = await import("/static/pgfence-documents.js");
+          window.s = await m.DocumentSession.open(args[1], {user: "ann",
+            headers: () => ({Authorization: `Bearer ${window.token}`})});
+          return null;""", sign_token(secret, "ann"), doc)
+        browser.execute_script("window.token = arguments[0];",
+                               sign_token(secret, "ann", ttl=1, now=time.time() - 60))
+        js(browser, "s.edit({title: 'b'});")
+        err = js(browser, "try { await s.flush(5000); return null; } catch (e) { "
+                          "return [e.name, e.cause.status, s.state]; }")
+        assert err == ["SaveRefused", 401, "error"]
+        browser.execute_script("window.token = arguments[0];", sign_token(secret, "ann"))
+        assert js(browser, "return await s.flush(5000);") == 2
+        assert stored(db, doc).content == {"title": "b"} and stored(db, doc).saved_by == "ann"
+
+
+def test_reloading_a_tab_restores_its_own_draft_under_its_writer_id(
+        browser: webdriver.Chrome, db: str, site: tuple[str, HttpFaultProxy]) -> None:
+    """The writer-id lock of the page being unloaded must not make its own reload look like a
+    second live tab."""
+    base, _ = site
+    doc = create(db, "record", {"title": "a"})
+    for _ in range(3):
+        open_session(browser, base, doc, "ann", writerId="w1", debounceMs=60000, flushOnHide=False)
+        js(browser, "s.edit({title: 'typed ' + Math.random()});")
+        browser.refresh()                                     # the very next page opens at once
+        assert js(browser, """
+          const m = await import("/static/pgfence-documents.js");
+          window.s = await m.DocumentSession.open(args[0], {user: "ann", writerId: "w1",
+            headers: {"X-Pgfence-User": "ann"}, debounceMs: 60000, flushOnHide: false});
+          return [s.writerId, s.requestedWriterId, s.restoredDraft !== null,
+                  s.siblingDrafts.length, s.pending];""", doc) == ["w1", None, True, 0, True]
+        js(browser, "await s.close(5000);")

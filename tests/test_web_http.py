@@ -6,10 +6,12 @@ database; requests go over TCP with http.client.
 
 from __future__ import annotations
 
+import base64
 import http.client
 import json
 import os
 import re
+import socket
 import subprocess
 import sys
 import time
@@ -19,10 +21,12 @@ from typing import Any
 
 import psycopg
 import pytest
+from click.testing import CliRunner
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.routing import Mount
 
+from pgfence.cli import main
 from pgfence.documents import api
 from pgfence.web import (
     HTTP_BY_SQLSTATE,
@@ -32,6 +36,7 @@ from pgfence.web import (
     bearer_token_auth,
     documents_app,
     sign_token,
+    trusted_header_auth,
 )
 from support import wait_for
 
@@ -112,6 +117,25 @@ def test_create_201_location_etag_and_an_idempotent_repeat(server: str, db: str)
         assert api.get(c, a.json["id"]).created_by == "ann"
 
 
+def test_a_create_idempotency_key_is_the_callers_own(server: str, db: str) -> None:
+    """Two users who happen to send the same key (clients count from 1) never get each
+    other's document, nor learn that it exists."""
+    body = {"kind": "record", "content": {}}
+    ann = call(server, "POST", "/documents", body, token=tok("ann"), headers={"Idempotency-Key": "1"})
+    bob = call(server, "POST", "/documents", body, token=tok("bob"), headers={"Idempotency-Key": "1"})
+    assert ann.status == bob.status == 201 and ann.json["id"] != bob.json["id"]
+    other = call(server, "POST", "/documents", {"kind": "record", "content": {"x": 1}},
+                 token=tok("carol"), headers={"Idempotency-Key": "1"})
+    assert other.status == 201 and other.json["id"] not in (ann.json["id"], bob.json["id"])
+    again = call(server, "POST", "/documents", body, token=tok("bob"), headers={"Idempotency-Key": "1"})
+    assert again.status == 201 and again.json["id"] == bob.json["id"]     # bob's retry: bob's doc
+    with psycopg.connect(db, autocommit=True) as c:
+        assert api.get(c, bob.json["id"]).created_by == "bob"
+    for bad in ["", "k" * 256]:
+        res = call(server, "POST", "/documents", body, token=tok(), headers={"Idempotency-Key": bad})
+        assert (res.status, res.json["error"]) == (400, "bad_request")
+
+
 def test_create_errors_422_unknown_kind_and_invalid_content(server: str) -> None:
     bad_kind = call(server, "POST", "/documents", {"kind": "nope", "content": {}}, token=tok())
     assert (bad_kind.status, bad_kind.json["error"], bad_kind.json["sqlstate"]) == (
@@ -131,6 +155,11 @@ def test_get_200_with_etag_304_404_and_revisions(server: str) -> None:
         "id": doc, "kind": "record", "version": 1, "content": {"title": "a"}, "saved_by": "ann"}
     same = call(server, "GET", f"/documents/{doc}", headers={"If-None-Match": '"1"'}, token=tok())
     assert same.status == 304 and same.raw == b""
+    for inm in ['*', '"7", "1"', 'W/"1"']:                      # RFC 9110 13.1.2
+        assert call(server, "GET", f"/documents/{doc}", headers={"If-None-Match": inm},
+                    token=tok()).status == 304, inm
+    assert call(server, "GET", f"/documents/{doc}", headers={"If-None-Match": '"7"'},
+                token=tok()).status == 200
     missing = call(server, "GET", "/documents/999999", token=tok())
     assert (missing.status, missing.json["error"], missing.json["sqlstate"]) == (404, "not_found", "P0002")
     huge = call(server, "GET", f"/documents/{2**70}", token=tok())
@@ -215,6 +244,59 @@ def test_body_limit_content_type_and_malformed_json(db: str) -> None:
         assert nan.status == 400
 
 
+def test_hostile_versions_and_json_are_answered_4xx_never_500(server: str, db: str) -> None:
+    doc = create(server, {"t": 0})
+
+    def raw_put(body: bytes, if_match: str | None = '"1"', key: str = "h") -> Answer:
+        headers = {"Content-Type": "application/json", "Idempotency-Key": key}
+        if if_match is not None:
+            headers["If-Match"] = if_match
+        return call(server, "PUT", f"/documents/{doc}", raw=body, token=tok(), headers=headers)
+
+    # versions: only ASCII digits, only bigint range (str.isdigit() takes "\u00b2", int() not)
+    for if_match in ['"\u00b2"', '"\u00b9"', f'"{2**63}"', '"' + "9" * 30 + '"', '"-1"', '""']:
+        res = raw_put(b'{"content": {"t": 1}}', if_match)
+        assert (res.status, res.json["error"]) == (400, "bad_request"), (if_match, res.raw)
+    for version in [2**63, 2**70, -1, 0, 1.5, "1", True]:
+        res = put(server, doc, {"t": 1}, None, key="bv", expectedVersion=version)
+        assert (res.status, res.json["error"]) == (400, "bad_request"), (version, res.raw)
+    assert call(server, "DELETE", f"/documents/{doc}", token=tok(),
+                headers={"If-Match": f'"{2**64}"'}).status == 400
+    # JSON that PostgreSQL's jsonb cannot hold: a NUL character, a lone surrogate
+    nul = raw_put(b'{"content": {"t": "a\\u0000b"}}', key="nul")
+    assert (nul.status, nul.json["error"], nul.json["sqlstate"]) == (422, "invalid_argument", "22P05")
+    lone = raw_put(b'{"content": {"t": "\\ud800"}}', key="lone")
+    assert (lone.status, lone.json["error"], lone.json["sqlstate"]) == (422, "invalid_argument", "22P02")
+    # numbers a double cannot carry would be stored changed: refused, not rounded
+    for number in [b"1e400", b"-1e400", b"1e-400", b"3.14159265358979323846264338327950288"]:
+        res = raw_put(b'{"content": {"t": ' + number + b"}}", key="num")
+        assert (res.status, res.json["error"]) == (400, "bad_request"), (number, res.raw)
+        assert "exactly" in res.json["message"]
+    fine = raw_put(b'{"content": {"t": 0.1, "u": 1.10, "v": 12345678901234567890123}}', key="ok")
+    assert fine.status == 200, fine.raw
+    # nesting deeper than the parser's recursion: 400, not a RecursionError 500
+    deep = raw_put(b'{"content": {"t": ' + b"[" * 100_000 + b"]" * 100_000 + b"}}", '"2"', key="deep")
+    assert (deep.status, deep.json["error"]) == (400, "bad_request"), deep.raw
+    with psycopg.connect(db, autocommit=True) as c:
+        assert api.get(c, doc).content == {"t": 0.1, "u": 1.1, "v": 12345678901234567890123}
+        assert [r["version"] for r in api.history(c, doc)] == [2, 1]
+
+
+def test_a_body_that_trickles_in_is_answered_408_not_waited_on_forever(db: str) -> None:
+    """A client that sends its headers and then stalls (slowloris) holds a connection only
+    until body_timeout; the session retries 408 with the same save id."""
+    app = documents_app(dsn=db, authenticate=lambda r: "ann", body_timeout=1.0)
+    with ServerThread(app) as srv, socket.create_connection(("127.0.0.1", srv.port), timeout=15) as s:
+        s.sendall(b"PUT /documents/1 HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  b'If-Match: "1"\r\nIdempotency-Key: slow\r\nContent-Length: 100\r\n\r\n{')
+        answer = b""
+        while b"\r\n\r\n" not in answer:
+            chunk = s.recv(4096)
+            assert chunk, f"connection closed without an answer: {answer!r}"
+            answer += chunk
+    assert answer.startswith(b"HTTP/1.1 408"), answer
+
+
 # ---------------------------------------------------------------------------------------------
 # delete, merge
 # ---------------------------------------------------------------------------------------------
@@ -272,6 +354,13 @@ def test_401_without_or_with_a_bad_token_and_403_read_only(server: str, db: str)
     assert none.headers["www-authenticate"].startswith("Bearer")
     forged = tok()[:-2] + ("AA" if not tok().endswith("AA") else "BB")
     assert call(server, "GET", f"/documents/{doc}", token=forged).status == 401
+    # only the exact signed text: base64 decoding would skip padding and stray characters
+    for altered in [tok() + "==", tok().replace(".", ".=", 1), tok().replace(".", "=.", 1)]:
+        assert call(server, "GET", f"/documents/{doc}", token=altered).status == 401, altered
+    # an unsigned payload is never parsed: deep JSON in it was a RecursionError (500)
+    deep = base64.urlsafe_b64encode(b"[" * 9000).rstrip(b"=").decode() + ".AAAA"
+    unsigned = call(server, "GET", f"/documents/{doc}", token=deep)
+    assert (unsigned.status, unsigned.json["message"]) == (401, "bad token signature")
     other_secret = sign_token(b"o" * 32, "ann")
     assert call(server, "GET", f"/documents/{doc}", token=other_secret).status == 401
     expired = sign_token(SECRET, "ann", ttl=10, now=time.time() - 60)
@@ -289,6 +378,21 @@ def test_401_without_or_with_a_bad_token_and_403_read_only(server: str, db: str)
     assert res.status == 200 and res.json["saved_by"] == "ann"
     with psycopg.connect(db, autocommit=True) as c:
         assert api.get(c, doc).saved_by == "ann"
+
+
+def test_the_dev_trusted_header_is_believed_only_for_a_loopback_host(db: str) -> None:
+    """A page on any site can DNS-rebind its name to 127.0.0.1 and then call the dev server
+    same-origin, header included: only requests addressed to a loopback name are believed."""
+    app = documents_app(dsn=db, authenticate=trusted_header_auth("X-User"))
+    with ServerThread(app) as srv:
+        made = call(srv.url, "POST", "/documents", {"kind": "record", "content": {}},
+                    headers={"X-User": "ann"})
+        assert made.status == 201
+        path = f"/documents/{made.json['id']}"
+        for host in [f"127.0.0.1:{srv.port}", "localhost", f"[::1]:{srv.port}", "app.localhost"]:
+            assert call(srv.url, "GET", path, headers={"X-User": "ann", "Host": host}).status == 200
+        rebound = call(srv.url, "GET", path, headers={"X-User": "ann", "Host": f"evil.example:{srv.port}"})
+        assert rebound.status == 401 and "loopback" in rebound.json["message"]
 
 
 def test_the_embedding_apps_hooks_async_authenticate_authorize_and_mounting(db: str) -> None:
@@ -358,6 +462,12 @@ def test_cors_is_off_unless_configured(db: str) -> None:
         assert evil.headers.get("access-control-allow-origin") != "http://evil"
 
 
+def test_the_sqlstates_the_sessions_retry_are_exactly_the_503_answers() -> None:
+    from pgfence.documents.session import TRANSIENT_SQLSTATES
+
+    assert {s for s, (status, _) in HTTP_BY_SQLSTATE.items() if status == 503} == TRANSIENT_SQLSTATES
+
+
 def test_every_sqlstate_in_the_table_is_documented() -> None:
     doc = (ROOT / "docs" / "http.md").read_text()
     errors = (ROOT / "functions" / "ERRORS.md").read_text()
@@ -384,6 +494,18 @@ def test_serve_refuses_to_start_without_a_secret_or_with_the_dev_header_off_loop
     assert short.returncode == 2 and "32 bytes" in short.stderr
     open_dev = pgfence("--dsn", db, "serve", "--host", "0.0.0.0", "--dev-trusted-header", "X-User")
     assert open_dev.returncode == 2 and "loopback" in open_dev.stderr
+    for bad in [["--port", "99999"], ["--port", "-1"], ["--max-body-bytes", "0"]]:
+        res = CliRunner().invoke(main, ["--dsn", db, "serve", *bad, "--dev-trusted-header", "X"])
+        assert res.exit_code == 2 and isinstance(res.exception, SystemExit), (bad, res.exception)
+
+
+def test_serve_refuses_to_start_on_a_database_without_pgfence(admin_dsn: str) -> None:
+    """It checked the schema only on the first request: it printed its URL, then answered
+    every request 500."""
+    res = pgfence("--dsn", admin_dsn, "serve", "--port", "0", "--dev-trusted-header", "X",
+                  timeout=20)
+    assert res.returncode == 1 and "pgfence migrate" in res.stderr, res.stderr
+    assert "Traceback" not in res.stderr and "http://" not in res.stdout
 
 
 def test_serve_with_a_token_from_pgfence_token(db: str, tmp_path: Path) -> None:

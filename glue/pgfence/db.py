@@ -134,15 +134,31 @@ def connect(dsn: str | None = None, *, autocommit: bool = True, check_schema: bo
     return conn
 
 
+SQL_HAS_SCHEMA_VERSION = "SELECT to_regprocedure('pgfence.schema_version()') IS NOT NULL"
+SQL_SCHEMA_VERSION = "SELECT pgfence.schema_version()"
+
+
 def schema_version(conn: psycopg.Connection[Any]) -> int | None:
     """Return ``pgfence.schema_version()``, or None when pgfence is not installed."""
     with conn.cursor(row_factory=tuple_row) as cur:
-        cur.execute("SELECT to_regprocedure('pgfence.schema_version()') IS NOT NULL")
+        cur.execute(SQL_HAS_SCHEMA_VERSION)
         row = cur.fetchone()
         if not row or not row[0]:
             return None
-        cur.execute("SELECT pgfence.schema_version()")
+        cur.execute(SQL_SCHEMA_VERSION)
         got = cur.fetchone()
+    return int(got[0]) if got else None
+
+
+async def aschema_version(conn: psycopg.AsyncConnection[Any]) -> int | None:
+    """Async :func:`schema_version`: ``pgfence.schema_version()``, or None when pgfence is not
+    installed. Raises psycopg errors as they come (the caller maps them)."""
+    cur = await conn.execute(SQL_HAS_SCHEMA_VERSION)
+    row = await cur.fetchone()
+    if not row or not row[0]:
+        return None
+    cur = await conn.execute(SQL_SCHEMA_VERSION)
+    got = await cur.fetchone()
     return int(got[0]) if got else None
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ipaddress
 import os
 import sys
 from pathlib import Path
@@ -23,15 +22,6 @@ def _secret(secret_file: Path | None) -> bytes | None:
     return env.encode() if env else None
 
 
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
 secret_option = click.option(
     "--secret-file", type=click.Path(exists=True, dir_okay=False, path_type=Path),
     help=f"File holding the token secret (>= 32 bytes). Default: ${SECRET_ENV}.")
@@ -39,14 +29,16 @@ secret_option = click.option(
 
 @click.command("serve")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
-@click.option("--port", default=8765, show_default=True, type=int, help="Port (0 = any free).")
+@click.option("--port", default=8765, show_default=True, type=click.IntRange(0, 65535),
+              help="Port (0 = any free).")
 @secret_option
 @click.option("--dev-trusted-header", metavar="HEADER",
               help="DEVELOPMENT ONLY: believe the user named in this request header (e.g. "
                    "X-Pgfence-User) instead of checking a signed token. Loopback addresses only.")
 @click.option("--cors-origin", "cors_origins", multiple=True, metavar="ORIGIN",
               help="Allow this origin cross-origin (repeatable). Default: no CORS.")
-@click.option("--max-body-bytes", default=2 * 1024 * 1024, show_default=True, type=int,
+@click.option("--max-body-bytes", default=2 * 1024 * 1024, show_default=True,
+              type=click.IntRange(min=1),
               help="Larger request bodies are answered 413.")
 @click.option("--demo", is_flag=True,
               help="Serve the demo page at /demo/ with the trusted header X-Pgfence-User, on a "
@@ -74,7 +66,7 @@ def serve_cmd(state: CliState, host: str, port: int, secret_file: Path | None,
     if demo and dev_trusted_header is None:
         dev_trusted_header = DEMO_USER_HEADER
     if dev_trusted_header is not None:
-        if not _is_loopback(host):
+        if not auth.is_loopback_name(host):
             raise click.UsageError(f"--dev-trusted-header lets anyone claim to be anyone; it is "
                                    f"refused on {host}: use a loopback address (127.0.0.1)")
         authenticate = auth.trusted_header_auth(dev_trusted_header)
@@ -93,6 +85,10 @@ def serve_cmd(state: CliState, host: str, port: int, secret_file: Path | None,
         mode = "users authenticate with Bearer tokens (pgfence token USER)"
 
     def run(dsn: str) -> None:
+        from ..db import connect
+
+        # Fail here, not on every request: unreachable (exit 1) or not migrated (SchemaMismatch).
+        connect(dsn, connect_timeout=10).close()
         app = serve_app(dsn=dsn, authenticate=authenticate, demo=demo,
                         cors_origins=cors_origins, max_body_bytes=max_body_bytes)
         try:

@@ -61,7 +61,7 @@ from typing import Any
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
-from ..db import check_version
+from ..db import aschema_version, check_version
 from ..errors import NotFound, PgfenceError, SerializationFailure
 from . import api
 from .api import JsonText, MergeResult
@@ -194,7 +194,9 @@ class _Attempt:
     snapshot_id: str
 
 
-_TRANSIENT_SQLSTATES = {"40001", "40P01", "55P03", "57014", "57P01", "57P02", "57P03", "53300"}
+#: SQLSTATEs a call may be retried on as is (the HTTP API answers each of them 503).
+TRANSIENT_SQLSTATES = frozenset({"40001", "40P01", "55P03", "57014", "57P01", "57P02", "57P03",
+                                 "53300"})
 
 
 def is_transient(exc: BaseException) -> bool:
@@ -204,7 +206,7 @@ def is_transient(exc: BaseException) -> bool:
                   | TimeoutError | SerializationFailure):
         return True
     state = getattr(exc, "sqlstate", None)
-    return state in _TRANSIENT_SQLSTATES
+    return state in TRANSIENT_SQLSTATES
 
 
 def default_writer_id() -> str:
@@ -337,7 +339,7 @@ class DocumentSession:
         store = drafts if isinstance(drafts, DraftStore) else DraftStore(drafts)
         try:
             async with src.connection() as conn:
-                check_version(await _aschema_version(conn))
+                check_version(await aschema_version(conn))
                 doc = await api.aget(conn, document_id)
             if doc.deleted:
                 raise DocumentDeleted(f"document {document_id} was deleted (version {doc.version})")
@@ -891,17 +893,6 @@ class DocumentSession:
                 self._on_state(change)
             except Exception:
                 logger.exception("document %s: on_state callback failed", self.document_id)
-
-
-async def _aschema_version(conn: psycopg.AsyncConnection[Any]) -> int | None:
-    """Async :func:`pgfence.db.schema_version`."""
-    cur = await conn.execute("SELECT to_regprocedure('pgfence.schema_version()') IS NOT NULL")
-    row = await cur.fetchone()
-    if not row or not row[0]:
-        return None
-    cur = await conn.execute("SELECT pgfence.schema_version()")
-    got = await cur.fetchone()
-    return int(got[0]) if got else None
 
 
 async def create_document(kind: str, content: Any, *, user: str, dsn: str | None = None,

@@ -31,10 +31,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import inspect
 import json
 import logging
+import math
+import re
 from collections.abc import AsyncIterator, Sequence
+from decimal import Decimal
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -46,13 +50,12 @@ from starlette.middleware import Middleware
 from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
-from starlette.routing import Mount, Route
+from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from ..db import check_version
+from ..db import aschema_version, check_version
 from ..documents import api
 from ..documents.connections import ConnectionSource
-from ..documents.session import _aschema_version
 from ..errors import PgfenceError
 from .auth import READ, WRITE, Authenticate, Authorize, Forbidden, Principal, Unauthenticated
 
@@ -66,6 +69,9 @@ MAX_DOCUMENT_ID = 2**63 - 1
 HTTP_BY_SQLSTATE: dict[str, tuple[int, str]] = {
     "22004": (422, "invalid_argument"),         # a required value is missing
     "22023": (422, "invalid_argument"),         # content of the wrong shape, bad save id
+    "22P02": (422, "invalid_argument"),         # JSON jsonb refuses (a lone surrogate)
+    "22P05": (422, "invalid_argument"),         # JSON jsonb refuses (\u0000 in a string)
+    "22003": (422, "invalid_argument"),         # a number out of a column's range
     "P0002": (404, "not_found"),                # unknown document or version
     "PF001": (409, "illegal_transition"),
     "PF002": (409, "immutable"),
@@ -141,19 +147,52 @@ async def _maybe_await(value: Any) -> Any:
     return await value if inspect.isawaitable(value) else value
 
 
+_ETAG_VERSION = re.compile(r'(?:W/)?("?)([0-9]{1,19})\1')
+
+
+def _version_or_none(value: object) -> int | None:
+    """``value`` if it is an int version (1 .. 2**63-1), else None."""
+    if isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= MAX_DOCUMENT_ID:
+        return value
+    return None
+
+
 def _parse_if_match(value: str) -> int:
-    """``"3"`` (or weak ``W/"3"``) → 3. ``*`` is refused: there is no unconditional save."""
+    """``"3"`` (or weak ``W/"3"``, or bare ``3``) → 3: ASCII digits in bigint range only.
+    ``*`` is refused (428): there is no unconditional save."""
     text = value.strip()
     if text == "*":
         raise HttpError(428, "precondition_required",
                         "If-Match: * would overwrite blindly; send the version you edited "
                         "(the ETag of your GET)")
-    text = text.removeprefix("W/")
-    if len(text) >= 2 and text[0] == text[-1] == '"':
-        text = text[1:-1]
-    if not text.isdigit() or int(text) < 1:
-        raise HttpError(400, "bad_request", f"If-Match must be one ETag like \"3\", got {value!r}")
-    return int(text)
+    match = _ETAG_VERSION.fullmatch(text)
+    version = _version_or_none(int(match.group(2))) if match else None
+    if version is None:
+        raise HttpError(400, "bad_request",
+                        f"If-Match must be one ETag like \"3\" (a version 1..2^63-1), "
+                        f"got {value[:80]!r}")
+    return version
+
+
+def _create_key(user: str, key: str | None) -> str | None:
+    """The ``idempotency_key`` stored for a create: the caller's ``Idempotency-Key`` scoped to
+    the authenticated user (a hash of both), so that two users sending the same key never get
+    each other's document, nor learn that it exists. Raises HttpError 400 unless 1-255 chars."""
+    if key is None:
+        return None
+    if not 1 <= len(key) <= 255:
+        raise HttpError(400, "bad_request", "Idempotency-Key must be 1-255 characters")
+    return "http:" + hashlib.sha256(f"{user}\0{key}".encode()).hexdigest()
+
+
+def _exact_float(text: str) -> float:
+    """``parse_float`` for request bodies: a JSON number that a double holds exactly (as
+    jsonb will then store it); anything a double would change (1e400, 1e-400, more than 17
+    significant digits) is refused rather than silently stored rounded."""
+    value = float(text)
+    if not math.isfinite(value) or Decimal(repr(value)) != Decimal(text):
+        raise ValueError(f"the number {text[:40]} cannot be kept exactly; send it as a string")
+    return value
 
 
 class _DocumentsAPI:
@@ -161,7 +200,7 @@ class _DocumentsAPI:
 
     def __init__(self, *, dsn: str | None, source: ConnectionSource | None,
                  authenticate: Authenticate, authorize: Authorize | None, max_body_bytes: int,
-                 db_timeout: float, pool_size: int) -> None:
+                 db_timeout: float, pool_size: int, body_timeout: float) -> None:
         self._dsn = dsn
         self._source = source
         self._own_pool: AsyncConnectionPool[Any] | None = None
@@ -172,6 +211,7 @@ class _DocumentsAPI:
         self.max_body_bytes = max_body_bytes
         self.db_timeout = db_timeout
         self.pool_size = pool_size
+        self.body_timeout = body_timeout
 
     # -- plumbing --------------------------------------------------------------------------
     async def _connections(self) -> ConnectionSource:
@@ -188,7 +228,7 @@ class _DocumentsAPI:
             pool = self._own_pool
             if not self._schema_checked:
                 async with pool.connection() as conn:
-                    check_version(await _aschema_version(conn))
+                    check_version(await aschema_version(conn))
                 self._schema_checked = True
         return pool
 
@@ -245,16 +285,27 @@ class _DocumentsAPI:
             raise HttpError(413, "body_too_large",
                             f"the request body is over {self.max_body_bytes} bytes")
         chunks, size = [], 0
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > self.max_body_bytes:
-                raise HttpError(413, "body_too_large",
-                                f"the request body is over {self.max_body_bytes} bytes")
-            chunks.append(chunk)
         try:
-            body = json.loads(b"".join(chunks), parse_constant=_no_constant)
+            async with asyncio.timeout(self.body_timeout):
+                async for chunk in request.stream():
+                    size += len(chunk)
+                    if size > self.max_body_bytes:
+                        raise HttpError(413, "body_too_large",
+                                        f"the request body is over {self.max_body_bytes} bytes")
+                    chunks.append(chunk)
+        except TimeoutError as exc:
+            raise HttpError(408, "body_timeout",
+                            f"the request body did not arrive within {self.body_timeout:g}s",
+                            headers={"Connection": "close"},
+                            hint="send the same request again (a save with the same "
+                                 "Idempotency-Key)") from exc
+        try:
+            body = json.loads(b"".join(chunks), parse_constant=_no_constant,
+                              parse_float=_exact_float)
         except (ValueError, UnicodeDecodeError) as exc:
             raise HttpError(400, "bad_request", f"the body is not valid JSON: {exc}") from exc
+        except RecursionError as exc:
+            raise HttpError(400, "bad_request", "the body is nested too deeply") from exc
         if not isinstance(body, dict):
             raise HttpError(400, "bad_request", "the body must be a JSON object")
         return body
@@ -278,10 +329,11 @@ class _DocumentsAPI:
         from_header = _parse_if_match(header) if header is not None else None
         from_body = None
         if body is not None and ("expectedVersion" in body or "expected_version" in body):
-            value = body.get("expectedVersion", body.get("expected_version"))
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise HttpError(400, "bad_request", "expectedVersion must be an integer >= 1")
-            from_body = value
+            from_body = _version_or_none(body.get("expectedVersion",
+                                                  body.get("expected_version")))
+            if from_body is None:
+                raise HttpError(400, "bad_request",
+                                "expectedVersion must be an integer 1..2^63-1")
         if from_header is not None and from_body is not None and from_header != from_body:
             raise HttpError(400, "bad_request",
                             f"If-Match ({from_header}) and expectedVersion ({from_body}) differ")
@@ -313,7 +365,7 @@ class _DocumentsAPI:
         self._require(body, "kind", "content")
         if not isinstance(body["kind"], str):
             raise HttpError(400, "bad_request", "kind must be a string")
-        key = request.headers.get("idempotency-key")
+        key = _create_key(who.name, request.headers.get("idempotency-key"))
         async with self._conn() as conn:
             doc_id = await api.acreate(conn, body["kind"], body["content"], who.name,
                                        idempotency_key=key)
@@ -334,7 +386,8 @@ class _DocumentsAPI:
                             saved_at=_iso(doc.saved_at))
         etag = _etag(doc.version)
         inm = request.headers.get("if-none-match")
-        if inm is not None and etag in [t.strip().removeprefix("W/") for t in inm.split(",")]:
+        if inm is not None and (inm.strip() == "*" or etag in [
+                t.strip().removeprefix("W/") for t in inm.split(",")]):
             return Response(status_code=304, headers={"ETag": etag, "Cache-Control": "no-cache"})
         return _json(200, {"id": doc.id, "kind": doc.kind, "version": doc.version,
                            "content": doc.content, "created_by": doc.created_by,
@@ -451,7 +504,8 @@ def cors_middleware(origins: Sequence[str]) -> list[Middleware]:
 def documents_app(*, dsn: str | None = None, source: ConnectionSource | None = None,
                   authenticate: Authenticate, authorize: Authorize | None = None,
                   cors_origins: Sequence[str] = (), max_body_bytes: int = 2 * 1024 * 1024,
-                  db_timeout: float = 10.0, pool_size: int = 10) -> Starlette:
+                  db_timeout: float = 10.0, pool_size: int = 10,
+                  body_timeout: float = 30.0, routes: Sequence[BaseRoute] = ()) -> Starlette:
     """The documents API as an ASGI app, to run or mount (``Mount("/api", documents_app(…))``
     serves ``/api/documents/…``; the browser module is at ``/api/static/pgfence-documents.js``).
 
@@ -468,6 +522,10 @@ def documents_app(*, dsn: str | None = None, source: ConnectionSource | None = N
         max_body_bytes: larger request bodies are answered 413 before they are read in full.
         db_timeout: seconds a request may wait for a connection and its statements (then 503).
         pool_size: most pooled connections.
+        body_timeout: seconds a request body may take to arrive (then 408): a client that
+            stalls mid-body does not hold its connection forever.
+        routes: more routes, matched before the documents ones (``pgfence serve`` adds its
+            index and demo pages).
 
     Raises:
         ValueError: neither or both of ``dsn`` and ``source``.
@@ -476,7 +534,8 @@ def documents_app(*, dsn: str | None = None, source: ConnectionSource | None = N
         raise ValueError("pass exactly one of dsn= or source=")
     handlers = _DocumentsAPI(dsn=dsn, source=source, authenticate=authenticate,
                              authorize=authorize, max_body_bytes=max_body_bytes,
-                             db_timeout=db_timeout, pool_size=pool_size)
+                             db_timeout=db_timeout, pool_size=pool_size,
+                             body_timeout=body_timeout)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -485,14 +544,15 @@ def documents_app(*, dsn: str | None = None, source: ConnectionSource | None = N
         finally:
             await handlers.close()
 
-    app = Starlette(routes=document_routes(handlers), middleware=cors_middleware(cors_origins),
+    app = Starlette(routes=[*routes, *document_routes(handlers)],
+                    middleware=cors_middleware(cors_origins),
                     exception_handlers=EXCEPTION_HANDLERS, lifespan=lifespan)
     app.state.pgfence_documents = handlers
     return app
 
 
 def document_routes(h: _DocumentsAPI) -> list[Route | Mount]:
-    """The routes of :func:`documents_app` (shared with ``pgfence serve``)."""
+    """The routes of :func:`documents_app`."""
     return [
         Route("/documents", h.create, methods=["POST"]),
         Route("/documents/{id:int}", h.get, methods=["GET"]),

@@ -12,7 +12,8 @@ embedding application (it knows its sessions and cookies); it returns the :class
   "scopes": ["read", "write"]}``. Mint one with :func:`sign_token` or ``pgfence token USER``.
 - :func:`trusted_header_auth`: the user named in a request header, believed as is. Only for
   development behind nothing (``pgfence serve --dev-trusted-header X-Pgfence-User``): anyone who
-  can reach the port can claim to be anyone.
+  can reach the port can claim to be anyone. Only requests addressed to a loopback name are
+  believed (a DNS-rebinding page cannot use it).
 
 Scopes: ``read`` (GET, merge) and ``write`` (create, save, delete). A principal without the
 scope an endpoint needs is answered 403.
@@ -24,7 +25,9 @@ import base64
 import binascii
 import hashlib
 import hmac
+import ipaddress
 import json
+import re
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
@@ -36,6 +39,7 @@ READ = "read"
 WRITE = "write"
 ALL_SCOPES = frozenset({READ, WRITE})
 MIN_SECRET_BYTES = 32
+_TOKEN = re.compile(r"([A-Za-z0-9_-]+)\.([A-Za-z0-9_-]+)")
 
 
 @dataclass(frozen=True)
@@ -112,17 +116,24 @@ def verify_token(secret: bytes, token: str, *, now: float | None = None) -> Prin
     Raises:
         InvalidToken: malformed, bad signature, expired, or a payload of the wrong shape.
     """
-    payload, sep, signature = token.partition(".")
-    if not sep or not payload or not signature:
+    # Only the exact text sign_token makes: base64 decoding alone would skip padding and
+    # stray characters, so many strings would verify as one token.
+    parts = _TOKEN.fullmatch(token)
+    if parts is None:
         raise InvalidToken("malformed token")
-    want = hmac.new(secret, payload.encode("ascii", "replace"), hashlib.sha256).digest()
+    payload, signature = parts.groups()
+    want = hmac.new(secret, payload.encode("ascii"), hashlib.sha256).digest()
     try:
         got = _unb64(signature)
-        data: Any = json.loads(_unb64(payload))
     except (binascii.Error, ValueError) as exc:
         raise InvalidToken("malformed token") from exc
     if not hmac.compare_digest(want, got):
         raise InvalidToken("bad token signature")
+    # Parsed only once its signature is good: nothing a stranger wrote reaches the parser.
+    try:
+        data: Any = json.loads(_unb64(payload))
+    except (binascii.Error, ValueError, RecursionError) as exc:
+        raise InvalidToken("malformed token") from exc
     if not isinstance(data, dict) or not isinstance(data.get("sub"), str) \
             or not isinstance(data.get("exp"), int) or not isinstance(data.get("scopes"), list):
         raise InvalidToken("malformed token payload")
@@ -149,11 +160,31 @@ def bearer_token_auth(secret: bytes) -> Authenticate:
     return authenticate
 
 
-def trusted_header_auth(header: str) -> Authenticate:
+def is_loopback_name(host: str) -> bool:
+    """``localhost``, ``*.localhost`` or a loopback address (``127.x``, ``::1``)."""
+    name = host.strip("[]").rstrip(".").lower()
+    if name == "localhost" or name.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False
+
+
+def trusted_header_auth(header: str, *, loopback_only: bool = True) -> Authenticate:
     """Development hook: the user is whatever the request header ``header`` says (no proof).
-    Missing or empty: None (401)."""
+    Missing or empty: None (401).
+
+    With ``loopback_only`` (the default) the header is believed only in requests addressed to
+    a loopback name (the ``Host`` header): a page on any site can rebind its DNS name to
+    127.0.0.1 and then call the development server as its own origin, header and all; such
+    requests are answered 401.
+    """
 
     def authenticate(request: Request) -> Principal | None:
+        if loopback_only and not is_loopback_name(request.url.hostname or ""):
+            raise Unauthenticated(f"the development header {header} is only believed in "
+                                  "requests to a loopback name (localhost, 127.0.0.1, [::1])")
         name = request.headers.get(header, "").strip()
         return Principal(name=name) if name else None
 

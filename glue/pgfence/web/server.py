@@ -8,28 +8,21 @@ known before the first request (the demo scene, the tests and the bench use it).
 
 from __future__ import annotations
 
-import contextlib
 import html
 import logging
 import socket
 import threading
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import FileResponse, HTMLResponse, RedirectResponse, Response
-from starlette.routing import Route
+from starlette.routing import BaseRoute, Route
 
-from .app import (
-    EXCEPTION_HANDLERS,
-    STATIC_DIR,
-    _DocumentsAPI,
-    cors_middleware,
-    document_routes,
-)
+from .app import STATIC_DIR, documents_app
 from .auth import Authenticate, Authorize
 
 logger = logging.getLogger(__name__)
@@ -41,13 +34,10 @@ DEMO_USER_HEADER = "X-Pgfence-User"
 def serve_app(*, dsn: str, authenticate: Authenticate, authorize: Authorize | None = None,
               demo: bool = False, cors_origins: Sequence[str] = (),
               max_body_bytes: int = 2 * 1024 * 1024, db_timeout: float = 10.0,
-              pool_size: int = 10) -> Starlette:
+              pool_size: int = 10, body_timeout: float = 30.0) -> Starlette:
     """The app of ``pgfence serve``: ``/documents…``, ``/static/…``, an index at ``/`` and,
     with ``demo``, the demo page at ``/demo/`` (arguments as for
     :func:`~pgfence.web.documents_app`)."""
-    handlers = _DocumentsAPI(dsn=dsn, source=None, authenticate=authenticate,
-                             authorize=authorize, max_body_bytes=max_body_bytes,
-                             db_timeout=db_timeout, pool_size=pool_size)
 
     async def index(request: Request) -> Response:
         links = ['<li><a href="static/pgfence-documents.js">static/pgfence-documents.js</a>'
@@ -70,23 +60,14 @@ def serve_app(*, dsn: str, authenticate: Authenticate, authorize: Authorize | No
     async def to_demo(request: Request) -> Response:
         return RedirectResponse(str(request.url.replace(path=request.url.path + "/")), 308)
 
-    routes: list[Any] = [Route("/", index, methods=["GET"])]
+    routes: list[BaseRoute] = [Route("/", index, methods=["GET"])]
     if demo:
         routes += [Route("/demo/", demo_page, methods=["GET"]),
                    Route("/demo", to_demo, methods=["GET"])]
-
-    @contextlib.asynccontextmanager
-    async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        try:
-            yield
-        finally:
-            await handlers.close()
-
-    app = Starlette(routes=routes + document_routes(handlers),
-                    middleware=cors_middleware(cors_origins),
-                    exception_handlers=EXCEPTION_HANDLERS, lifespan=lifespan)
-    app.state.pgfence_documents = handlers
-    return app
+    return documents_app(dsn=dsn, authenticate=authenticate, authorize=authorize,
+                         cors_origins=cors_origins, max_body_bytes=max_body_bytes,
+                         db_timeout=db_timeout, pool_size=pool_size, body_timeout=body_timeout,
+                         routes=routes)
 
 
 def bind(host: str, port: int) -> socket.socket:

@@ -7,6 +7,8 @@ const user = params.get("user") || "ann";
 const headers = { "X-Pgfence-User": user };
 const COLS = ["A", "B", "C"], ROWS = [1, 2, 3, 4];
 const show = (v) => (v === undefined ? "—" : JSON.stringify(v));
+// Names and values come from other users: they go into the page as text, never as markup.
+const el = (tag, text = "", attrs = {}) => Object.assign(document.createElement(tag), { textContent: text }, attrs);
 
 document.getElementById("who").textContent = `editing as ${user}`;
 const other = new URLSearchParams(params);
@@ -62,7 +64,9 @@ class Panel {
     if (snap.state !== "conflict") { this.conflictBox.classList.add("hidden"); return; }
     const c = snap.conflict;
     this.conflictBox.classList.remove("hidden");
-    this.conflictBox.innerHTML = `<b>Conflict:</b> you edited version ${c.baseVersion}; version ${c.storedVersion} was saved by ${c.storedBy}.<br>`;
+    this.conflictBox.replaceChildren(el("b", "Conflict:"),
+      ` you edited version ${c.baseVersion}; version ${c.storedVersion} was saved by ${c.storedBy}.`,
+      el("br"));
     const rebase = this.button("Rebase (merge)", () => this.act(async () => {
       try { await this.session.rebase(); this.write(this.session.content); }
       catch (err) { if (err instanceof MergeConflict) this.choose(err.merged); else throw err; }
@@ -77,20 +81,24 @@ class Panel {
   }
 
   choose(merged) {
-    const box = document.createElement("div");
-    box.innerHTML = merged.content === null
-      ? "<p>A sheet never merges: keep your copy or take theirs.</p>"
-      : "<p>Both sides changed these; pick one per attribute:</p>";
+    const box = el("div");
+    box.append(el("p", merged.content === null
+      ? "A sheet never merges: keep your copy or take theirs."
+      : "Both sides changed these; pick one per attribute:"));
     const picks = {};
     if (merged.content !== null) {
       for (const c of merged.conflicts) {
         const row = document.createElement("div");
         for (const side of ["local", "stored"]) {
-          const id = `pick-${this.session.documentId}-${c.key}-${side}`;
-          row.insertAdjacentHTML("beforeend", `<label style="display:inline"><input type="radio" name="pick-${c.key}" id="${id}" ${side === "stored" ? "checked" : ""}> ${c.key}: ${side === "local" ? "mine" : "theirs"} ${show(c[side])}</label> `);
+          const radio = el("input", "", { type: "radio", name: `pick-${this.session.documentId}-${c.key}`,
+                                         checked: side === "stored" });
+          radio.dataset.side = side;
+          const label = el("label", "", { style: "display:inline" });
+          label.append(radio, ` ${c.key}: ${side === "local" ? "mine" : "theirs"} ${show(c[side])}`);
+          row.append(label, " ");
           picks[c.key] = "stored";
         }
-        row.addEventListener("change", (e) => { picks[c.key] = e.target.id.endsWith("-local") ? "local" : "stored"; });
+        row.addEventListener("change", (e) => { picks[c.key] = e.target.dataset.side; });
         box.append(row);
       }
       box.append(this.button("Save my choices", () => this.act(async () => {
@@ -111,7 +119,7 @@ class Panel {
   renderDrafts() {
     const drafts = this.session.siblingDrafts;
     this.draftsBox.classList.toggle("hidden", drafts.length === 0);
-    this.draftsBox.innerHTML = drafts.length ? "<b>Unsaved drafts from other tabs of yours:</b>" : "";
+    this.draftsBox.replaceChildren(...(drafts.length ? [el("b", "Unsaved drafts from other tabs of yours:")] : []));
     for (const d of drafts) {
       const row = document.createElement("div");
       row.textContent = `based on v${d.baseVersion}, ${new Date(d.updatedAt).toLocaleTimeString()}: ${d.contentJson.slice(0, 80)} `;

@@ -7,17 +7,18 @@
 //     at most maxWaitMs after the first unsaved one) and serialised: one save in flight, always
 //     of the latest snapshot, against the last confirmed version. An edit made during a save
 //     stays pending; that save's success never clears it.
-//   - A save whose answer was lost (network error, timeout, 502/503/504) is retried with the
-//     same save id (Idempotency-Key), base version and content: the server answers "saved"
-//     (replayed) if the first attempt committed. A refusal (4xx) is not retried until the
-//     next edit.
+//   - A save whose answer was lost (network error, timeout, 408/429/502/503/504) is retried
+//     with the same save id (Idempotency-Key), base version and content: the server answers
+//     "saved" (replayed) if the first attempt committed. A refusal (other 4xx) is not retried
+//     until the next edit; one refused 401 (expired credentials) also on the next flush.
 //   - A 409 stops saving: state "conflict" with base, local and stored copies. No automatic
 //     rebase: rebase(resolve) runs the kind's merge on the server (POST …/merge; records merge
 //     by attribute id, sheets never merge) and saves the result against the stored version.
 //   - Every edit is written to this writer's draft slot in localStorage, keyed by (scope, user,
 //     document, writer id), before anything is sent; the draft is deleted only when the save
 //     of exactly that snapshot succeeded or the user discarded it. Other writers' drafts are
-//     offered (siblingDrafts: adopt or discardDraft), never applied silently.
+//     offered (siblingDrafts: adopt or discardDraft), never applied silently. A writer id is
+//     held with a Web Lock while its session lives: two live tabs never share one slot.
 //   - Reads carry a sequence number and the edit generation at their start: an answer older
 //     than an applied read, or that started before a local edit, is dropped.
 //   - discardAndReload() fetches first and replaces local state only when that worked.
@@ -83,8 +84,8 @@ export class HttpError extends Error {
     this.code = this.body.error;
     this.sqlstate = this.body.sqlstate;
   }
-  /** 502/503/504: the outcome is unknown or the server asked for a retry. */
-  get transient() { return this.status === 502 || this.status === 503 || this.status === 504; }
+  /** 408/429/502/503/504: the outcome is unknown or the server asked for a retry. */
+  get transient() { return [408, 429, 502, 503, 504].includes(this.status); }
 }
 /** No answer (network down, connection cut, timeout): the outcome is unknown. */
 export class NetworkError extends Error {
@@ -119,6 +120,31 @@ function canonical(value) {
 export function sameContent(a, b) { return canonical(a) === canonical(b); }
 
 function now() { return performance.now(); }
+
+/**
+ * Hold the Web Lock `name` for as long as this page wants it: resolves with its release
+ * function, or null when another live tab (or session) still holds it after waitMs (the wait
+ * covers a reloading page whose old document is still letting go). Without Web Locks (a page
+ * that is not a secure context) every claim succeeds: there is nothing to ask.
+ */
+function claimLock(name, waitMs = 300) {
+  const locks = globalThis.navigator && navigator.locks;
+  if (!locks) return Promise.resolve(() => {});
+  return new Promise((resolve, reject) => {
+    locks.request(name, { signal: AbortSignal.timeout(waitMs) },
+                  () => new Promise((release) => resolve(release)))
+      .catch((err) => (err && err.name === "TimeoutError" ? resolve(null) : reject(err)));
+  });
+}
+
+/** A document id as a number: positive safe integers, or their decimal text ("42" = 42). */
+function documentIdOf(value) {
+  const id = typeof value === "string" && /^[1-9][0-9]{0,15}$/.test(value) ? Number(value) : value;
+  if (!Number.isSafeInteger(id) || id < 1) {
+    throw new TypeError(`documentId must be a positive integer, got ${JSON.stringify(value)}`);
+  }
+  return id;
+}
 
 /** A lock whose free acquisition is synchronous (so a pagehide handler can send at once). */
 class Mutex {
@@ -300,14 +326,26 @@ export class DraftStore {
     return true;
   }
 
-  /** Adopt a sibling's draft into writerId's slot and empty the sibling's. */
+  /**
+   * Adopt a sibling's draft into writerId's slot and empty the sibling's. If writing the new
+   * slot fails (storage full), the sibling's draft is put back as it was and the error thrown.
+   */
   transfer(draft, writerId, snapshotId) {
-    if (!this.delete(draft.scope, draft.user, draft.documentId, draft.writerId, draft.snapshotId)) {
+    const theirs = this.key(draft.scope, draft.user, draft.documentId, draft.writerId);
+    const text = this.storage.getItem(theirs);
+    const current = DraftStore._parse(text);
+    if (!current || current.snapshotId !== draft.snapshotId) {
       throw new DraftChanged(`writer ${draft.writerId}'s draft of document ${draft.documentId} ` +
                              "changed or was removed; list the drafts again");
     }
     const mine = { ...draft, writerId, snapshotId, updatedAt: Date.now() };
-    this.put(mine);
+    this.storage.removeItem(theirs);          // first: the space it frees is what mine needs
+    try {
+      this.put(mine);
+    } catch (err) {
+      this.storage.setItem(theirs, text);     // fits: it was there a moment ago
+      throw err;
+    }
     return DraftStore._parse(JSON.stringify({ ...mine, content: undefined }));
   }
 }
@@ -318,9 +356,10 @@ export class DraftStore {
 export class DocumentSession extends EventTarget {
   /**
    * Load a document and start its session.
-   * @param {number} documentId
+   * @param {number|string} documentId  a positive integer (or its decimal text: one key)
    * @param {object} o  user (required: part of the draft key; the server decides who saves),
-   *   baseUrl, headers, writerId (default: new per session), storage (localStorage),
+   *   baseUrl, headers, writerId (default: new per session; one another live tab holds is
+   *   not shared, see requestedWriterId), storage (localStorage),
    *   scope (default: the API's URL), debounceMs 300, maxWaitMs 5000, retryBaseMs 200,
    *   retryCapMs 10000, requestTimeoutMs 10000, restoreOwnDraft true, flushOnHide true,
    *   onState(snapshot), fetch.
@@ -328,28 +367,55 @@ export class DocumentSession extends EventTarget {
    */
   static async open(documentId, o = {}) {
     if (!o.user) throw new TypeError("user is required (it keys the drafts)");
+    documentId = documentIdOf(documentId);
     const client = new DocumentsClient(o.baseUrl || "", { headers: o.headers || {},
       timeoutMs: o.requestTimeoutMs ?? 10000, fetch: o.fetch });
     const doc = await client.get(documentId);
     if (doc.deleted) throw new DocumentDeleted(`document ${documentId} was deleted (version ${doc.version})`);
     const s = new DocumentSession(documentId, doc, client, o);
-    const found = s._drafts.list(s.scope, s.user, documentId);
-    const siblings = [];
-    let own = null;
-    for (const d of found) {
-      if (sameContent(d.content, doc.content)) {
-        // Nothing unsaved in it (its save went through, e.g. from a closing tab): no work lost.
-        s._drafts.delete(d.scope, d.user, d.documentId, d.writerId, d.snapshotId);
-      } else if (d.writerId === s.writerId) own = d;
-      else siblings.push(d);
+    await s._claimWriter();
+    try {
+      await s._loadDrafts(doc, o);
+    } catch (err) {
+      s._releaseWriter();
+      throw err;
     }
-    if (own && (o.restoreOwnDraft ?? true)) await s._restore(own);
-    else if (own) siblings.unshift(own);
-    s.siblingDrafts = siblings;
     s._listen(o.flushOnHide ?? true);
     s._setState();
     s._kick();
     return s;
+  }
+
+  /**
+   * Hold this writer id (a Web Lock named after the draft slot) while the session lives. A
+   * writer id another live tab holds (an app that keeps it in sessionStorage, and the tab
+   * was duplicated) is not shared: this session takes a fresh one, so that two tabs never
+   * write one draft slot, and the other tab's draft is a sibling (offered, not restored).
+   */
+  async _claimWriter() {
+    let release = await claimLock(`pgfence:writer:${this.draftKey}`);
+    if (release === null) {
+      this.requestedWriterId = this.writerId;
+      this.writerId = `tab:${newId().slice(0, 12)}`;
+      release = (await claimLock(`pgfence:writer:${this.draftKey}`)) || (() => {});
+    }
+    this._releaseWriter = release;
+  }
+
+  /** Sort the drafts of (user, document) at open: own one restored, others offered. */
+  async _loadDrafts(doc, o) {
+    const siblings = [];
+    let own = null;
+    for (const d of this._drafts.list(this.scope, this.user, this.documentId)) {
+      if (sameContent(d.content, doc.content)) {
+        // Nothing unsaved in it (its save went through, e.g. from a closing tab): no work lost.
+        this._drafts.delete(d.scope, d.user, d.documentId, d.writerId, d.snapshotId);
+      } else if (d.writerId === this.writerId) own = d;
+      else siblings.push(d);
+    }
+    if (own && (o.restoreOwnDraft ?? true)) await this._restore(own);
+    else if (own) siblings.unshift(own);
+    this.siblingDrafts = siblings;
   }
 
   constructor(documentId, doc, client, o) {
@@ -403,6 +469,9 @@ export class DocumentSession extends EventTarget {
     this.siblingDrafts = [];
     /** This writer's own leftover draft restored at open (with a given writerId), or null. */
     this.restoredDraft = null;
+    /** The writerId asked for when another live tab held it (this session took a fresh one). */
+    this.requestedWriterId = null;
+    this._releaseWriter = () => {};
   }
 
   // --- what a UI reads ----------------------------------------------------------------------
@@ -464,6 +533,7 @@ export class DocumentSession extends EventTarget {
    * @throws ConflictPending, SaveRefused, FlushTimeout, SessionClosed
    */
   async flush(timeoutMs = 30000) {
+    this._rearmUnauthorized();
     const target = this._generation;
     if (this._urgentGeneration < target) this._urgentGeneration = target;
     this._retryAt = null;
@@ -480,6 +550,17 @@ export class DocumentSession extends EventTarget {
       const left = deadline - now();
       if (left <= 0) throw new FlushTimeout(`document ${this.documentId}: not saved within ${timeoutMs} ms`);
       await this._progress(left);
+    }
+  }
+
+  /**
+   * A save refused 401 was refused for its credentials (a token expired), not its content:
+   * an explicit flush sends it again, with whatever headers() gives now.
+   */
+  _rearmUnauthorized() {
+    if (this._refusedGeneration === this._generation && this._lastError instanceof HttpError
+        && this._lastError.status === 401) {
+      this._refusedGeneration = -1;
     }
   }
 
@@ -795,6 +876,7 @@ export class DocumentSession extends EventTarget {
    */
   flushNow() {
     if (this._closed || this._conflict) return;
+    this._rearmUnauthorized();
     this._urgentGeneration = this._generation;
     this._retryAt = null;
     if (this._timer !== null) { clearTimeout(this._timer); this._timer = null; }
@@ -816,6 +898,7 @@ export class DocumentSession extends EventTarget {
       if (!(err instanceof SessionError)) throw err;
     } finally {
       this._closed = true;
+      this._releaseWriter();
       if (this._timer !== null) clearTimeout(this._timer);
       globalThis.removeEventListener("online", this._onOnline);
       globalThis.removeEventListener("pagehide", this._onHide);
