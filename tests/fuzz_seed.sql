@@ -79,30 +79,30 @@ SELECT pgfence.plan_reject(pgfence.plan_propose('[{"action": "fz.act"}]', 'fz-ag
 -- 5 executing by fz-w1 after one ok step; 6 released between steps; 7 its heartbeat lapsed
 SELECT pgfence.plan_approve(pgfence.plan_propose('[{"action": "fz.act", "args": {"k": 5}}, {"action": "fz.act", "args": {"k": 6}}, {"action": "fz.act", "args": {"k": 7}}]', 'fz-agent'), 'fz-ops');
 SELECT pgfence.plan_start(5, 'fz-w1', interval '1 day');
-SELECT outcome FROM pgfence.plan_run_step(5, 'fz-w1');
+SELECT outcome FROM pgfence.plan_run_step(5, 'fz-w1', 1);
 SELECT pgfence.plan_approve(pgfence.plan_propose('[{"action": "fz.act", "args": {"k": 8}}, {"action": "fz.hook", "args": {"recipient": "https://fz.example/hook"}}]', 'fz-agent'), 'fz-ops');
 SELECT pgfence.plan_start(6, 'fz-w2', interval '1 day');
-SELECT outcome FROM pgfence.plan_run_step(6, 'fz-w2');
-SELECT pgfence.plan_release(6, 'fz-w2');
+SELECT outcome FROM pgfence.plan_run_step(6, 'fz-w2', 1);
+SELECT pgfence.plan_release(6, 'fz-w2', 1);
 SELECT pgfence.plan_approve(pgfence.plan_propose('[{"action": "fz.hook", "args": {"recipient": "https://fz.example/slow"}}, {"action": "fz.act"}]', 'fz-agent'), 'fz-ops');
 SELECT pgfence.plan_start(7, 'fz-w3');
-SELECT outcome FROM pgfence.plan_run_step(7, 'fz-w3');
+SELECT outcome FROM pgfence.plan_run_step(7, 'fz-w3', 1);
 UPDATE pgfence.plan SET heartbeat_expires_at = now() - interval '1 second' WHERE id = 7;
 -- 8 executed, 9 failed on an error receipt, 10 compensates 8 (pending)
 SELECT pgfence.plan_approve(pgfence.plan_propose('[{"action": "fz.act", "args": {"k": 9}}, {"action": "fz.hook", "args": {"recipient": "https://fz.example/done"}}]', 'fz-agent'), 'fz-ops');
 SELECT pgfence.plan_start(8, 'fz-w1');
-SELECT outcome FROM pgfence.plan_run_step(8, 'fz-w1');
-SELECT outcome FROM pgfence.plan_run_step(8, 'fz-w1');
-SELECT pgfence.plan_record_step(8, 2, 'fz-w1', true, '{"http_status": 200}');
+SELECT outcome FROM pgfence.plan_run_step(8, 'fz-w1', 1);
+SELECT outcome FROM pgfence.plan_run_step(8, 'fz-w1', 1);
+SELECT pgfence.plan_record_step(8, 2, 'fz-w1', 1, true, '{"http_status": 200}');
 SELECT pgfence.plan_approve(pgfence.plan_propose('[{"action": "fz.act", "args": {"k": 10}}, {"action": "fz.act", "args": {"fail": true}}, {"action": "fz.act"}]', 'fz-agent'), 'fz-ops');
 SELECT pgfence.plan_start(9, 'fz-w1');
-SELECT outcome FROM pgfence.plan_run_step(9, 'fz-w1');
-SELECT outcome FROM pgfence.plan_run_step(9, 'fz-w1');
+SELECT outcome FROM pgfence.plan_run_step(9, 'fz-w1', 1);
+SELECT outcome FROM pgfence.plan_run_step(9, 'fz-w1', 1);
 SELECT pgfence.plan_compensate(8, '[{"action": "fz.act", "args": {"undo": 9}}]', 'fz-agent');
 -- 11 executing at its external step (owned by fz-w2, handed out)
 SELECT pgfence.plan_approve(pgfence.plan_propose('[{"action": "fz.hook", "args": {"recipient": "https://fz.example/ext", "payload": {"k": 11}}}, {"action": "fz.act", "args": {"k": 11}}]', 'fz-agent'), 'fz-ops');
 SELECT pgfence.plan_start(11, 'fz-w2', interval '1 day');
-SELECT outcome FROM pgfence.plan_run_step(11, 'fz-w2');
+SELECT outcome FROM pgfence.plan_run_step(11, 'fz-w2', 1);
 -- 12, 13, 14: approved, then the action was retired / replaced / dropped
 SELECT pgfence.plan_approve(pgfence.plan_propose('[{"action": "fz.retired"}]', 'fz-agent'), 'fz-ops');
 SELECT pgfence.plan_approve(pgfence.plan_propose('[{"action": "fz.changing", "args": {"v": 1}}]', 'fz-agent'), 'fz-ops');

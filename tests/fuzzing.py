@@ -662,11 +662,12 @@ class Fuzzer:
         return out
 
     def _named_in(self, table: str, row: dict[str, Any], arg: Arg) -> str | None:
-        """The value in ``row`` of its column named like the argument (p_channel -> channel), if
-        that column has the argument's type."""
+        """The value in ``row`` of its column named like the argument (p_channel -> channel,
+        p_token -> run_token), if that column has the argument's type."""
         name = arg.name.removeprefix("p_")
         for col, ctyp in self.pools.columns[table]:
-            if col in (name, name.removesuffix("s")) and ctyp == arg.type and row.get(col) is not None:
+            named = col in (name, name.removesuffix("s")) or col.endswith("_" + name)
+            if named and ctyp == arg.type and row.get(col) is not None:
                 v = row[col]
                 return json.dumps(v) if ctyp == "jsonb" else str(v)
         return None

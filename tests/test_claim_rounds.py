@@ -30,9 +30,11 @@ from support import executor_until
 
 # Fails the second, fourth, ... transaction that moves a row of `table` from `from_status` to
 # `to_status` (a claim), on its first such row; the others pass. A sequence counts them (it is
-# not rolled back with the failed transaction).
+# not rolled back with the failed transaction). The claim functions are security definer: the
+# trigger runs as their owner, pgfence_definer, which needs the sequence.
 FAIL_EVERY_SECOND_CLAIM = """
 CREATE SEQUENCE public.claim_tx_{table};
+GRANT USAGE ON SEQUENCE public.claim_tx_{table} TO pgfence_definer;
 CREATE FUNCTION public.fail_every_second_claim_{table}() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
   IF current_setting('test.claim_tx', true) IS DISTINCT FROM pg_current_xact_id()::text THEN

@@ -157,7 +157,7 @@ def test_schema_9_with_a_run_in_flight_upgrades_to_fenced_runs(empty_db: str) ->
                          " heartbeat_interval = '120 seconds', heartbeat_at = now(),"
                          " heartbeat_expires_at = now() + interval '120 seconds' WHERE id = %s", (pid,))
 
-    assert migrate(empty_db).applied == ["0010_plan_run_token"]
+    assert migrate(empty_db).applied == after("0009_operation_kind_queue")
     with psycopg.connect(empty_db, autocommit=True) as conn:
         assert conn.execute("SELECT run_token FROM pgfence.plan WHERE id = %s", (pid,)).fetchone() == (0,)
         assert conn.execute("SELECT to_regprocedure('pgfence.plan_run_step(bigint,text,boolean)')"
