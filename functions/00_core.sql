@@ -12,10 +12,18 @@
 COMMENT ON TABLE pgfence.meta IS
   'One row: the schema version the migrations have brought this database to.
 Read it with pgfence.schema_version().';
-COMMENT ON TABLE pgfence.installed_migration IS
-  'The migrations that schema/pgfence.sql contained, for a database installed from that file.
+-- installed_migration came with migration 0012; tests/test_migrate_upgrade.py applies these
+-- files to the tables of older schemas.
+DO $comment$
+BEGIN
+  IF to_regclass('pgfence.installed_migration') IS NOT NULL THEN
+    COMMENT ON TABLE pgfence.installed_migration IS
+      'The migrations that schema/pgfence.sql contained, for a database installed from that file.
 Empty when installed by pgfence migrate; pgfence migrate records them as applied instead of
 running them. Not an API.';
+  END IF;
+END
+$comment$;
 
 CREATE OR REPLACE FUNCTION pgfence.schema_version()
 RETURNS integer

@@ -76,8 +76,8 @@ at most max_rows; skips rows locked by a concurrent mark and never touches a row
 between its read and its write. Run by executors on a timer; safe for a DBA to call.
 Errors: 22023 (max_rows NULL or < 1).';
 
--- The reaper's name until issue 13 (one naming pattern, <module>_reap): kept for callers of
--- older pgfence versions.
+-- The reaper's former name (the reapers are named <module>_reap since schema 12's functions),
+-- kept so that callers of older pgfence versions go on working.
 CREATE OR REPLACE FUNCTION pgfence.outbox_reclaim_stale(p_max_rows integer DEFAULT 1000)
 RETURNS integer
 LANGUAGE sql VOLATILE SECURITY DEFINER
