@@ -80,10 +80,9 @@ BEFORE DELETE statement trigger shared by pgfence.event, outbox, plan, plan_step
 filtered by WHEN pgfence.purging is not on, so a purge pays nothing per row.
 pgfence._audit_purge_batch sets the transaction-local setting for the length of one batch.';
 
--- Inserts are not guarded: an event has no initial state to check, and db_user and txid come
--- from their column defaults. (A WHEN-filtered row trigger checking them was measured at +3 us
--- per event, +20% on an event insert, which the outbox pays on its hot path when a channel logs
--- events; only the tables' owner can insert, and the owner can disable any trigger anyway.)
+-- Inserts are not guarded: an event has no initial state to check, db_user and txid come from
+-- their column defaults, and only the tables' owner can insert (what a guard would cost:
+-- docs/query-plans.md#core).
 CREATE OR REPLACE FUNCTION pgfence.tg_event_append_only()
 RETURNS trigger
 LANGUAGE plpgsql
