@@ -51,7 +51,8 @@ BEGIN
     RAISE EXCEPTION 'outbox: a new message starts pending, with 0 attempts, no owner and no lease'
       USING ERRCODE = 'PF001',
             DETAIL = format('This row: status %s, attempts %s, max_attempts %s, locked_by %s, lease_expires_at %s, finished_at %s.',
-                            NEW.status, NEW.attempts, NEW.max_attempts, coalesce(NEW.locked_by, 'NULL'),
+                            coalesce(NEW.status, 'NULL'), coalesce(NEW.attempts::text, 'NULL'),
+                            coalesce(NEW.max_attempts::text, 'NULL'), coalesce(NEW.locked_by, 'NULL'),
                             coalesce(NEW.lease_expires_at::text, 'NULL'), coalesce(NEW.finished_at::text, 'NULL')),
             HINT = 'Use pgfence.outbox_enqueue().';
   END IF;

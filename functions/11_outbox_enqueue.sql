@@ -120,8 +120,8 @@ BEGIN
      OR (p_idempotency_keys IS NOT NULL AND cardinality(p_idempotency_keys) <> v_n) THEN
     RAISE EXCEPTION 'outbox_enqueue_many: recipients, payloads and idempotency_keys must have the same length'
       USING ERRCODE = '22023',
-            DETAIL = format('recipients: %s, payloads: %s, idempotency_keys: %s elements; nothing was enqueued.',
-                            v_n, cardinality(p_payloads), coalesce(cardinality(p_idempotency_keys)::text, 'NULL')),
+            DETAIL = format('Elements: %s recipients, %s payloads, %s idempotency_keys; nothing was enqueued.',
+                            v_n, cardinality(p_payloads), coalesce(cardinality(p_idempotency_keys)::text, 'no')),
             HINT = 'Pass one element per message in each array (or NULL for no keys).';
   END IF;
   IF v_n = 0 THEN

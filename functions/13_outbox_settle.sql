@@ -76,8 +76,8 @@ BEGIN
      OR (p_receipts IS NOT NULL AND cardinality(p_receipts) <> cardinality(p_ids)) THEN
     RAISE EXCEPTION 'outbox_mark_sent_many: ids, attempts and receipts must have the same length'
       USING ERRCODE = '22023',
-            DETAIL = format('ids: %s, attempts: %s, receipts: %s elements; nothing was marked.',
-                            cardinality(p_ids), cardinality(p_attempts), coalesce(cardinality(p_receipts)::text, 'NULL')),
+            DETAIL = format('Elements: %s ids, %s attempts, %s receipts; nothing was marked.',
+                            cardinality(p_ids), cardinality(p_attempts), coalesce(cardinality(p_receipts)::text, 'no')),
             HINT = 'Pass one element per message in each array (receipts NULL for none).';
   END IF;
   -- Lock the rows in id order first: the UPDATE below locks them in the order its join

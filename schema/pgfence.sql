@@ -908,7 +908,8 @@ BEGIN
     RAISE EXCEPTION 'outbox: a new message starts pending, with 0 attempts, no owner and no lease'
       USING ERRCODE = 'PF001',
             DETAIL = format('This row: status %s, attempts %s, max_attempts %s, locked_by %s, lease_expires_at %s, finished_at %s.',
-                            NEW.status, NEW.attempts, NEW.max_attempts, coalesce(NEW.locked_by, 'NULL'),
+                            coalesce(NEW.status, 'NULL'), coalesce(NEW.attempts::text, 'NULL'),
+                            coalesce(NEW.max_attempts::text, 'NULL'), coalesce(NEW.locked_by, 'NULL'),
                             coalesce(NEW.lease_expires_at::text, 'NULL'), coalesce(NEW.finished_at::text, 'NULL')),
             HINT = 'Use pgfence.outbox_enqueue().';
   END IF;
@@ -1252,8 +1253,8 @@ BEGIN
      OR (p_idempotency_keys IS NOT NULL AND cardinality(p_idempotency_keys) <> v_n) THEN
     RAISE EXCEPTION 'outbox_enqueue_many: recipients, payloads and idempotency_keys must have the same length'
       USING ERRCODE = '22023',
-            DETAIL = format('recipients: %s, payloads: %s, idempotency_keys: %s elements; nothing was enqueued.',
-                            v_n, cardinality(p_payloads), coalesce(cardinality(p_idempotency_keys)::text, 'NULL')),
+            DETAIL = format('Elements: %s recipients, %s payloads, %s idempotency_keys; nothing was enqueued.',
+                            v_n, cardinality(p_payloads), coalesce(cardinality(p_idempotency_keys)::text, 'no')),
             HINT = 'Pass one element per message in each array (or NULL for no keys).';
   END IF;
   IF v_n = 0 THEN
@@ -1640,8 +1641,8 @@ BEGIN
      OR (p_receipts IS NOT NULL AND cardinality(p_receipts) <> cardinality(p_ids)) THEN
     RAISE EXCEPTION 'outbox_mark_sent_many: ids, attempts and receipts must have the same length'
       USING ERRCODE = '22023',
-            DETAIL = format('ids: %s, attempts: %s, receipts: %s elements; nothing was marked.',
-                            cardinality(p_ids), cardinality(p_attempts), coalesce(cardinality(p_receipts)::text, 'NULL')),
+            DETAIL = format('Elements: %s ids, %s attempts, %s receipts; nothing was marked.',
+                            cardinality(p_ids), cardinality(p_attempts), coalesce(cardinality(p_receipts)::text, 'no')),
             HINT = 'Pass one element per message in each array (receipts NULL for none).';
   END IF;
   -- Lock the rows in id order first: the UPDATE below locks them in the order its join
