@@ -626,13 +626,32 @@ COMMENT ON TABLE pgfence.installed_migration IS
 
 
 -- ==== functions/00_core.sql
--- pgfence functions/00_core.sql — shared helpers: schema version, backoff, the event log writer
--- and its guards, the purge-only delete guard shared by the modules' tables.
+-- pgfence functions/00_core.sql — core: the schema version and the retry backoff.
 --
--- Every file in functions/ is re-runnable: CREATE OR REPLACE, followed by REVOKE ... FROM
--- PUBLIC, GRANT EXECUTE to the group role(s) that need it, and COMMENT ON. `pgfence migrate`
--- applies them in file-name order, in one transaction, after the table migrations.
--- Errors: see functions/ERRORS.md (our SQLSTATE class is PF).
+-- Public: schema_version(), backoff(attempt, base, cap, jitter).
+-- Also here: the comments of the core tables (meta, installed_migration).
+-- The event log writer and the delete guards shared by every module: 01_core_events.sql.
+--
+-- Every file in functions/ is re-runnable (CREATE OR REPLACE, then REVOKE ... FROM PUBLIC,
+-- GRANT EXECUTE by full signature to the group roles, COMMENT ON). `pgfence migrate` applies
+-- them in file-name order, in one transaction, after the table migrations (tools/make_schema.py
+-- copies them into schema/pgfence.sql in the same order). Errors: functions/ERRORS.md.
+
+COMMENT ON TABLE pgfence.meta IS
+  'One row: the schema version the migrations have brought this database to.
+Read it with pgfence.schema_version().';
+-- installed_migration came with migration 0012; tests/test_migrate_upgrade.py applies these
+-- files to the tables of older schemas.
+DO $comment$
+BEGIN
+  IF to_regclass('pgfence.installed_migration') IS NOT NULL THEN
+    COMMENT ON TABLE pgfence.installed_migration IS
+      'The migrations that schema/pgfence.sql contained, for a database installed from that file.
+Empty when installed by pgfence migrate; pgfence migrate records them as applied instead of
+running them. Not an API.';
+  END IF;
+END
+$comment$;
 
 CREATE OR REPLACE FUNCTION pgfence.schema_version()
 RETURNS integer
@@ -644,19 +663,19 @@ $$;
 REVOKE ALL ON FUNCTION pgfence.schema_version() FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION pgfence.schema_version() TO pgfence_client, pgfence_executor, pgfence_admin;
 COMMENT ON FUNCTION pgfence.schema_version() IS
-  'Schema version the migrations brought this database to. Client libraries compare it with the version they were written for and refuse to run against one they do not know. Errors: none.';
+  'The schema version the migrations brought this database to.
+Client libraries compare it with the version they were written for and refuse to run against a
+version they do not know.
+Errors: none.';
 
--- Capped exponential backoff with jitter:
--- delay = least(cap, base * 2^(attempt-1)) * (1 - jitter/2), jitter in [0,1) (random if NULL).
--- Computed in numeric seconds measured as PostgreSQL compares intervals (a month is 30 days,
--- so a year is 360 days: `interval '1 year' < interval '365 days'`), so the result is never
--- above the cap by PostgreSQL's own comparison, and no step can overflow or underflow: the
--- exponent is clamped at 80 (2^80 microseconds exceed the largest interval, so attempt =
--- 2^31-1 gives the cap), and a denormal jitter (5e-324) is exact in numeric. (Through
--- double-precision epoch seconds a year was 365.25 days, so a cap of 1 year was exceeded by
--- 1.5%, and a cap of 300000 years overflowed into a negative interval.)
--- The result is a plain time interval (hours, minutes, seconds) whenever it fits one (up to
--- about 285,000 years), so now() + backoff(...) does not depend on the session's TimeZone.
+-- delay = least(cap, base * 2^(attempt-1)) * (1 - jitter/2), computed in numeric seconds
+-- counted as PostgreSQL compares intervals (a month is 30 days, so a year is 360 days:
+-- `interval '1 year' < interval '365 days'`). So the result is never above the cap by
+-- PostgreSQL's own comparison and no step overflows: the exponent is clamped at 80 (2^80
+-- microseconds exceed the largest interval), and a denormal jitter (5e-324) is exact in
+-- numeric. (Through double-precision epoch seconds a year was 365.25 days: a cap of 1 year was
+-- exceeded by 1.5%, and one of 300000 years overflowed into a negative interval.) The result is
+-- a plain time interval whenever one holds it, so now() + backoff(...) ignores the TimeZone.
 CREATE OR REPLACE FUNCTION pgfence.backoff(
   p_attempt integer,
   p_base    interval,
@@ -714,10 +733,31 @@ GRANT EXECUTE ON FUNCTION pgfence.backoff(integer, interval, interval, double pr
   TO pgfence_client, pgfence_executor, pgfence_admin;
 COMMENT ON FUNCTION pgfence.backoff(integer, interval, interval, double precision) IS
   'Delay before retry number p_attempt: least(cap, base * 2^(attempt-1)) * (1 - jitter/2).
-Concurrent retries spread over [delay/2, delay]. Measured as PostgreSQL compares intervals (a month = 30 days, a year = 360 days): never above the cap, never negative, never an overflow, whatever the attempt. A plain time interval whenever one holds it (up to ~285,000 years). p_jitter NULL = random.
+Concurrent retries spread over [delay/2, delay]; p_jitter NULL = random. Measured as PostgreSQL
+compares intervals (a month = 30 days, a year = 360 days): never above the cap, never negative,
+never an overflow, whatever the attempt. A plain time interval whenever one holds it (up to
+~285,000 years), so now() + backoff(...) does not depend on the session''s TimeZone.
 Errors: 22004 (NULL attempt, base or cap), 22023 (base <= 0, cap < base, jitter outside [0,1)).';
 
--- The event log writer, shared by every module's triggers.
+
+-- ==== functions/01_core_events.sql
+-- pgfence functions/01_core_events.sql — core: the event log and the delete guard of every module.
+--
+-- No public function: the modules' triggers and functions write pgfence.event through
+-- _event(), naming the actor with _set_actor(); the audit views (90_audit_*.sql) read it.
+-- Guards: tg_event_append_only (an event is never updated) and tg_purge_only, the BEFORE DELETE
+-- statement trigger shared by event, outbox, plan, plan_step and operation: rows go only in a
+-- purge (CALL pgfence.audit_purge, which sets pgfence.purging = on for its batch). A safety
+-- catch against a stray DELETE in psql, not a permission: no pgfence role can write the tables,
+-- and their owner can disable triggers. TRUNCATE is not guarded (it needs the owner; the
+-- benchmarks reset with it).
+
+COMMENT ON TABLE pgfence.event IS
+  'Append-only event log of every module, written in the same transaction as each change.
+Transitions with who made them and under which fence token, receipts, errors with SQLSTATE,
+document save outcomes, written by the modules'' triggers and functions. Not an API: read it
+through the audit views.';
+
 CREATE OR REPLACE FUNCTION pgfence._event(
   p_module      text,
   p_item_id     bigint,
@@ -739,7 +779,10 @@ AS $$
 $$;
 REVOKE ALL ON FUNCTION pgfence._event(text, bigint, text, text, text, bigint, jsonb, text) FROM PUBLIC;
 COMMENT ON FUNCTION pgfence._event(text, bigint, text, text, text, bigint, jsonb, text) IS
-  'Private: append one row to pgfence.event in the current transaction. The actor is p_actor, else the transaction-local setting pgfence.actor (set by functions that take a worker / by argument, see _set_actor), else session_user.';
+  'Private: append one row to pgfence.event in the current transaction.
+The actor is p_actor, else the transaction-local setting pgfence.actor (set by the functions
+that take a worker or a name, see _set_actor), else session_user. db_user and txid come from the
+columns'' defaults.';
 
 -- The actor ends with the call that named it: such a function calls _set_actor(NULL) before
 -- each RETURN (an error rolls the setting back with the call's work). Not a function-level
@@ -754,20 +797,10 @@ AS $$
 $$;
 REVOKE ALL ON FUNCTION pgfence._set_actor(text) FROM PUBLIC;
 COMMENT ON FUNCTION pgfence._set_actor(text) IS
-  'Private: name the actor (worker, approver, user) that the event log records for the changes that follow; NULL clears it. A calling function clears it (_set_actor(NULL)) before each RETURN, so that the name ends with the call instead of leaking into the rest of the caller''s transaction.';
+  'Private: name the actor (worker, approver, user) the event log records next; NULL clears it.
+A calling function clears it (_set_actor(NULL)) before each RETURN, so that the name ends with the
+call instead of leaking into the rest of the caller''s transaction.';
 
--- ---------------------------------------------------------------------------------------------
--- Deletes only in a purge; the event log is append-only
---
--- Items (plans, their steps, operations, events) disappear only through CALL
--- pgfence.audit_purge, whose batch function runs with the setting pgfence.purging = on. Any
--- other DELETE is refused (PF002) by a statement-level trigger whose WHEN condition is false
--- while purging, so a purge pays nothing per row. This is a safety catch against a stray
--- DELETE in psql, not a permission: no pgfence role can write the tables at all, and their
--- owner can disable triggers. A DBA who must delete by hand does it in a transaction with
--- SET LOCAL pgfence.purging = on. (TRUNCATE is not guarded: it needs the owner, and is what
--- the benchmarks use to reset.)
--- ---------------------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION pgfence.tg_purge_only()
 RETURNS trigger
 LANGUAGE plpgsql
@@ -785,12 +818,14 @@ END
 $$;
 REVOKE ALL ON FUNCTION pgfence.tg_purge_only() FROM PUBLIC;
 COMMENT ON FUNCTION pgfence.tg_purge_only() IS
-  'BEFORE DELETE statement trigger (shared by pgfence.event, outbox, plan, plan_step and operation; filtered by WHEN pgfence.purging is not on): refuses the DELETE (PF002) unless the transaction-local setting pgfence.purging is on, as pgfence._audit_purge_batch sets it.';
+  'Trigger: refuses a DELETE (PF002) unless the setting pgfence.purging is on, as purges set it.
+BEFORE DELETE statement trigger shared by pgfence.event, outbox, plan, plan_step and operation,
+filtered by WHEN pgfence.purging is not on, so a purge pays nothing per row.
+pgfence._audit_purge_batch sets the transaction-local setting for the length of one batch.';
 
--- Inserts are not guarded: an event has no initial state to check, and db_user and txid come
--- from their column defaults. (A WHEN-filtered row trigger checking them was measured at +3 us
--- per event, +20% on an event insert, which the outbox pays on its hot path when a channel logs
--- events; only the tables' owner can insert, and the owner can disable any trigger anyway.)
+-- Inserts are not guarded: an event has no initial state to check, db_user and txid come from
+-- their column defaults, and only the tables' owner can insert (what a guard would cost:
+-- docs/query-plans.md#core).
 CREATE OR REPLACE FUNCTION pgfence.tg_event_append_only()
 RETURNS trigger
 LANGUAGE plpgsql
@@ -798,12 +833,16 @@ SET search_path = pg_catalog, pgfence, pg_temp
 AS $$
 BEGIN
   RAISE EXCEPTION 'pgfence.event is append-only: an event is never changed'
-    USING ERRCODE = 'PF002', HINT = 'Events record what happened; the purge deletes old ones (pgfence.audit_purge).';
+    USING ERRCODE = 'PF002',
+          DETAIL = 'The event log records what happened, in the transaction that did it.',
+          HINT = 'Events record what happened; the purge deletes old ones (pgfence.audit_purge).';
 END
 $$;
 REVOKE ALL ON FUNCTION pgfence.tg_event_append_only() FROM PUBLIC;
 COMMENT ON FUNCTION pgfence.tg_event_append_only() IS
-  'BEFORE UPDATE statement trigger on pgfence.event: refuses any UPDATE (PF002), the log is append-only. Costs nothing on the normal path (events are never updated).';
+  'Trigger: refuses any UPDATE of pgfence.event (PF002); the log is append-only.
+BEFORE UPDATE statement trigger on pgfence.event. Costs nothing on the normal path (events are
+never updated).';
 
 CREATE OR REPLACE TRIGGER event_no_update
   BEFORE UPDATE ON pgfence.event
@@ -815,11 +854,11 @@ CREATE OR REPLACE TRIGGER event_purge_only
   EXECUTE FUNCTION pgfence.tg_purge_only();
 
 
--- ==== functions/10_outbox.sql
--- pgfence functions/10_outbox.sql — Module 1: the transactional outbox.
+-- ==== functions/10_outbox_guards.sql
+-- pgfence functions/10_outbox_guards.sql — outbox (module 1): the table's guards and private helpers.
 --
 -- A message is enqueued inside the caller's business transaction and delivered at least once
--- by an executor. Status machine (enforced by tg_outbox_guard, not only by these functions):
+-- by an executor. Status machine, enforced by tg_outbox_guard even against hand-written SQL:
 --
 --   pending --claim--> processing --mark_sent--> sent                     (terminal)
 --                                 --mark_failed(permanent)--> failed      (terminal until requeue)
@@ -827,33 +866,35 @@ CREATE OR REPLACE TRIGGER event_purge_only
 --                                                          or --> dead    (no attempts left)
 --   failed | dead --outbox_requeue--> pending  (operator; grants more attempts)
 --
--- Fence: `attempts` is bumped at every claim and returned as `attempt`; an owner's writes match
--- `attempts = attempt AND status = 'processing'`, so a worker whose lease was taken over (or
--- whose message was already finished) changes nothing: its call returns false / NULL.
+-- Fence token: the attempt. `attempts` is bumped by every claim and returned as `attempt`; an
+-- owner's writes match `attempts = attempt AND status = 'processing'`, so a worker whose lease
+-- was taken over (or whose message already finished) changes nothing: it gets false / NULL.
 -- Time: every lease and due time is computed from now(), the database clock.
--- Errors: functions/ERRORS.md.
---
--- Plans: the hot-path functions carry SET plan_cache_mode = force_generic_plan (plan once per
--- session instead of once per call: planning cost more than executing) together with
--- SET enable_seqscan = off and enable_bitmapscan = off. A generic plan is kept for the life of
--- the session; one made while the queue was empty would be a sequential scan, reused when the
--- queue is long — every claim would then read the whole table. Pinning index access keeps a
--- claim O(batch) whatever the statistics said when the plan was made (bench/outbox.py measured
--- an executor started on an empty queue at half the throughput before this).
--- A statement that finds its rows by primary key compares the status with a PL/pgSQL constant
--- (c_pending, c_processing), not a literal: in a generic plan that is a parameter, so the
--- planner cannot prove a partial index's predicate (WHERE status = 'pending' / 'processing')
--- and has no path but the primary key. With the literal, statistics taken while few messages
--- were processing made every mark a full scan of outbox_lease_idx (dead entries included) for
--- the life of the session, and every claim a full scan of outbox_channel_due_idx.
+-- Files: 10 guards, 11 enqueue, 12 claim, 13 settle (mark), 14 reaper, 15 operator functions
+-- and views. No public function here. Errors: functions/ERRORS.md. Plans: docs/query-plans.md.
+
+COMMENT ON TABLE pgfence.outbox IS
+  'Transactional outbox: one row per message. Not an API: use the pgfence.outbox_* functions.
+Status machine pending -> processing -> sent | failed | dead; a retry is pending again with
+attempts > 0. attempts is the fence token (the claim''s attempt).';
+COMMENT ON TABLE pgfence.outbox_channel IS
+  'Retry settings per outbox channel; the row ''*'' holds the defaults for channels without one.
+Change them with pgfence.outbox_configure_channel().';
+COMMENT ON TABLE pgfence.outbox_lapse IS
+  'The outbox reaper''s receipts: one row per claim whose lease lapsed and was taken back.
+Each row: the message, the attempt (fence token) that lost its lease, the worker that held it,
+when it was claimed, when the lease ran out and when it was reclaimed (pgfence.outbox_reap), and
+what the message became (pending for a retry, or dead). The worker may have delivered the
+message before it died or stalled, so each row is a possible duplicate delivery. Written in the
+reaper''s transaction, whatever the channel''s log_events setting. Not an API: read
+pgfence.audit_duplicates and pgfence.audit_timeline().';
 
 -- ---------------------------------------------------------------------------------------------
 -- Status machine guard and event log
 --
 -- One PL/pgSQL row trigger checks the move and the row's invariants and, for messages whose
--- log_events flag is set, writes the event in the same statement. (Measured: a trigger WHEN
--- condition or CHECK constraints cost more here, because PostgreSQL re-parses them for every
--- statement, and the claim and the mark are one statement each on the hot path.)
+-- log_events flag is set, writes the event in the same statement (cheaper than a trigger WHEN
+-- condition or CHECK constraints here: docs/query-plans.md#outbox).
 -- ---------------------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION pgfence.tg_outbox_guard()
 RETURNS trigger
@@ -865,12 +906,19 @@ BEGIN
     -- Reached only through the WHEN condition of outbox_insert_guard: not a fresh message.
     -- (The enqueue event is written by outbox_enqueue_event, AFTER the row exists.)
     RAISE EXCEPTION 'outbox: a new message starts pending, with 0 attempts, no owner and no lease'
-      USING ERRCODE = 'PF001', HINT = 'Use pgfence.outbox_enqueue().';
+      USING ERRCODE = 'PF001',
+            DETAIL = format('This row: status %s, attempts %s, max_attempts %s, locked_by %s, lease_expires_at %s, finished_at %s.',
+                            coalesce(NEW.status, 'NULL'), coalesce(NEW.attempts::text, 'NULL'),
+                            coalesce(NEW.max_attempts::text, 'NULL'), coalesce(NEW.locked_by, 'NULL'),
+                            coalesce(NEW.lease_expires_at::text, 'NULL'), coalesce(NEW.finished_at::text, 'NULL')),
+            HINT = 'Use pgfence.outbox_enqueue().';
   END IF;
 
   IF NEW.attempts < OLD.attempts THEN
     RAISE EXCEPTION 'outbox message %: attempts is a fence token and never decreases (% -> %)', OLD.id, OLD.attempts, NEW.attempts
-      USING ERRCODE = 'PF002', HINT = 'To retry a failed or dead message use pgfence.outbox_requeue(id), which grants more attempts.';
+      USING ERRCODE = 'PF002',
+            DETAIL = 'A lower attempt would let a worker whose lease was taken over write again under its old token.',
+            HINT = 'To retry a failed or dead message use pgfence.outbox_requeue(id), which grants more attempts.';
   END IF;
   IF NOT (
        (   (OLD.status = 'pending'    AND NEW.status = 'processing' AND NEW.attempts = OLD.attempts + 1)
@@ -909,14 +957,18 @@ END
 $$;
 REVOKE ALL ON FUNCTION pgfence.tg_outbox_guard() FROM PUBLIC;
 COMMENT ON FUNCTION pgfence.tg_outbox_guard() IS
-  'BEFORE UPDATE row trigger on pgfence.outbox (and BEFORE INSERT, filtered by a WHEN condition): refuses any move outside the status machine or breaking a row invariant (PF001) and any decrease of the fence token (PF002), even from a hand-written statement; for messages with log_events it writes the claim or transition event (actor, attempt, error, receipt) in the same statement (the enqueue event: tg_outbox_enqueued).';
+  'Trigger: holds the outbox status machine and row invariants, and writes the message''s events.
+BEFORE UPDATE row trigger on pgfence.outbox (and BEFORE INSERT, filtered by a WHEN condition):
+refuses any move outside the status machine or breaking a row invariant (PF001) and any decrease
+of the fence token (PF002), even from a hand-written statement. For messages with log_events it
+writes the claim or transition event (actor, attempt, error, receipt) in the same statement (the
+enqueue event: tg_outbox_enqueued).';
 
 CREATE OR REPLACE TRIGGER outbox_guard
   BEFORE UPDATE ON pgfence.outbox
   FOR EACH ROW EXECUTE FUNCTION pgfence.tg_outbox_guard();
--- On INSERT the WHEN condition filters in the executor (evaluated once per statement set-up,
--- then per row without a function call), so a bulk enqueue of 10,000 rows calls no PL/pgSQL
--- unless a row is malformed or its channel logs events.
+-- On INSERT the WHEN condition filters without calling PL/pgSQL: a bulk enqueue calls the
+-- trigger only for a malformed row (docs/query-plans.md#outbox).
 CREATE OR REPLACE TRIGGER outbox_insert_guard
   BEFORE INSERT ON pgfence.outbox
   FOR EACH ROW
@@ -941,8 +993,9 @@ END
 $$;
 REVOKE ALL ON FUNCTION pgfence.tg_outbox_enqueued() FROM PUBLIC;
 COMMENT ON FUNCTION pgfence.tg_outbox_enqueued() IS
-  'AFTER INSERT row trigger on pgfence.outbox, for messages with log_events: writes the enqueue event.
-Only for rows really inserted: a row skipped by ON CONFLICT DO NOTHING (a repeated idempotency key) gets none.';
+  'Trigger: writes the enqueue event of a message whose channel logs events.
+AFTER INSERT row trigger on pgfence.outbox (WHEN log_events). Only for rows really inserted: a
+row skipped by ON CONFLICT DO NOTHING (a repeated idempotency key) gets none.';
 
 -- WHEN in an AFTER trigger is evaluated as the row is inserted: a channel that does not log
 -- events queues nothing.
@@ -966,12 +1019,17 @@ SET search_path = pg_catalog, pgfence, pg_temp
 AS $$
 BEGIN
   RAISE EXCEPTION 'outbox message % is immutable: channel, recipient, payload, idempotency_key and created_at are never updated', OLD.id
-    USING ERRCODE = 'PF002', HINT = 'Enqueue a new message instead.';
+    USING ERRCODE = 'PF002',
+          DETAIL = 'A message''s content is what was committed with the business change; only its delivery state changes.',
+          HINT = 'Enqueue a new message instead.';
 END
 $$;
 REVOKE ALL ON FUNCTION pgfence.tg_outbox_frozen() FROM PUBLIC;
 COMMENT ON FUNCTION pgfence.tg_outbox_frozen() IS
-  'BEFORE UPDATE OF channel, recipient, payload, idempotency_key, created_at trigger on pgfence.outbox: any statement that writes those columns is refused (PF002). A column trigger costs nothing for statements that do not name them.';
+  'Trigger: refuses any write of a message''s content (PF002).
+BEFORE UPDATE OF channel, recipient, payload, idempotency_key, created_at on pgfence.outbox: a
+statement that writes those columns is refused. A column trigger costs nothing for statements
+that do not name them.';
 
 CREATE OR REPLACE TRIGGER outbox_frozen
   BEFORE UPDATE OF channel, recipient, payload, idempotency_key, created_at ON pgfence.outbox
@@ -985,8 +1043,7 @@ RETURNS pgfence.outbox_channel
 LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, pgfence, pg_temp
 AS $$
--- PL/pgSQL rather than SQL: its plan is cached for the session; a non-inlined SQL function
--- would be parsed and planned again on every call (this runs on every enqueue and failure).
+-- PL/pgSQL rather than SQL: docs/query-plans.md#outbox.
 DECLARE
   v_row pgfence.outbox_channel;
 BEGIN
@@ -999,7 +1056,8 @@ END
 $$;
 REVOKE ALL ON FUNCTION pgfence._outbox_settings(text) FROM PUBLIC;
 COMMENT ON FUNCTION pgfence._outbox_settings(text) IS
-  'Private: the retry settings that apply to a channel (its own row, else the ''*'' defaults).';
+  'Private: the retry settings that apply to a channel (its own row, else the ''*'' defaults).
+Errors: none.';
 
 CREATE OR REPLACE FUNCTION pgfence._outbox_check_message(
   p_channel text, p_recipient text, p_payload jsonb, p_idempotency_key text, p_max_attempts integer)
@@ -1010,33 +1068,41 @@ AS $$
 BEGIN
   IF p_channel IS NULL OR p_recipient IS NULL OR p_payload IS NULL THEN
     RAISE EXCEPTION 'outbox: channel, recipient and payload are required'
-      USING ERRCODE = '22004', HINT = 'Pass a channel name, a recipient and a JSON object payload.';
+      USING ERRCODE = '22004', DETAIL = 'A message needs all three; nothing was enqueued.',
+            HINT = 'Pass a channel name, a recipient and a JSON object payload.';
   END IF;
   IF p_channel !~ '^[a-z0-9][a-z0-9_.-]{0,62}$' THEN
     RAISE EXCEPTION 'outbox: invalid channel name "%"', p_channel
-      USING ERRCODE = '22023', HINT = 'Channel names are 1-63 characters of a-z, 0-9, _ . - starting with a letter or digit.';
+      USING ERRCODE = '22023', DETAIL = 'The channel name routes the message to a transport; nothing was enqueued.',
+            HINT = 'Channel names are 1-63 characters of a-z, 0-9, _ . - starting with a letter or digit.';
   END IF;
   IF p_recipient = '' OR length(p_recipient) > 2048 THEN
     RAISE EXCEPTION 'outbox: recipient must be 1-2048 characters'
-      USING ERRCODE = '22023', HINT = 'Pass the address the transport delivers to (a URL, an e-mail address, ...).';
+      USING ERRCODE = '22023', DETAIL = format('The recipient has %s characters; nothing was enqueued.', length(p_recipient)),
+            HINT = 'Pass the address the transport delivers to (a URL, an e-mail address, ...).';
   END IF;
   IF jsonb_typeof(p_payload) <> 'object' THEN
     RAISE EXCEPTION 'outbox: payload must be a JSON object, got %', jsonb_typeof(p_payload)
-      USING ERRCODE = '22023', HINT = 'Wrap the value: jsonb_build_object(''data'', value).';
+      USING ERRCODE = '22023', DETAIL = 'Transports send the payload as a JSON object; nothing was enqueued.',
+            HINT = 'Wrap the value: jsonb_build_object(''data'', value).';
   END IF;
   IF p_idempotency_key IS NOT NULL AND (p_idempotency_key = '' OR length(p_idempotency_key) > 255) THEN
     RAISE EXCEPTION 'outbox: idempotency_key must be 1-255 characters or NULL'
-      USING ERRCODE = '22023', HINT = 'Use a stable business key such as ''order-42-confirmation''.';
+      USING ERRCODE = '22023', DETAIL = format('The key has %s characters; nothing was enqueued.', length(p_idempotency_key)),
+            HINT = 'Use a stable business key such as ''order-42-confirmation''.';
   END IF;
   IF p_max_attempts IS NOT NULL AND p_max_attempts NOT BETWEEN 1 AND 1000 THEN
     RAISE EXCEPTION 'outbox: max_attempts must be between 1 and 1000, got %', p_max_attempts
-      USING ERRCODE = '22023', HINT = 'Pass NULL to use the channel''s setting.';
+      USING ERRCODE = '22023', DETAIL = 'A message is tried at least once and at most 1000 times; nothing was enqueued.',
+            HINT = 'Pass NULL to use the channel''s setting.';
   END IF;
 END
 $$;
 REVOKE ALL ON FUNCTION pgfence._outbox_check_message(text, text, jsonb, text, integer) FROM PUBLIC;
 COMMENT ON FUNCTION pgfence._outbox_check_message(text, text, jsonb, text, integer) IS
-  'Private: validates one message''s arguments; raises 22004/22023 with a hint.';
+  'Private: validates one message''s arguments (channel, recipient, payload, key, max_attempts).
+Errors: 22004 (channel, recipient or payload NULL), 22023 (bad channel name, recipient, payload,
+key or max_attempts).';
 
 CREATE OR REPLACE FUNCTION pgfence._outbox_require(p_id bigint)
 RETURNS void
@@ -1045,22 +1111,37 @@ SET search_path = pg_catalog, pgfence, pg_temp
 AS $$
 BEGIN
   IF p_id IS NULL THEN
-    RAISE EXCEPTION 'outbox: message id is required' USING ERRCODE = '22004';
+    RAISE EXCEPTION 'outbox: message id is required'
+      USING ERRCODE = '22004', DETAIL = 'A NULL id names no message.',
+            HINT = 'Pass the id that outbox_enqueue or outbox_claim returned.';
   END IF;
   PERFORM 1 FROM pgfence.outbox WHERE id = p_id;
   IF NOT FOUND THEN
     RAISE EXCEPTION 'outbox: no message with id %', p_id
-      USING ERRCODE = 'P0002', HINT = 'Check the id; purged messages are gone.';
+      USING ERRCODE = 'P0002', DETAIL = 'No message has this id: it never existed, or a purge deleted it.',
+            HINT = 'Check the id; purged messages are gone.';
   END IF;
 END
 $$;
 REVOKE ALL ON FUNCTION pgfence._outbox_require(bigint) FROM PUBLIC;
 COMMENT ON FUNCTION pgfence._outbox_require(bigint) IS
-  'Private: raises P0002 when no message has this id (used on the lost-race path to tell a stale call from an unknown id).';
+  'Private: raises unless a message has this id; tells a stale call from an unknown id.
+Used on the lost-race path of the fenced functions, after their UPDATE matched no row.
+Errors: 22004 (id NULL), P0002 (unknown id).';
 
--- ---------------------------------------------------------------------------------------------
--- Enqueue
--- ---------------------------------------------------------------------------------------------
+
+-- ==== functions/11_outbox_enqueue.sql
+-- pgfence functions/11_outbox_enqueue.sql — outbox (module 1): the write path.
+--
+-- Public: outbox_enqueue(channel, recipient, payload, idempotency_key, deliver_at, max_attempts)
+--         outbox_enqueue_many(channel, recipients[], payloads[], idempotency_keys[], ...)
+-- Called by clients (pgfence_client) inside their own business transaction, so a message
+-- exists exactly when the business change commits. A repeated idempotency key answers the
+-- existing id (PF003 when it names another channel or recipient). At commit, NOTIFY
+-- pgfence_outbox wakes the executors; it carries the channel and id only, never the payload.
+-- Validation: _outbox_check_message (10_outbox_guards.sql). Errors: functions/ERRORS.md.
+-- Plans: the SET clauses pin one generic plan with index access (docs/query-plans.md#outbox).
+
 CREATE OR REPLACE FUNCTION pgfence.outbox_enqueue(
   p_channel         text,
   p_recipient       text,
@@ -1085,7 +1166,8 @@ BEGIN
   PERFORM pgfence._outbox_check_message(p_channel, p_recipient, p_payload, p_idempotency_key, p_max_attempts);
   IF p_deliver_at IS NOT NULL AND NOT isfinite(p_deliver_at) THEN
     RAISE EXCEPTION 'outbox: deliver_at must be a finite time, got %', p_deliver_at
-      USING ERRCODE = '22023', HINT = 'Pass NULL to deliver now, or a real timestamp.';
+      USING ERRCODE = '22023', DETAIL = 'A message due at infinity would never be sent; nothing was enqueued.',
+            HINT = 'Pass NULL to deliver now, or a real timestamp.';
   END IF;
 
   v_set := pgfence._outbox_settings(p_channel);
@@ -1103,7 +1185,9 @@ BEGIN
     FROM pgfence.outbox o WHERE o.idempotency_key = p_idempotency_key;
     IF v_id IS NULL THEN
       RAISE EXCEPTION 'outbox: idempotency key "%" is held by a transaction this snapshot cannot see', p_idempotency_key
-        USING ERRCODE = '40001', HINT = 'Retry the transaction (this happens only under REPEATABLE READ or SERIALIZABLE).';
+        USING ERRCODE = '40001',
+              DETAIL = 'Another transaction stored this key after this snapshot was taken; nothing was enqueued.',
+              HINT = 'Retry the transaction (this happens only under REPEATABLE READ or SERIALIZABLE).';
     END IF;
     IF v_channel <> p_channel OR v_recipient <> p_recipient THEN
       RAISE EXCEPTION 'outbox: idempotency key "%" already names message % for %/%', p_idempotency_key, v_id, v_channel, v_recipient
@@ -1124,7 +1208,15 @@ REVOKE ALL ON FUNCTION pgfence.outbox_enqueue(text, text, jsonb, text, timestamp
 GRANT EXECUTE ON FUNCTION pgfence.outbox_enqueue(text, text, jsonb, text, timestamptz, integer)
   TO pgfence_client, pgfence_admin;
 COMMENT ON FUNCTION pgfence.outbox_enqueue(text, text, jsonb, text, timestamptz, integer) IS
-  'Enqueue one message; call it inside your own business transaction so the message exists iff your change commits. Returns the message id. A repeated idempotency key (also from a concurrent transaction) returns the existing id and inserts nothing; the first call''s payload wins. deliver_at delays the first attempt; max_attempts NULL = the channel''s setting. At commit a NOTIFY pgfence_outbox carries {"channel","id"} only, never the payload. Errors: 22004 (missing argument), 22023 (bad channel/recipient/payload/key/max_attempts), PF003 (key already used for another channel or recipient), 40001 (key held by a transaction invisible to a REPEATABLE READ snapshot: retry).';
+  'Enqueue one message in the caller''s transaction; returns its id.
+Call it inside your own business transaction, so the message exists iff your change commits. A
+repeated idempotency key (also from a concurrent transaction) returns the existing id and
+inserts nothing; the first call''s payload wins. deliver_at delays the first attempt;
+max_attempts NULL = the channel''s setting. At commit a NOTIFY pgfence_outbox carries
+{"channel","id"} only, never the payload.
+Errors: 22004 (missing argument), 22023 (bad channel/recipient/payload/key/max_attempts/deliver_at),
+PF003 (key already used for another channel or recipient), 40001 (key held by a transaction
+invisible to a REPEATABLE READ snapshot: retry).';
 
 CREATE OR REPLACE FUNCTION pgfence.outbox_enqueue_many(
   p_channel          text,
@@ -1140,7 +1232,7 @@ SET search_path = pg_catalog, pgfence, pg_temp
 SET plan_cache_mode = force_generic_plan
 SET enable_seqscan = off
 SET enable_bitmapscan = off
-SET jit = off  -- row estimates of array joins are inflated; JIT compilation would cost ~0.2 s
+SET jit = off  -- docs/query-plans.md#outbox
 AS $$
 DECLARE
   v_n        integer := coalesce(cardinality(p_recipients), 0);
@@ -1154,12 +1246,16 @@ DECLARE
 BEGIN
   IF p_channel IS NULL OR p_recipients IS NULL OR p_payloads IS NULL THEN
     RAISE EXCEPTION 'outbox_enqueue_many: channel, recipients and payloads are required'
-      USING ERRCODE = '22004';
+      USING ERRCODE = '22004', DETAIL = 'A NULL array names no messages; nothing was enqueued.',
+            HINT = 'Pass the channel and one array element per message (an empty array enqueues nothing).';
   END IF;
   IF cardinality(p_payloads) <> v_n
      OR (p_idempotency_keys IS NOT NULL AND cardinality(p_idempotency_keys) <> v_n) THEN
     RAISE EXCEPTION 'outbox_enqueue_many: recipients, payloads and idempotency_keys must have the same length'
-      USING ERRCODE = '22023', HINT = 'Pass one element per message in each array (or NULL for no keys).';
+      USING ERRCODE = '22023',
+            DETAIL = format('Elements: %s recipients, %s payloads, %s idempotency_keys; nothing was enqueued.',
+                            v_n, cardinality(p_payloads), coalesce(cardinality(p_idempotency_keys)::text, 'no')),
+            HINT = 'Pass one element per message in each array (or NULL for no keys).';
   END IF;
   IF v_n = 0 THEN
     RETURN;
@@ -1167,7 +1263,8 @@ BEGIN
   PERFORM pgfence._outbox_check_message(p_channel, 'x', '{}'::jsonb, NULL, p_max_attempts);
   IF p_deliver_at IS NOT NULL AND NOT isfinite(p_deliver_at) THEN
     RAISE EXCEPTION 'outbox_enqueue_many: deliver_at must be a finite time, got %', p_deliver_at
-      USING ERRCODE = '22023', HINT = 'Pass NULL to deliver now, or a real timestamp.';
+      USING ERRCODE = '22023', DETAIL = 'Messages due at infinity would never be sent; nothing was enqueued.',
+            HINT = 'Pass NULL to deliver now, or a real timestamp.';
   END IF;
   SELECT i, r, p, k INTO v_bad
   FROM unnest(p_recipients, p_payloads, coalesce(p_idempotency_keys, array_fill(NULL::text, ARRAY[v_n])))
@@ -1178,7 +1275,8 @@ BEGIN
   LIMIT 1;
   IF FOUND THEN
     RAISE EXCEPTION 'outbox_enqueue_many: message % is invalid (recipient 1-2048 chars, payload a JSON object, key 1-255 chars or NULL)', v_bad.i
-      USING ERRCODE = '22023', HINT = 'Fix that element; nothing was enqueued.';
+      USING ERRCODE = '22023', DETAIL = 'Elements are numbered from 1, in unnest order; nothing was enqueued.',
+            HINT = 'Fix that element; nothing was enqueued.';
   END IF;
   v_set := pgfence._outbox_settings(p_channel);
   v_max := coalesce(p_max_attempts, v_set.max_attempts);
@@ -1208,16 +1306,18 @@ BEGIN
     LIMIT 1;
     IF FOUND THEN
       RAISE EXCEPTION 'outbox_enqueue_many: idempotency key "%" is used for different recipients within this call', v_bad.k
-        USING ERRCODE = 'PF003', HINT = 'Idempotency keys identify one message; nothing was enqueued.';
+        USING ERRCODE = 'PF003', DETAIL = format('Message %s is the first to use it.', v_bad.i),
+              HINT = 'Idempotency keys identify one message; nothing was enqueued.';
     END IF;
-    SELECT u.i, o.id, o.channel, o.recipient INTO v_bad
+    SELECT u.i, o.id, o.channel, o.recipient, u.r AS asked INTO v_bad
     FROM unnest(p_recipients, p_idempotency_keys) WITH ORDINALITY AS u(r, k, i)
     JOIN pgfence.outbox o ON o.idempotency_key = u.k
     WHERE o.channel <> p_channel OR o.recipient <> u.r
     LIMIT 1;
     IF FOUND THEN
       RAISE EXCEPTION 'outbox_enqueue_many: the idempotency key of message % already names message % for %/%', v_bad.i, v_bad.id, v_bad.channel, v_bad.recipient
-        USING ERRCODE = 'PF003', HINT = 'Idempotency keys identify one message; nothing was enqueued.';
+        USING ERRCODE = 'PF003', DETAIL = format('This call asked for channel %s, recipient %s.', p_channel, v_bad.asked),
+              HINT = 'Idempotency keys identify one message; nothing was enqueued.';
     END IF;
     v_ids := ARRAY(SELECT nextval(v_seq) FROM generate_series(1, v_n));
     INSERT INTO pgfence.outbox AS o (id, channel, recipient, payload, idempotency_key, max_attempts,
@@ -1259,11 +1359,30 @@ REVOKE ALL ON FUNCTION pgfence.outbox_enqueue_many(text, text[], jsonb[], text[]
 GRANT EXECUTE ON FUNCTION pgfence.outbox_enqueue_many(text, text[], jsonb[], text[], timestamptz, integer)
   TO pgfence_client, pgfence_admin;
 COMMENT ON FUNCTION pgfence.outbox_enqueue_many(text, text[], jsonb[], text[], timestamptz, integer) IS
-  'Bulk enqueue on one channel in one statement: element i of recipients, payloads and idempotency_keys is message i. Returns the ids in input order (a repeated key yields the existing id). Keys are taken in one canonical order, so concurrent calls with the same keys in any order wait for each other instead of deadlocking. One NOTIFY per call. Same validation as outbox_enqueue; an invalid element rejects the whole call (22023) so nothing is half-enqueued. Arrays of any shape are read element by element (unnest order). Errors: 22004 (channel, recipients or payloads NULL), 22023 (bad channel, element, max_attempts or deliver_at; arrays of different lengths), PF003 (a key already used for another channel or recipient, or for two recipients in this call), 40001 (a key held by a transaction invisible to a REPEATABLE READ snapshot: retry).';
+  'Enqueue many messages on one channel in one statement; returns their ids in input order.
+Element i of recipients, payloads and idempotency_keys is message i (a repeated key yields the
+existing id). Keys are taken in one canonical order, so concurrent calls with the same keys in
+any order wait for each other instead of deadlocking. One NOTIFY per call. Same validation as
+outbox_enqueue; an invalid element rejects the whole call (22023), so nothing is half-enqueued.
+Arrays of any shape are read element by element (unnest order).
+Errors: 22004 (channel, recipients or payloads NULL), 22023 (bad channel, element, max_attempts
+or deliver_at; arrays of different lengths), PF003 (a key already used for another channel or
+recipient, or for two recipients in this call), 40001 (a key held by a transaction invisible to
+a REPEATABLE READ snapshot: retry).';
 
--- ---------------------------------------------------------------------------------------------
--- Claim (executor)
--- ---------------------------------------------------------------------------------------------
+
+-- ==== functions/12_outbox_claim.sql
+-- pgfence functions/12_outbox_claim.sql — outbox (module 1): claiming due messages.
+--
+-- Public: outbox_claim(worker, batch, channels, lease) -> the claimed messages, each with its
+--           attempt (the fence token that outbox_mark_sent / outbox_mark_failed must present)
+--         outbox_next_due(channels) -> how long until the next pending message is due
+-- Called by executors (pgfence_executor). A claim locks due rows with FOR UPDATE SKIP LOCKED,
+-- so concurrent claimers never get the same message, and leases them from now() (the
+-- database clock). Errors: functions/ERRORS.md.
+-- Plans: every walk here is chosen to match one index, and the status is compared with a
+-- constant: docs/query-plans.md#outbox (tests/test_query_plans_outbox.py checks them).
+
 CREATE OR REPLACE FUNCTION pgfence.outbox_claim(
   p_worker   text,
   p_batch    integer DEFAULT 1,
@@ -1295,17 +1414,20 @@ DECLARE
 BEGIN
   IF p_worker IS NULL OR p_worker = '' OR length(p_worker) > 200 THEN
     RAISE EXCEPTION 'outbox: worker must be a non-empty name of at most 200 characters'
-      USING ERRCODE = '22023', HINT = 'Use something an operator can trace, e.g. host:pid.';
+      USING ERRCODE = '22023', DETAIL = 'The worker name is recorded as the owner of every message it claims.',
+            HINT = 'Use something an operator can trace, e.g. host:pid.';
   END IF;
   -- bounded like a channel's lease (outbox_channel): now() + lease can never overflow (22008),
   -- and a crashed worker's claim is taken back within a day
   IF p_lease IS NOT NULL AND (p_lease <= interval '0' OR p_lease > interval '1 day') THEN
     RAISE EXCEPTION 'outbox: lease must be positive and at most 1 day, got %', p_lease
-      USING ERRCODE = '22023', HINT = 'Pass NULL for the channel''s lease, or e.g. interval ''5 minutes''.';
+      USING ERRCODE = '22023', DETAIL = 'A lease longer than a day would keep a crashed worker''s messages for that long; nothing was claimed.',
+            HINT = 'Pass NULL for the channel''s lease, or e.g. interval ''5 minutes''.';
   END IF;
   IF p_batch IS NULL OR p_batch NOT BETWEEN 1 AND 10000 THEN
     RAISE EXCEPTION 'outbox_claim: batch must be between 1 and 10000, got %', p_batch
-      USING ERRCODE = '22023', HINT = 'Claim at most as many messages as you can deliver within one lease.';
+      USING ERRCODE = '22023', DETAIL = 'Nothing was claimed.',
+            HINT = 'Claim at most as many messages as you can deliver within one lease.';
   END IF;
   -- A channel array of any shape means its elements: '[0:0]={c}' or '{{c}}' is channel c (the
   -- one-channel path below reads p_channels[1], which is NULL for those).
@@ -1313,12 +1435,10 @@ BEGIN
     p_channels := ARRAY(SELECT u.ch FROM unnest(p_channels) AS u(ch));
   END IF;
   -- One statement: the ARRAY(...) sub-select locks the due rows, the UPDATE claims them by
-  -- primary key (an id array keeps even a generic plan on the index). Each shape walks an index
-  -- in due order and stops after p_batch rows: all channels -> outbox_due_idx; some channels ->
-  -- outbox_channel_due_idx once per channel (at most p_batch locked per channel; the earliest
-  -- p_batch are claimed, the others are released when this transaction ends a moment later).
-  -- The per-channel walks cannot use outbox_due_idx (its predicate, see migration 0007), so a
-  -- backlog on another channel is never read.
+  -- primary key. Each shape walks an index in due order and stops after p_batch rows: all
+  -- channels -> outbox_due_idx; some channels -> outbox_channel_due_idx once per channel (at
+  -- most p_batch locked per channel; the earliest p_batch are claimed, the others are released
+  -- when this transaction ends a moment later). Plans: docs/query-plans.md#outbox.
   IF p_channels IS NULL THEN
     RETURN QUERY
     WITH claimed AS (
@@ -1331,13 +1451,12 @@ BEGIN
             (SELECT c.lease FROM pgfence.outbox_channel c WHERE c.channel = '*'))
       WHERE o.id = ANY (ARRAY(
               SELECT d.id FROM pgfence.outbox d
-              -- attempts < max_attempts holds for every pending message; stating it lets this
-              -- walk use outbox_due_idx, whose predicate includes it (migration 0007)
+              -- attempts < max_attempts: true of every pending message; matches outbox_due_idx
               WHERE d.status = 'pending' AND d.attempts < d.max_attempts AND d.next_attempt_at <= now()
               ORDER BY d.next_attempt_at, d.id
               LIMIT p_batch
               FOR UPDATE SKIP LOCKED))
-        AND o.status = c_pending  -- a parameter: see the header, Plans
+        AND o.status = c_pending  -- a constant: docs/query-plans.md#constants-instead-of-literals
       RETURNING o.id, o.channel, o.recipient, o.payload, o.idempotency_key, o.attempts,
                 o.max_attempts, o.lease_expires_at - now() AS lease, o.lease_expires_at,
                 o.created_at, o.next_attempt_at AS due_at)
@@ -1360,7 +1479,7 @@ BEGIN
               ORDER BY d.next_attempt_at, d.id
               LIMIT p_batch
               FOR UPDATE SKIP LOCKED))
-        AND o.status = c_pending  -- a parameter: see the header, Plans
+        AND o.status = c_pending  -- a constant: docs/query-plans.md#constants-instead-of-literals
       RETURNING o.id, o.channel, o.recipient, o.payload, o.idempotency_key, o.attempts,
                 o.max_attempts, o.lease_expires_at - now() AS lease, o.lease_expires_at,
                 o.created_at, o.next_attempt_at AS due_at)
@@ -1388,7 +1507,7 @@ BEGIN
                 FOR UPDATE SKIP LOCKED) b
               ORDER BY b.next_attempt_at, b.id
               LIMIT p_batch))
-        AND o.status = c_pending  -- a parameter: see the header, Plans
+        AND o.status = c_pending  -- a constant: docs/query-plans.md#constants-instead-of-literals
       RETURNING o.id, o.channel, o.recipient, o.payload, o.idempotency_key, o.attempts,
                 o.max_attempts, o.lease_expires_at - now() AS lease, o.lease_expires_at,
                 o.created_at, o.next_attempt_at AS due_at)
@@ -1401,7 +1520,13 @@ $$;
 REVOKE ALL ON FUNCTION pgfence.outbox_claim(text, integer, text[], interval) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION pgfence.outbox_claim(text, integer, text[], interval) TO pgfence_executor, pgfence_admin;
 COMMENT ON FUNCTION pgfence.outbox_claim(text, integer, text[], interval) IS
-  'Claim up to p_batch due messages (oldest due time first, then id) with FOR UPDATE SKIP LOCKED, so concurrent claimers never get the same row. Each claim bumps attempts and returns it as attempt: the fence token for outbox_mark_sent / outbox_mark_failed. The lease runs from now() (database clock) for p_lease, or the channel''s lease when NULL. p_channels NULL = all channels; an array of any shape (lower bound, dimensions) means its elements. Errors: 22023 (empty worker, batch outside 1..10000, lease not in (0, 1 day]).';
+  'Claim up to p_batch due messages, oldest due first; each comes with its attempt (fence token).
+Locks with FOR UPDATE SKIP LOCKED, so concurrent claimers never get the same row. Each claim
+bumps attempts and returns it as attempt: the fence token for outbox_mark_sent /
+outbox_mark_failed. The lease runs from now() (database clock) for p_lease, or the channel''s
+lease when NULL. p_channels NULL = all channels; an array of any shape (lower bound, dimensions)
+means its elements. Order: due time, then id.
+Errors: 22023 (empty worker, batch outside 1..10000, lease not in (0, 1 day]).';
 
 CREATE OR REPLACE FUNCTION pgfence.outbox_next_due(p_channels text[] DEFAULT NULL)
 RETURNS interval
@@ -1416,7 +1541,7 @@ DECLARE
 BEGIN
   IF p_channels IS NULL THEN
     SELECT o.next_attempt_at INTO v_due FROM pgfence.outbox o
-    WHERE o.status = 'pending' AND o.attempts < o.max_attempts  -- outbox_due_idx (migration 0007)
+    WHERE o.status = 'pending' AND o.attempts < o.max_attempts  -- matches outbox_due_idx
     ORDER BY o.next_attempt_at LIMIT 1;
   ELSE
     SELECT min(n.at) INTO v_due
@@ -1431,11 +1556,24 @@ $$;
 REVOKE ALL ON FUNCTION pgfence.outbox_next_due(text[]) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION pgfence.outbox_next_due(text[]) TO pgfence_executor, pgfence_admin;
 COMMENT ON FUNCTION pgfence.outbox_next_due(text[]) IS
-  'How long until the earliest pending message is due, by the database clock (0 if one is due now, NULL if none is pending). Executors sleep min(this, poll interval) so delayed and backed-off messages go out on time without a NOTIFY. Errors: none.';
+  'How long until the earliest pending message of these channels is due (database clock).
+0 if one is due now, NULL if none is pending; p_channels NULL = all channels. Executors sleep
+min(this, poll interval), so delayed and backed-off messages go out on time without a NOTIFY.
+Errors: none.';
 
--- ---------------------------------------------------------------------------------------------
--- Report an outcome (executor), fenced on attempt
--- ---------------------------------------------------------------------------------------------
+
+-- ==== functions/13_outbox_settle.sql
+-- pgfence functions/13_outbox_settle.sql — outbox (module 1): reporting an outcome, fenced.
+--
+-- Public: outbox_mark_sent(id, attempt, receipt) -> boolean
+--         outbox_mark_sent_many(ids[], attempts[], receipts[]) -> the ids moved to sent
+--         outbox_mark_sent_and_claim(id, attempt, receipt, worker, batch, channels, lease)
+--         outbox_mark_failed(id, attempt, error, retryable, retry_after) -> the new status
+-- Called by executors (pgfence_executor). Every write matches the claim's attempt (the fence
+-- token) and status processing: a stale claim changes nothing and answers false / NULL (a lost
+-- race, not an error). Retries back off by the channel's settings (pgfence.backoff).
+-- Errors: functions/ERRORS.md. Plans: docs/query-plans.md#outbox.
+
 CREATE OR REPLACE FUNCTION pgfence.outbox_mark_sent(
   p_id      bigint,
   p_attempt integer,
@@ -1449,11 +1587,12 @@ SET enable_seqscan = off
 SET enable_bitmapscan = off
 AS $$
 DECLARE
-  c_processing CONSTANT text := 'processing';  -- a parameter: see the header, Plans
+  c_processing CONSTANT text := 'processing';  -- docs/query-plans.md#constants-instead-of-literals
 BEGIN
   IF p_attempt IS NULL THEN
     RAISE EXCEPTION 'outbox_mark_sent: attempt (the fence token from outbox_claim) is required'
-      USING ERRCODE = '22004';
+      USING ERRCODE = '22004', DETAIL = 'Without the fence token the mark cannot tell the current owner from a stale one.',
+            HINT = 'Pass the attempt that outbox_claim returned with the message.';
   END IF;
   UPDATE pgfence.outbox o
   SET status = 'sent', receipt = p_receipt, finished_at = now(), last_error = NULL,
@@ -1469,7 +1608,11 @@ $$;
 REVOKE ALL ON FUNCTION pgfence.outbox_mark_sent(bigint, integer, jsonb) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION pgfence.outbox_mark_sent(bigint, integer, jsonb) TO pgfence_executor, pgfence_admin;
 COMMENT ON FUNCTION pgfence.outbox_mark_sent(bigint, integer, jsonb) IS
-  'Record a successful delivery: processing -> sent, only if the message is still processing under this attempt (the fence). Returns true if this call made the transition, false if the claim is stale (another attempt owns it, or it is already finished): a lost race, nothing changed. A lapsed lease that nobody reclaimed yet is still accepted, since the delivery did happen. Errors: 22004 (attempt NULL), P0002 (unknown id).';
+  'Record a delivery: processing -> sent, only under the claim''s attempt (the fence token).
+Returns true if this call made the transition, false if the claim is stale (another attempt owns
+the message, or it is already finished): a lost race, nothing changed. A lapsed lease that nobody
+reclaimed yet is still accepted, since the delivery did happen.
+Errors: 22004 (id or attempt NULL), P0002 (unknown id).';
 
 CREATE OR REPLACE FUNCTION pgfence.outbox_mark_sent_many(
   p_ids      bigint[],
@@ -1487,15 +1630,20 @@ AS $$
 DECLARE
   v_missing bigint;
   v_rows    bigint;
-  c_processing CONSTANT text := 'processing';  -- a parameter: see the header, Plans
+  c_processing CONSTANT text := 'processing';  -- docs/query-plans.md#constants-instead-of-literals
 BEGIN
   IF p_ids IS NULL OR p_attempts IS NULL THEN
-    RAISE EXCEPTION 'outbox_mark_sent_many: ids and attempts are required' USING ERRCODE = '22004';
+    RAISE EXCEPTION 'outbox_mark_sent_many: ids and attempts are required'
+      USING ERRCODE = '22004', DETAIL = 'Every mark is fenced on its attempt; nothing was marked.',
+            HINT = 'Pass the ids and attempts that outbox_claim returned, element for element.';
   END IF;
   IF cardinality(p_ids) <> cardinality(p_attempts)
      OR (p_receipts IS NOT NULL AND cardinality(p_receipts) <> cardinality(p_ids)) THEN
     RAISE EXCEPTION 'outbox_mark_sent_many: ids, attempts and receipts must have the same length'
-      USING ERRCODE = '22023';
+      USING ERRCODE = '22023',
+            DETAIL = format('Elements: %s ids, %s attempts, %s receipts; nothing was marked.',
+                            cardinality(p_ids), cardinality(p_attempts), coalesce(cardinality(p_receipts)::text, 'no')),
+            HINT = 'Pass one element per message in each array (receipts NULL for none).';
   END IF;
   -- Lock the rows in id order first: the UPDATE below locks them in the order its join
   -- produces, the input order, so two calls over the same (id, attempt) pairs in different
@@ -1516,7 +1664,8 @@ BEGIN
     WHERE NOT EXISTS (SELECT 1 FROM pgfence.outbox o WHERE o.id = u.id) LIMIT 1;
     IF v_missing IS NOT NULL THEN
       RAISE EXCEPTION 'outbox_mark_sent_many: no message with id %', v_missing
-        USING ERRCODE = 'P0002', HINT = 'Nothing was marked; check the ids.';
+        USING ERRCODE = 'P0002', DETAIL = 'No message has this id: it never existed, or a purge deleted it.',
+              HINT = 'Nothing was marked; check the ids.';
     END IF;
   END IF;
 END
@@ -1524,7 +1673,13 @@ $$;
 REVOKE ALL ON FUNCTION pgfence.outbox_mark_sent_many(bigint[], integer[], jsonb[]) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION pgfence.outbox_mark_sent_many(bigint[], integer[], jsonb[]) TO pgfence_executor, pgfence_admin;
 COMMENT ON FUNCTION pgfence.outbox_mark_sent_many(bigint[], integer[], jsonb[]) IS
-  'outbox_mark_sent for many messages in one statement: element i of ids/attempts/receipts is one (id, fence, receipt). Every row is fenced exactly as in outbox_mark_sent. Returns the ids that this call moved to sent; the others were stale claims (lost races). Rows are locked in id order, so concurrent calls over the same pairs in any order wait for each other instead of deadlocking. Errors: 22004 (ids or attempts NULL), 22023 (arrays of different lengths), P0002 (an unknown id; then nothing is marked).';
+  'outbox_mark_sent for many messages in one statement; returns the ids this call moved to sent.
+Element i of ids / attempts / receipts is one (id, fence token, receipt), and every row is fenced
+exactly as in outbox_mark_sent; the ids not returned were stale claims (lost races). Rows are
+locked in id order, so concurrent calls over the same pairs in any order wait for each other
+instead of deadlocking.
+Errors: 22004 (ids or attempts NULL), 22023 (arrays of different lengths), P0002 (an unknown id;
+then nothing is marked).';
 
 -- ---------------------------------------------------------------------------------------------
 -- Settle one message and claim the next, in one statement (single-message workers)
@@ -1580,7 +1735,16 @@ REVOKE ALL ON FUNCTION pgfence.outbox_mark_sent_and_claim(bigint, integer, jsonb
 GRANT EXECUTE ON FUNCTION pgfence.outbox_mark_sent_and_claim(bigint, integer, jsonb, text, integer, text[], interval)
   TO pgfence_executor, pgfence_admin;
 COMMENT ON FUNCTION pgfence.outbox_mark_sent_and_claim(bigint, integer, jsonb, text, integer, text[], interval) IS
-  'For a worker that handles one message at a time: outbox_mark_sent(p_id, p_attempt, p_receipt) and then outbox_claim(p_worker, p_batch, p_channels, p_lease) in one transaction, so a message costs one round trip and one commit instead of two. The mark is fenced and the claim locks with SKIP LOCKED exactly as in those functions. Returns the claimed messages (same columns as outbox_claim) with previous_sent = the mark''s outcome (true: this call moved p_id to sent; false: a stale claim, a lost race, nothing changed). When nothing is due it returns one row whose id and other claim columns are NULL, carrying only previous_sent. Errors: those of outbox_mark_sent (22004, P0002: then nothing is claimed) and of outbox_claim (22023: then nothing is marked either; the whole call rolls back).';
+  'outbox_mark_sent of one message, then outbox_claim of the next, in one round trip and commit.
+For a worker that handles one message at a time: outbox_mark_sent(p_id, p_attempt, p_receipt)
+and then outbox_claim(p_worker, p_batch, p_channels, p_lease) in one transaction, so a message
+costs one commit instead of two. The mark is fenced and the claim locks with SKIP LOCKED exactly
+as in those functions. Returns the claimed messages (the columns of outbox_claim) with
+previous_sent = the mark''s outcome (true: this call moved p_id to sent; false: a stale claim, a
+lost race, nothing changed). When nothing is due it returns one row whose id and other claim
+columns are NULL, carrying only previous_sent.
+Errors: those of outbox_mark_sent (22004, P0002: then nothing is claimed) and of outbox_claim
+(22023: then nothing is marked either; the whole call rolls back).';
 
 CREATE OR REPLACE FUNCTION pgfence.outbox_mark_failed(
   p_id          bigint,
@@ -1598,14 +1762,17 @@ SET enable_bitmapscan = off
 AS $$
 DECLARE
   v_status text;
-  c_processing CONSTANT text := 'processing';  -- a parameter: see the header, Plans
+  c_processing CONSTANT text := 'processing';  -- docs/query-plans.md#constants-instead-of-literals
 BEGIN
   IF p_attempt IS NULL OR p_error IS NULL OR p_retryable IS NULL THEN
-    RAISE EXCEPTION 'outbox_mark_failed: attempt, error and retryable are required' USING ERRCODE = '22004';
+    RAISE EXCEPTION 'outbox_mark_failed: attempt, error and retryable are required'
+      USING ERRCODE = '22004', DETAIL = 'The mark is fenced on the attempt and records the error; nothing was changed.',
+            HINT = 'Pass the attempt from outbox_claim, the error text, and whether a retry may succeed.';
   END IF;
   IF p_retry_after IS NOT NULL AND p_retry_after < interval '0' THEN
     RAISE EXCEPTION 'outbox_mark_failed: retry_after must not be negative, got %', p_retry_after
-      USING ERRCODE = '22023';
+      USING ERRCODE = '22023', DETAIL = 'retry_after is the earliest time from now for the next attempt; nothing was changed.',
+            HINT = 'Pass NULL for the channel''s backoff, or the delay the receiver asked for (e.g. HTTP Retry-After).';
   END IF;
   UPDATE pgfence.outbox o
   SET status = CASE WHEN NOT p_retryable THEN 'failed'
@@ -1632,12 +1799,26 @@ $$;
 REVOKE ALL ON FUNCTION pgfence.outbox_mark_failed(bigint, integer, text, boolean, interval) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION pgfence.outbox_mark_failed(bigint, integer, text, boolean, interval) TO pgfence_executor, pgfence_admin;
 COMMENT ON FUNCTION pgfence.outbox_mark_failed(bigint, integer, text, boolean, interval) IS
-  'Record a failed delivery under the claim''s attempt (the fence). Retryable: back to pending, due after the channel''s capped, jittered exponential backoff (or retry_after, e.g. an HTTP Retry-After, if longer; never beyond the cap), or dead when no attempts remain. Not retryable: failed. Returns the new status, or NULL when the claim is stale (lost race: nothing changed). Errors: 22004 (missing argument), 22023 (negative retry_after), P0002 (unknown id).';
+  'Record a failed delivery under the claim''s attempt; returns the new status (NULL: stale claim).
+Retryable: back to pending, due after the channel''s capped, jittered exponential backoff (or
+retry_after, e.g. an HTTP Retry-After, if longer; never beyond the cap), or dead when no attempts
+remain. Not retryable: failed. NULL when the claim is stale (a lost race: nothing changed).
+Errors: 22004 (id, attempt, error or retryable NULL), 22023 (negative retry_after), P0002
+(unknown id).';
 
--- ---------------------------------------------------------------------------------------------
--- Reaper
--- ---------------------------------------------------------------------------------------------
-CREATE OR REPLACE FUNCTION pgfence.outbox_reclaim_stale(p_max_rows integer DEFAULT 1000)
+
+-- ==== functions/14_outbox_reap.sql
+-- pgfence functions/14_outbox_reap.sql — outbox (module 1): the reaper of lapsed leases.
+--
+-- Public: outbox_reap(max_rows) -> how many lapsed claims it took back
+--         outbox_reclaim_stale(max_rows): deprecated, the former name (calls outbox_reap)
+-- Run by executors on a timer (pgfence_executor); safe for a DBA to call. A message whose
+-- lease lapsed by the database clock goes back to pending after a backoff (the attempt counts
+-- as failed), or to dead when no attempt is left, and leaves a lapse receipt in
+-- pgfence.outbox_lapse: the lost worker may have delivered it (audit_duplicates lists them).
+-- Errors: functions/ERRORS.md. Plans: docs/query-plans.md#outbox.
+
+CREATE OR REPLACE FUNCTION pgfence.outbox_reap(p_max_rows integer DEFAULT 1000)
 RETURNS integer
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pgfence, pg_temp
@@ -1648,11 +1829,12 @@ AS $$
 DECLARE
   v_ids   bigint[];
   v_count integer;
-  c_processing CONSTANT text := 'processing';  -- a parameter: see the header, Plans
+  c_processing CONSTANT text := 'processing';  -- docs/query-plans.md#constants-instead-of-literals
 BEGIN
   IF p_max_rows IS NULL OR p_max_rows < 1 THEN
-    RAISE EXCEPTION 'outbox_reclaim_stale: max_rows must be positive, got %', p_max_rows
-      USING ERRCODE = '22023';
+    RAISE EXCEPTION 'outbox_reap: max_rows must be positive, got %', p_max_rows
+      USING ERRCODE = '22023', DETAIL = 'max_rows bounds how many lapsed claims one call takes back; nothing was reaped.',
+            HINT = 'Omit it for the default (1000), or pass a positive batch size.';
   END IF;
   PERFORM pgfence._set_actor('reaper');
   -- SKIP LOCKED: a row being marked right now is left alone. FOR UPDATE re-reads a row that was
@@ -1693,14 +1875,47 @@ BEGIN
   RETURN v_count;
 END
 $$;
+REVOKE ALL ON FUNCTION pgfence.outbox_reap(integer) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION pgfence.outbox_reap(integer) TO pgfence_executor, pgfence_admin;
+COMMENT ON FUNCTION pgfence.outbox_reap(integer) IS
+  'Reaper: lapsed outbox leases back to pending (or dead); returns how many it took back.
+A message whose lease lapsed by the database clock goes back to pending after a backoff (counted
+as a failed attempt), or to dead when no attempts remain; each one leaves a lapse receipt in
+pgfence.outbox_lapse (a possible duplicate delivery, listed by pgfence.audit_duplicates). Takes
+at most max_rows; skips rows locked by a concurrent mark and never touches a row finished
+between its read and its write. Run by executors on a timer; safe for a DBA to call.
+Errors: 22023 (max_rows NULL or < 1).';
+
+-- The reaper's former name (the reapers are named <module>_reap since schema 12's functions),
+-- kept so that callers of older pgfence versions go on working.
+CREATE OR REPLACE FUNCTION pgfence.outbox_reclaim_stale(p_max_rows integer DEFAULT 1000)
+RETURNS integer
+LANGUAGE sql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pgfence, pg_temp
+AS $$
+  SELECT pgfence.outbox_reap(p_max_rows);
+$$;
 REVOKE ALL ON FUNCTION pgfence.outbox_reclaim_stale(integer) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION pgfence.outbox_reclaim_stale(integer) TO pgfence_executor, pgfence_admin;
 COMMENT ON FUNCTION pgfence.outbox_reclaim_stale(integer) IS
-  'Reaper: messages whose lease lapsed by the database clock go back to pending after a backoff (counted as a failed attempt), or to dead when no attempts remain; each one leaves a lapse receipt in pgfence.outbox_lapse (a possible duplicate delivery, listed by pgfence.audit_duplicates). Takes at most max_rows; skips rows locked by a concurrent mark and never touches a row finished between its read and its write. Returns how many it reclaimed. Run by executors on a timer; safe for a DBA to call. Errors: 22023 (max_rows < 1).';
+  'Deprecated: use pgfence.outbox_reap. The outbox reaper under its former name.
+Calls pgfence.outbox_reap(p_max_rows) and returns its answer.
+Errors: 22023 (max_rows NULL or < 1).';
 
--- ---------------------------------------------------------------------------------------------
--- Operator functions
--- ---------------------------------------------------------------------------------------------
+
+-- ==== functions/15_outbox_operator.sql
+-- pgfence functions/15_outbox_operator.sql — outbox (module 1): operator functions and views.
+--
+-- Public: outbox_requeue(id, extra_attempts) -> boolean       retry a failed or dead message
+--         outbox_configure_channel(channel, max_attempts, backoff_base, backoff_cap, lease,
+--                                  log_events) -> the stored settings
+--         outbox_get(id), outbox_list(channel, status, limit)  read messages
+--         views outbox_summary (per channel and status), outbox_leases (who holds what)
+-- For pgfence_admin (outbox_get also for clients and executors; the views also for pg_monitor,
+-- granted in 90_audit_owned.sql). Nothing here takes part in a delivery: a requeue is the one
+-- write, and it keeps counting attempts, so fence tokens are never reused.
+-- Errors: functions/ERRORS.md.
+
 CREATE OR REPLACE FUNCTION pgfence.outbox_requeue(p_id bigint, p_extra_attempts integer DEFAULT NULL)
 RETURNS boolean
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
@@ -1709,7 +1924,8 @@ AS $$
 BEGIN
   IF p_extra_attempts IS NOT NULL AND p_extra_attempts NOT BETWEEN 1 AND 1000 THEN
     RAISE EXCEPTION 'outbox_requeue: extra_attempts must be between 1 and 1000, got %', p_extra_attempts
-      USING ERRCODE = '22023';
+      USING ERRCODE = '22023', DETAIL = 'A message has at most 1000 attempts per requeue; nothing was changed.',
+            HINT = 'Pass NULL for the channel''s max_attempts.';
   END IF;
   UPDATE pgfence.outbox o
   SET status = 'pending',
@@ -1730,7 +1946,12 @@ $$;
 REVOKE ALL ON FUNCTION pgfence.outbox_requeue(bigint, integer) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION pgfence.outbox_requeue(bigint, integer) TO pgfence_admin;
 COMMENT ON FUNCTION pgfence.outbox_requeue(bigint, integer) IS
-  'Operator: retry a failed or dead message now, granting extra_attempts more attempts (default: the channel''s max_attempts); a pending message is made due now (and gets extra_attempts more, if given). attempts keeps counting, so fence tokens are never reused. Returns false for a message that is processing or sent (a sent message never changes again). Errors: 22004 (id NULL), 22023 (extra_attempts outside 1..1000), P0002 (unknown id).';
+  'Operator: retry a failed or dead message now, with more attempts; false if it is not retryable.
+Grants extra_attempts more attempts (default: the channel''s max_attempts); a pending message is
+made due now (and gets extra_attempts more, if given). attempts keeps counting, so fence tokens
+are never reused. Returns false for a message that is processing or sent (a sent message never
+changes again).
+Errors: 22004 (id NULL), 22023 (extra_attempts outside 1..1000), P0002 (unknown id).';
 
 CREATE OR REPLACE FUNCTION pgfence.outbox_configure_channel(
   p_channel      text,
@@ -1750,7 +1971,8 @@ DECLARE
 BEGIN
   IF p_channel IS NULL OR (p_channel <> '*' AND p_channel !~ '^[a-z0-9][a-z0-9_.-]{0,62}$') THEN
     RAISE EXCEPTION 'outbox_configure_channel: invalid channel name "%"', p_channel
-      USING ERRCODE = '22023', HINT = 'Use a channel name, or ''*'' for the defaults.';
+      USING ERRCODE = '22023', DETAIL = 'Channel names are 1-63 characters of a-z, 0-9, _ . - starting with a letter or digit.',
+            HINT = 'Use a channel name, or ''*'' for the defaults.';
   END IF;
   v_cur := pgfence._outbox_settings(p_channel);
   BEGIN
@@ -1775,7 +1997,7 @@ BEGIN
     END IF;
   EXCEPTION WHEN check_violation THEN
     RAISE EXCEPTION 'outbox_configure_channel: invalid settings for "%"', p_channel
-      USING ERRCODE = '22023',
+      USING ERRCODE = '22023', DETAIL = 'Nothing was changed.',
             HINT = 'Need 1 <= max_attempts <= 1000, 0 < backoff_base <= backoff_cap <= 30 days, 0 < lease <= 1 day.';
   END;
   RETURN v_row;
@@ -1784,7 +2006,12 @@ $$;
 REVOKE ALL ON FUNCTION pgfence.outbox_configure_channel(text, integer, interval, interval, interval, boolean) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION pgfence.outbox_configure_channel(text, integer, interval, interval, interval, boolean) TO pgfence_admin;
 COMMENT ON FUNCTION pgfence.outbox_configure_channel(text, integer, interval, interval, interval, boolean) IS
-  'Operator: set a channel''s retry settings and whether its transitions go to the event log (NULL keeps the current value, inherited from ''*'' for a new channel). Applies to claims and failures from now on; max_attempts applies to messages enqueued from now on. Returns the stored row. Errors: 22023 (bad name or settings).';
+  'Operator: set a channel''s retry settings and event logging; returns the stored row.
+NULL keeps the current value (inherited from ''*'' for a new channel; ''*'' itself holds the
+defaults). Applies to claims and failures from now on; max_attempts applies to messages enqueued
+from now on; log_events also to messages still pending or processing.
+Errors: 22023 (bad name or settings: 1 <= max_attempts <= 1000, 0 < backoff_base <= backoff_cap
+<= 30 days, 0 < lease <= 1 day).';
 
 CREATE OR REPLACE FUNCTION pgfence.outbox_get(p_id bigint)
 RETURNS TABLE (
@@ -1809,10 +2036,11 @@ $$;
 REVOKE ALL ON FUNCTION pgfence.outbox_get(bigint) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION pgfence.outbox_get(bigint) TO pgfence_client, pgfence_executor, pgfence_admin;
 COMMENT ON FUNCTION pgfence.outbox_get(bigint) IS
-  'One message with its delivery state (status, attempts, owner and lease, last error, receipt). Errors: 22004 (id NULL), P0002 (unknown id).';
+  'One message with its delivery state (status, attempts, owner and lease, last error, receipt).
+Errors: 22004 (id NULL), P0002 (unknown id).';
 
 -- ---------------------------------------------------------------------------------------------
--- Views for operators (psql)
+-- Views for operators (psql: \d+ pgfence.outbox_summary explains every column)
 -- ---------------------------------------------------------------------------------------------
 CREATE OR REPLACE VIEW pgfence.outbox_summary AS
 SELECT o.channel,
@@ -1830,7 +2058,21 @@ GROUP BY o.channel, o.status;
 REVOKE ALL ON pgfence.outbox_summary FROM PUBLIC;
 GRANT SELECT ON pgfence.outbox_summary TO pgfence_admin;
 COMMENT ON VIEW pgfence.outbox_summary IS
-  'Operators: one row per channel and status: message count, oldest created, oldest_due_age (pending: how long the most overdue due message has waited), deferred (pending, not yet due: backoff or deliver_at), lapsed_leases (processing past its lease: the reaper will take them), highest attempts used.';
+  'Operators: message counts per outbox channel and status, with the oldest and the overdue.
+One row per channel and status (\d+ explains each column). Counts every row: after a long run
+without purge it scans the whole outbox.';
+
+COMMENT ON COLUMN pgfence.outbox_summary.channel IS 'The outbox channel.';
+COMMENT ON COLUMN pgfence.outbox_summary.status IS 'pending, processing, sent, failed or dead.';
+COMMENT ON COLUMN pgfence.outbox_summary.messages IS 'How many messages of the channel are in this status.';
+COMMENT ON COLUMN pgfence.outbox_summary.oldest_created_at IS 'When the oldest of them was enqueued.';
+COMMENT ON COLUMN pgfence.outbox_summary.oldest_due_age IS
+  'Pending only: how long the most overdue due message has waited since its due time (NULL: none due).';
+COMMENT ON COLUMN pgfence.outbox_summary.deferred IS
+  'Pending messages not due yet: waiting out a retry backoff or their deliver_at.';
+COMMENT ON COLUMN pgfence.outbox_summary.lapsed_leases IS
+  'Processing messages past their lease (database clock): the reaper (outbox_reap) will take them back.';
+COMMENT ON COLUMN pgfence.outbox_summary.max_attempts_used IS 'The highest attempts count among them.';
 
 CREATE OR REPLACE VIEW pgfence.outbox_leases AS
 SELECT o.locked_by                          AS worker,
@@ -1845,7 +2087,16 @@ GROUP BY o.locked_by, o.channel;
 REVOKE ALL ON pgfence.outbox_leases FROM PUBLIC;
 GRANT SELECT ON pgfence.outbox_leases TO pgfence_admin;
 COMMENT ON VIEW pgfence.outbox_leases IS
-  'Operators: who holds outbox leases right now, per worker and channel, with the earliest expiry and how many already lapsed (database clock).';
+  'Operators: who holds outbox leases right now, per worker and channel (database clock).
+Only messages being delivered (processing), with the earliest expiry and how many already lapsed.';
+
+COMMENT ON COLUMN pgfence.outbox_leases.worker IS 'The worker holding the leases (the name it claimed with).';
+COMMENT ON COLUMN pgfence.outbox_leases.channel IS 'The outbox channel.';
+COMMENT ON COLUMN pgfence.outbox_leases.held IS 'How many messages of the channel it is delivering (processing).';
+COMMENT ON COLUMN pgfence.outbox_leases.oldest_claim_at IS 'When it claimed the oldest of them.';
+COMMENT ON COLUMN pgfence.outbox_leases.next_expiry IS 'The earliest lease deadline among them (database clock).';
+COMMENT ON COLUMN pgfence.outbox_leases.lapsed IS
+  'How many of its leases already lapsed: the worker may be dead or stalled; the reaper takes them back.';
 
 CREATE OR REPLACE FUNCTION pgfence.outbox_list(
   p_channel text DEFAULT NULL,
@@ -1864,10 +2115,13 @@ AS $$
 BEGIN
   IF p_status IS NOT NULL AND p_status NOT IN ('pending', 'processing', 'sent', 'failed', 'dead') THEN
     RAISE EXCEPTION 'outbox_list: unknown status "%"', p_status
-      USING ERRCODE = '22023', HINT = 'One of pending, processing, sent, failed, dead.';
+      USING ERRCODE = '22023', DETAIL = 'The outbox status machine has five statuses.',
+            HINT = 'One of pending, processing, sent, failed, dead.';
   END IF;
   IF p_limit IS NULL OR p_limit NOT BETWEEN 1 AND 10000 THEN
-    RAISE EXCEPTION 'outbox_list: limit must be between 1 and 10000' USING ERRCODE = '22023';
+    RAISE EXCEPTION 'outbox_list: limit must be between 1 and 10000, got %', p_limit
+      USING ERRCODE = '22023', DETAIL = 'The list is meant for a screen, newest first.',
+            HINT = 'Narrow it by channel and status, or read pgfence.outbox_summary for counts.';
   END IF;
   RETURN QUERY
   SELECT o.id, o.channel, o.recipient, o.idempotency_key, o.status, o.attempts, o.max_attempts,
@@ -1882,7 +2136,8 @@ $$;
 REVOKE ALL ON FUNCTION pgfence.outbox_list(text, text, integer) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION pgfence.outbox_list(text, text, integer) TO pgfence_admin;
 COMMENT ON FUNCTION pgfence.outbox_list(text, text, integer) IS
-  'Operators: the newest messages (highest id first), optionally of one channel and/or status, without payloads. Errors: 22023 (unknown status, limit outside 1..10000).';
+  'Operators: the newest messages (highest id first), of one channel and/or status, no payloads.
+Errors: 22023 (unknown status, limit outside 1..10000).';
 
 
 -- ==== functions/20_plan.sql
@@ -5366,30 +5621,18 @@ COMMENT ON FUNCTION pgfence.document_merge(text, jsonb, jsonb, jsonb) IS
   'Three-way merge of a kind: base = the revision the local copy was edited from, local = the client''s copy, stored = the conflict answer''s content. Returns content (the merge, to save against the stored version) and conflicts (a JSON array of {"key", "base", "local", "stored"}, a side''s field absent when the key is absent on that side; empty = clean). attributes (record): per top-level key, the side that changed it wins; keys changed differently on both sides are conflicts and content keeps the stored value for them. none (sheet): never merges: if only one side changed, content is that side; if both changed, content is NULL and every differing top-level key or array index (key NULL: the whole value) is a conflict. function: the kind''s merge_function, run with the caller''s privileges. Changes nothing. Errors: 22004 (NULL argument), 22023 (record inputs that are not objects), PF302 (unknown kind), PF304 (a merge function returned a malformed result), 42883 (the kind''s merge function was dropped); a kind''s merge function may raise its own.';
 
 
--- ==== functions/90_audit.sql
--- pgfence functions/90_audit.sql — auditing from psql: one documented view or function per
--- question an operator asks during an incident (docs/psql.md is the guide).
+-- ==== functions/90_audit_owned.sql
+-- pgfence functions/90_audit_owned.sql — auditing from psql: who owns what, what is stuck.
 --
---   what is stuck, and since when ........ pgfence.audit_stuck
---   who owns what, until when ............. pgfence.audit_owned, pgfence.audit_owner_of(module, id)
---   what did X do .......................... pgfence.audit_timeline(module, id)
---   which external effects may have been
---   duplicated (or happened unrecorded) .... pgfence.audit_duplicates
---   queue health ........................... pgfence.audit_queue_health
---   documents: conflicts, revisions ........ pgfence.audit_documents
---   retention .............................. CALL pgfence.audit_purge(module, older_than, batch)
---
--- Everything here only reads, except the purge procedure. The views read the tables as their
--- owner; audit_owner_of and audit_timeline are STABLE SECURITY DEFINER. They are granted to
--- pgfence_admin and to the predefined monitoring role pg_monitor (which may read, never write:
--- it gets no table, no transition function and no purge). The purge procedure is for
--- pgfence_admin only.
---
--- Nothing here heals: a plan whose heartbeat lapsed stays 'executing' in these views (with
--- lapsed = true) until plan_get / plan_list / the reaper marks it failed. Reading is harmless.
--- Time: every "overdue", "remaining" and "age" is computed from now(), the database clock;
--- timestamps written inside JSON are UTC text, whatever the session TimeZone.
--- Errors: functions/ERRORS.md (22004, 22023, P0002; 2D000 for a purge CALLed in a transaction).
+-- Public: views audit_owned (every owned item, until when), audit_stuck (the lapsed ones, and
+--         what happens next); audit_owner_of(module, id) for one item
+-- Also the monitoring grants of every audit file, and the private helpers of 91-93.
+-- The audit files answer the questions an operator asks during an incident, one view or
+-- function each (docs/psql.md is the guide); 91 duplicates, queue health, documents; 92 the
+-- timeline of one item; 93 the purge. Everything reads only, except CALL audit_purge; nothing
+-- heals (a lapsed plan stays executing here, lapsed = true, until a read or the reaper marks it
+-- failed). For pgfence_admin and pg_monitor, which may read, never write. Time: now(), the
+-- database clock; timestamps inside JSON are UTC text. Errors: functions/ERRORS.md.
 
 GRANT USAGE ON SCHEMA pgfence TO pg_monitor;
 -- A monitoring login can run the glue (`pgfence status`), which checks the schema version first.
@@ -5409,7 +5652,35 @@ AS $$
 $$;
 REVOKE ALL ON FUNCTION pgfence._audit_ts(timestamptz) FROM PUBLIC;
 COMMENT ON FUNCTION pgfence._audit_ts(timestamptz) IS
-  'Private: an instant as ISO-8601 text in UTC, for JSON written by the audit functions (independent of the session TimeZone).';
+  'Private: an instant as ISO-8601 text in UTC, for the JSON that the audit functions write.
+Independent of the session TimeZone.
+Errors: none.';
+
+-- The one list of module names the audit functions and the purge accept.
+CREATE OR REPLACE FUNCTION pgfence._audit_check_module(p_module text)
+RETURNS void
+LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, pgfence, pg_temp
+AS $$
+BEGIN
+  IF p_module IS NULL THEN
+    RAISE EXCEPTION 'audit: module is required'
+      USING ERRCODE = '22004', DETAIL = 'The module says which table the id or the purge is about.',
+            HINT = 'One of outbox, plan, operation, document.';
+  END IF;
+  IF p_module NOT IN ('outbox', 'plan', 'operation', 'document') THEN
+    RAISE EXCEPTION 'audit: unknown module "%"', p_module
+      USING ERRCODE = '22023', DETAIL = 'pgfence has four modules.',
+            HINT = 'One of outbox, plan, operation, document.';
+  END IF;
+END
+$$;
+REVOKE ALL ON FUNCTION pgfence._audit_check_module(text) FROM PUBLIC;
+-- audit_purge is not security definer (it commits): it calls this with the caller's privileges.
+GRANT EXECUTE ON FUNCTION pgfence._audit_check_module(text) TO pgfence_admin;
+COMMENT ON FUNCTION pgfence._audit_check_module(text) IS
+  'Private: raises unless p_module is outbox, plan, operation or document.
+Errors: 22004 (NULL), 22023 (unknown module).';
 
 CREATE OR REPLACE FUNCTION pgfence._audit_check_item(p_module text, p_id bigint)
 RETURNS void
@@ -5417,19 +5688,18 @@ LANGUAGE plpgsql IMMUTABLE
 SET search_path = pg_catalog, pgfence, pg_temp
 AS $$
 BEGIN
-  IF p_module IS NULL OR p_id IS NULL THEN
+  IF p_id IS NULL THEN
     RAISE EXCEPTION 'audit: module and id are required'
-      USING ERRCODE = '22004', HINT = 'Pass the module (outbox, plan, operation or document) and the item''s id.';
+      USING ERRCODE = '22004', DETAIL = 'A NULL id names no item.',
+            HINT = 'Pass the module (outbox, plan, operation or document) and the item''s id.';
   END IF;
-  IF p_module NOT IN ('outbox', 'plan', 'operation', 'document') THEN
-    RAISE EXCEPTION 'audit: unknown module "%"', p_module
-      USING ERRCODE = '22023', HINT = 'One of outbox, plan, operation, document.';
-  END IF;
+  PERFORM pgfence._audit_check_module(p_module);
 END
 $$;
 REVOKE ALL ON FUNCTION pgfence._audit_check_item(text, bigint) FROM PUBLIC;
 COMMENT ON FUNCTION pgfence._audit_check_item(text, bigint) IS
-  'Private: validates the (module, id) pair of audit_owner_of / audit_timeline; raises 22004 (NULL) or 22023 (unknown module).';
+  'Private: validates the (module, id) pair of audit_owner_of and audit_timeline.
+Errors: 22004 (module or id NULL), 22023 (unknown module).';
 
 -- ---------------------------------------------------------------------------------------------
 -- Who owns what, until when
@@ -5462,7 +5732,30 @@ WHERE o.status = 'running';
 REVOKE ALL ON pgfence.audit_owned FROM PUBLIC;
 GRANT SELECT ON pgfence.audit_owned TO pgfence_admin, pg_monitor;
 COMMENT ON VIEW pgfence.audit_owned IS
-  'Who owns what right now, until when (database clock): every outbox message being delivered (processing), plan being executed and operation running. queue = the outbox channel or operation kind (''*'' for plans); owner = the worker (NULL for a plan released between steps and waiting for another worker); fence = the token the owner must present (outbox attempt, plan run token, operation fence); claimed_at = when the current claim started (plans: when the run started); last_seen_at = the owner''s last sign of life (outbox: the claim; plan: the last heartbeat or step; operation: the last lease extension); expires_at = lease or heartbeat deadline; remaining = expires_at - now() (negative once lapsed); lapsed = the deadline has passed (see pgfence.audit_stuck). For one item use pgfence.audit_owner_of(module, id).';
+  'Who owns what right now, until when (database clock): every item that has an owner.
+Every outbox message being delivered (processing), plan being executed and operation running,
+one row each (\d+ explains each column). The lapsed ones are also in pgfence.audit_stuck; for
+one item use pgfence.audit_owner_of(module, id).';
+
+COMMENT ON COLUMN pgfence.audit_owned.module IS 'outbox, plan or operation.';
+COMMENT ON COLUMN pgfence.audit_owned.item_id IS 'The message''s, plan''s or operation''s id.';
+COMMENT ON COLUMN pgfence.audit_owned.queue IS
+  'The outbox channel or the operation kind; ''*'' for plans.';
+COMMENT ON COLUMN pgfence.audit_owned.status IS
+  'The owned status: processing (outbox), executing (plan), running (operation).';
+COMMENT ON COLUMN pgfence.audit_owned.owner IS
+  'The worker; NULL for a plan released between steps and waiting for another worker.';
+COMMENT ON COLUMN pgfence.audit_owned.fence IS
+  'The fence token the owner must present: outbox attempt, plan run token, operation fence.';
+COMMENT ON COLUMN pgfence.audit_owned.claimed_at IS
+  'When the current claim started (plans: when the run started).';
+COMMENT ON COLUMN pgfence.audit_owned.last_seen_at IS
+  'The owner''s last sign of life (outbox: the claim; plan: its last heartbeat or step; operation: its last lease extension).';
+COMMENT ON COLUMN pgfence.audit_owned.expires_at IS
+  'The lease or heartbeat deadline (database clock).';
+COMMENT ON COLUMN pgfence.audit_owned.remaining IS 'expires_at - now(); negative once lapsed.';
+COMMENT ON COLUMN pgfence.audit_owned.lapsed IS
+  'The deadline has passed: the owner went silent (see pgfence.audit_stuck).';
 
 CREATE OR REPLACE FUNCTION pgfence.audit_owner_of(p_module text, p_id bigint)
 RETURNS TABLE (
@@ -5527,14 +5820,22 @@ BEGIN
   END IF;
   IF NOT FOUND THEN
     RAISE EXCEPTION 'audit_owner_of: no % with id %', p_module, p_id
-      USING ERRCODE = 'P0002', HINT = 'Check the id; purged items are gone.';
+      USING ERRCODE = 'P0002', DETAIL = 'It never existed, or a purge deleted it.',
+            HINT = 'Check the id; purged items are gone.';
   END IF;
 END
 $$;
 REVOKE ALL ON FUNCTION pgfence.audit_owner_of(text, bigint) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION pgfence.audit_owner_of(text, bigint) TO pgfence_admin, pg_monitor;
 COMMENT ON FUNCTION pgfence.audit_owner_of(text, bigint) IS
-  'Who owns one item, until when: module outbox | plan | operation | document and its id. owned = the item is in its owned status (outbox processing, plan executing, operation running; a document is never owned: its fence is the version a save must present); owner, fence, claimed_at, last_seen_at, expires_at, remaining and lapsed as in pgfence.audit_owned; last_owner = the current or last worker (for a finished outbox message only known from the event log, when its channel logs events; for a document: who saved the current version). Reads only: a lapsed plan is reported, not healed. Errors: 22004 (module or id NULL), 22023 (unknown module), P0002 (no such item).';
+  'Who owns one item, until when: module outbox | plan | operation | document and its id.
+owned = the item is in its owned status (outbox processing, plan executing, operation running; a
+document is never owned: its fence is the version a save must present); owner, fence,
+claimed_at, last_seen_at, expires_at, remaining and lapsed as in pgfence.audit_owned; last_owner
+= the current or last worker (for a finished outbox message only known from the event log, when
+its channel logs events; for a document: who saved the current version). Reads only: a lapsed
+plan is reported, not healed.
+Errors: 22004 (module or id NULL), 22023 (unknown module), P0002 (no such item).';
 
 -- ---------------------------------------------------------------------------------------------
 -- What is stuck, and since when
@@ -5551,9 +5852,9 @@ SELECT 'outbox'::text                          AS module,
        o.lease_expires_at                      AS expired_at,
        now() - o.lease_expires_at              AS overdue,
        CASE WHEN o.attempts >= o.max_attempts
-         THEN format('outbox_reclaim_stale makes it dead (attempt %s of %s used); %s may have delivered it',
+         THEN format('outbox_reap makes it dead (attempt %s of %s used); %s may have delivered it',
                      o.attempts, o.max_attempts, o.locked_by)
-         ELSE format('outbox_reclaim_stale puts it back to pending, attempt %s of %s after backoff; %s may have delivered it (possible duplicate)',
+         ELSE format('outbox_reap puts it back to pending, attempt %s of %s after backoff; %s may have delivered it (possible duplicate)',
                      o.attempts + 1, o.max_attempts, o.locked_by)
        END                                     AS next
 FROM pgfence.outbox o
@@ -5561,7 +5862,7 @@ WHERE o.status = 'processing' AND o.lease_expires_at < now()
 UNION ALL
 SELECT 'plan', p.id, '*', p.status, p.worker, p.run_token, p.started_at, p.heartbeat_at,
        p.heartbeat_expires_at, now() - p.heartbeat_expires_at,
-       format('the next read (plan_get, plan_list) or plan_reap_stale marks it failed (interrupted) at step %s of %s',
+       format('the next read (plan_get, plan_list) or plan_reap marks it failed (interrupted) at step %s of %s',
               p.next_step, p.step_count)
        || CASE WHEN p.external_started_at IS NOT NULL
             THEN format('; external step %s was in flight: it may have happened (key %s)',
@@ -5588,7 +5889,42 @@ WHERE o.status = 'running' AND o.lease_expires_at < now();
 REVOKE ALL ON pgfence.audit_stuck FROM PUBLIC;
 GRANT SELECT ON pgfence.audit_stuck TO pgfence_admin, pg_monitor;
 COMMENT ON VIEW pgfence.audit_stuck IS
-  'What is stuck, and since when: every owned item whose lease or heartbeat has lapsed by the database clock — outbox messages processing past their lease, plans executing past their heartbeat deadline (including runs released and never taken over; plans heal lazily, so they are listed until the next read or reaper marks them failed), operations running past their lease. owner = the worker that went silent; fence = its token (outbox attempt, plan run token, operation fence); claimed_at / last_seen_at = when it took the item / last showed life; expired_at = the deadline; overdue = now() - expired_at; next = what pgfence does about it on its own (the reaper or the next claim) and what may already have happened outside. Empty when nothing is stuck. Usually self-healing within one reaper interval; a row that stays means no executor is running the reaper for that module.';
+  'What is stuck, and since when: every owned item whose lease or heartbeat lapsed (database clock).
+Outbox messages processing past their lease, plans executing past their heartbeat deadline
+(including runs released and never taken over; plans heal lazily, so they are listed until the
+next read or reaper marks them failed), operations running past their lease (\d+ explains each
+column). Empty when nothing is stuck. Usually self-healing within one reaper interval; a row that
+stays means no executor is running the reaper for that module.';
+COMMENT ON COLUMN pgfence.audit_stuck.module IS 'outbox, plan or operation.';
+COMMENT ON COLUMN pgfence.audit_stuck.item_id IS 'The message''s, plan''s or operation''s id.';
+COMMENT ON COLUMN pgfence.audit_stuck.queue IS
+  'The outbox channel or the operation kind; ''*'' for plans.';
+COMMENT ON COLUMN pgfence.audit_stuck.status IS
+  'The owned status it is stuck in: processing, executing or running.';
+COMMENT ON COLUMN pgfence.audit_stuck.owner IS
+  'The worker that went silent (NULL: a plan released between steps that no worker took over).';
+COMMENT ON COLUMN pgfence.audit_stuck.fence IS
+  'Its fence token: outbox attempt, plan run token, operation fence.';
+COMMENT ON COLUMN pgfence.audit_stuck.claimed_at IS
+  'When it took the item (plans: when the run started).';
+COMMENT ON COLUMN pgfence.audit_stuck.last_seen_at IS
+  'When it last showed life (claim, heartbeat or step, lease extension).';
+COMMENT ON COLUMN pgfence.audit_stuck.expired_at IS 'The lease or heartbeat deadline that passed.';
+COMMENT ON COLUMN pgfence.audit_stuck.overdue IS 'now() - expired_at.';
+COMMENT ON COLUMN pgfence.audit_stuck.next IS
+  'What pgfence does about it on its own (the reaper or the next claim), and what may already have happened outside.';
+
+
+-- ==== functions/91_audit_health.sql
+-- pgfence functions/91_audit_health.sql — auditing from psql: doubtful effects, queue health,
+-- documents.
+--
+-- Public: views audit_duplicates (which external effects may have happened twice, or without
+--         a receipt), audit_queue_health (per outbox channel, operation kind, and all plans),
+--         audit_documents (conflicts and revisions per document)
+-- Read-only views for pgfence_admin and pg_monitor (grants and helpers: 90_audit_owned.sql;
+-- the guide: docs/psql.md). \d+ on each view explains every column. Time: now(), the database
+-- clock.
 
 -- ---------------------------------------------------------------------------------------------
 -- Which external effects may have been duplicated (or happened without a receipt)
@@ -5648,7 +5984,30 @@ WHERE o.issue_count > 1 OR o.result ->> 'reason' = 'outcome_unknown';
 REVOKE ALL ON pgfence.audit_duplicates FROM PUBLIC;
 GRANT SELECT ON pgfence.audit_duplicates TO pgfence_admin, pg_monitor;
 COMMENT ON VIEW pgfence.audit_duplicates IS
-  'Which external effects may have been duplicated, or may have happened without a receipt, so an operator can check downstream. outbox lease_lapsed: a message claimed under an attempt whose lease lapsed and that the reaper took back (from the reaper''s receipts in pgfence.outbox_lapse, whatever the channel''s log_events setting): that worker may have delivered it before it died, so a sent message may have reached the receiver more than once. plan external_step_in_doubt: an external step handed to a worker whose run was interrupted before it recorded the outcome. operation reissued: the external call was issued more than once (always with the idempotency key); operation outcome_unknown: a call was started without the key and no reference was recorded. fences = the attempts / fence tokens / step under which the effect was attempted; lost_by = the workers that held them; since = when the doubt began; idempotency_key = the key the receiver or external API saw (deduplicate or search on it); check_downstream = what to verify.';
+  'Which external effects may have happened twice, or without a receipt: what to check downstream.
+outbox lease_lapsed: a message claimed under an attempt whose lease lapsed and that the reaper
+took back (from the reaper''s receipts in pgfence.outbox_lapse, whatever the channel''s log_events
+setting): that worker may have delivered it before it died, so a sent message may have reached
+the receiver more than once. plan external_step_in_doubt: an external step handed to a worker
+whose run was interrupted before it recorded the outcome. operation reissued: the external call
+was issued more than once (always with the idempotency key); operation outcome_unknown: a call
+was started without the key and no reference was recorded. \d+ explains each column.';
+COMMENT ON COLUMN pgfence.audit_duplicates.module IS 'outbox, plan or operation.';
+COMMENT ON COLUMN pgfence.audit_duplicates.item_id IS 'The message''s, plan''s or operation''s id.';
+COMMENT ON COLUMN pgfence.audit_duplicates.queue IS
+  'The outbox channel or the operation kind; ''*'' for plans.';
+COMMENT ON COLUMN pgfence.audit_duplicates.status IS 'The item''s status now.';
+COMMENT ON COLUMN pgfence.audit_duplicates.reason IS
+  'lease_lapsed (outbox), external_step_in_doubt (plan), reissued or outcome_unknown (operation).';
+COMMENT ON COLUMN pgfence.audit_duplicates.fences IS
+  'The attempts / fence tokens / step under which the effect was attempted.';
+COMMENT ON COLUMN pgfence.audit_duplicates.lost_by IS 'The workers that held them.';
+COMMENT ON COLUMN pgfence.audit_duplicates.since IS
+  'When the doubt began (the first lapsed lease, the external step''s start, the first issue).';
+COMMENT ON COLUMN pgfence.audit_duplicates.idempotency_key IS
+  'The key the receiver or external API saw: deduplicate or search on it.';
+COMMENT ON COLUMN pgfence.audit_duplicates.check_downstream IS
+  'What to verify in the receiving system, in words.';
 
 -- ---------------------------------------------------------------------------------------------
 -- Queue health
@@ -5706,7 +6065,37 @@ GROUP BY o.kind;
 REVOKE ALL ON pgfence.audit_queue_health FROM PUBLIC;
 GRANT SELECT ON pgfence.audit_queue_health TO pgfence_admin, pg_monitor;
 COMMENT ON VIEW pgfence.audit_queue_health IS
-  'Queue health, one row per outbox channel, per operation kind, and one for all plans (queue ''*''), by the database clock. ready = waiting and due now (outbox: pending and due; plan: approved, or released between steps; operation: queued); deferred = waiting but not due (outbox: pending with a future due time — backoff or deliver_at; plan: proposals awaiting approval); in_backoff = outbox messages waiting out a retry backoff (pending, attempts > 0, not yet due); in_flight = owned right now; lapsed = owned past the lease / heartbeat (see audit_stuck); oldest_ready_age = how long the longest-waiting ready item has waited (since due, approved or requested); next_due_at = the next deferred outbox message''s due time; done_5m / failed_5m = finished successfully / unsuccessfully (outbox failed or dead, plan or operation failed) in the last 5 minutes, from the rows'' finished_at, so it works with the event log off; per_second_5m = everything finished in the last 5 minutes / 300; failed, dead = totals still in the table (until purged). NULL = does not apply to the module. Counts every row: after a long run without purge this scans the whole outbox, like outbox_summary.';
+  'Queue health by the database clock: one row per outbox channel, per operation kind, all plans.
+The plans'' row has queue ''*''. NULL = does not apply to the module. Counts every row: after a
+long run without purge this scans the whole outbox, like outbox_summary. \d+ explains each
+column.';
+COMMENT ON COLUMN pgfence.audit_queue_health.module IS 'outbox, plan or operation.';
+COMMENT ON COLUMN pgfence.audit_queue_health.queue IS
+  'The outbox channel or the operation kind; ''*'' for all plans.';
+COMMENT ON COLUMN pgfence.audit_queue_health.ready IS
+  'Waiting and due now (outbox: pending and due; plan: approved, or released between steps; operation: queued).';
+COMMENT ON COLUMN pgfence.audit_queue_health.deferred IS
+  'Waiting but not due (outbox: pending with a future due time, backoff or deliver_at; plan: proposals awaiting approval).';
+COMMENT ON COLUMN pgfence.audit_queue_health.in_backoff IS
+  'Outbox: messages waiting out a retry backoff (pending, attempts > 0, not yet due).';
+COMMENT ON COLUMN pgfence.audit_queue_health.in_flight IS
+  'Owned right now (processing, executing with a worker, running).';
+COMMENT ON COLUMN pgfence.audit_queue_health.lapsed IS
+  'Owned past the lease or heartbeat (see pgfence.audit_stuck).';
+COMMENT ON COLUMN pgfence.audit_queue_health.oldest_ready_age IS
+  'How long the longest-waiting ready item has waited (since due, approved or requested).';
+COMMENT ON COLUMN pgfence.audit_queue_health.next_due_at IS
+  'Outbox: the next deferred message''s due time.';
+COMMENT ON COLUMN pgfence.audit_queue_health.done_5m IS
+  'Finished successfully in the last 5 minutes (from the rows'' finished_at: works with the event log off).';
+COMMENT ON COLUMN pgfence.audit_queue_health.failed_5m IS
+  'Finished unsuccessfully in the last 5 minutes (outbox failed or dead, plan or operation failed).';
+COMMENT ON COLUMN pgfence.audit_queue_health.per_second_5m IS
+  'Everything finished in the last 5 minutes, per second (count / 300).';
+COMMENT ON COLUMN pgfence.audit_queue_health.failed IS
+  'Failed items still in the table (until purged).';
+COMMENT ON COLUMN pgfence.audit_queue_health.dead IS
+  'Outbox: dead messages still in the table (until purged).';
 
 -- ---------------------------------------------------------------------------------------------
 -- Documents: recent conflicts, most revisions
@@ -5741,7 +6130,42 @@ LEFT JOIN (
 REVOKE ALL ON pgfence.audit_documents FROM PUBLIC;
 GRANT SELECT ON pgfence.audit_documents TO pgfence_admin, pg_monitor;
 COMMENT ON VIEW pgfence.audit_documents IS
-  'Documents, one row each, for the two questions about them: which see conflicts (ORDER BY conflicts_1h DESC) and which are written most (ORDER BY revisions DESC). version = the current version; revisions = how many versions are kept (every write — create, save, delete — is one revision, so it equals version); writes_24h, conflicts_1h, conflicts_24h, replays_24h = create/save/delete events, compare-and-swap saves refused as conflict (a writer saved on a stale version), and retried saves answered from their receipt (a lost response), in the last hour / 24 hours of the event log (database clock); last_conflict_at / _by = the latest conflict and who hit it. Drafts are client-side and not listed. Reads the last 24 hours of the event log (index on event.at).';
+  'Documents, one row each: which see conflicts, and which are written most.
+ORDER BY conflicts_1h DESC for the first question, ORDER BY revisions DESC for the second. Drafts
+are client-side and not listed. Reads the last 24 hours of the event log (index on event.at).
+\d+ explains each column.';
+COMMENT ON COLUMN pgfence.audit_documents.document_id IS 'The document''s id.';
+COMMENT ON COLUMN pgfence.audit_documents.kind IS
+  'Its kind (record, sheet, or one registered with document_register_kind).';
+COMMENT ON COLUMN pgfence.audit_documents.status IS 'live or deleted.';
+COMMENT ON COLUMN pgfence.audit_documents.version IS 'The current version.';
+COMMENT ON COLUMN pgfence.audit_documents.revisions IS
+  'How many versions are kept: every write (create, save, delete) is one revision, so it equals version.';
+COMMENT ON COLUMN pgfence.audit_documents.writes_24h IS
+  'Create, save and delete events in the last 24 hours.';
+COMMENT ON COLUMN pgfence.audit_documents.conflicts_1h IS
+  'Compare-and-swap saves refused as conflict (a writer saved on a stale version) in the last hour.';
+COMMENT ON COLUMN pgfence.audit_documents.conflicts_24h IS 'The same in the last 24 hours.';
+COMMENT ON COLUMN pgfence.audit_documents.replays_24h IS
+  'Retried saves answered from their receipt (a lost response) in the last 24 hours.';
+COMMENT ON COLUMN pgfence.audit_documents.last_conflict_at IS
+  'The latest conflict (within 24 hours).';
+COMMENT ON COLUMN pgfence.audit_documents.last_conflict_by IS
+  'Who hit it (the actor of the conflict event).';
+COMMENT ON COLUMN pgfence.audit_documents.saved_by IS 'Who saved the current version.';
+COMMENT ON COLUMN pgfence.audit_documents.saved_at IS 'When.';
+
+
+-- ==== functions/92_audit_timeline.sql
+-- pgfence functions/92_audit_timeline.sql — auditing from psql: what did one item do.
+--
+-- Public: audit_timeline(module, id) -> the item's timeline, oldest first, ending with a row
+--         for its current state
+-- The event log is the main source (who did what, under which fence token, in the same
+-- transaction as the change); where a module keeps better receipts they are used instead (a
+-- plan step's receipt, the outbox reaper's lapse receipts), and an outbox message whose
+-- channel does not log events is rebuilt from its row. STABLE SECURITY DEFINER, for
+-- pgfence_admin and pg_monitor; reads only. Errors: functions/ERRORS.md.
 
 -- ---------------------------------------------------------------------------------------------
 -- What did X do: the timeline of one item
@@ -5914,18 +6338,43 @@ BEGIN
   GET DIAGNOSTICS v_rows = ROW_COUNT;
   IF v_rows = 0 THEN
     RAISE EXCEPTION 'audit_timeline: no % with id %', p_module, p_id
-      USING ERRCODE = 'P0002', HINT = 'Check the id; purged items and their events are gone.';
+      USING ERRCODE = 'P0002', DETAIL = 'No such item and no event for it: it never existed, or a purge deleted it.',
+            HINT = 'Check the id; purged items and their events are gone.';
   END IF;
 END
 $$;
 REVOKE ALL ON FUNCTION pgfence.audit_timeline(text, bigint) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION pgfence.audit_timeline(text, bigint) TO pgfence_admin, pg_monitor;
 COMMENT ON FUNCTION pgfence.audit_timeline(text, bigint) IS
-  'What did one item do: its timeline, oldest first, ending with its current state. Columns at, source, event, from_status, to_status, actor, fence, detail, db_user (the database login whose transaction wrote an event or a plan receipt: actor is the name it passed, db_user who it really was; NULL for rows rebuilt from the item''s row). module outbox | plan | operation | document (create, save, delete, conflict and replay events: who, under which version — the fence —, based on which version). source event = a row of pgfence.event (transitions with who made them — actor — and under which fence, errors with SQLSTATE in detail), written in the same transaction as the change; receipt = a plan step''s receipt (outcome, output, error SQLSTATE and message); lapse = the outbox reaper''s receipt of a lapsed lease; row = what the item''s row says (for outbox messages whose channel does not log events: enqueue, the latest claim, the finish with receipt or error, a scheduled retry; a plan''s external step in flight or in doubt; and always a last row event = current, at = now(), with the item''s state: attempts, lease, last error, receipt, polled external state, ...). Operation events include every polled external state change. Reads only. Errors: 22004 (module or id NULL), 22023 (unknown module), P0002 (no such item and no event for it).';
+  'What did one item do: its timeline, oldest first, ending with its current state.
+module outbox | plan | operation | document. Columns: at, source, event, from_status, to_status,
+actor, fence, detail, db_user (the database login whose transaction wrote an event or a plan
+receipt: actor is the name it passed, db_user who it really was; NULL for rows rebuilt from the
+item''s row). source event = a row of pgfence.event (transitions with who made them - actor -
+and under which fence, errors with SQLSTATE in detail), written in the same transaction as the
+change; receipt = a plan step''s receipt (outcome, output, error SQLSTATE and message); lapse =
+the outbox reaper''s receipt of a lapsed lease; row = what the item''s row says (for outbox
+messages whose channel does not log events: enqueue, the latest claim, the finish with receipt
+or error, a scheduled retry; a plan''s external step in flight or in doubt; and always a last row
+event = current, at = now(), with the item''s state: attempts, lease, last error, receipt, polled
+external state, ...). Operation events include every polled external state change; document
+events are create, save, delete, conflict and replay (who, under which version - the fence -,
+based on which version). Reads only.
+Errors: 22004 (module or id NULL), 22023 (unknown module), P0002 (no such item and no event for
+it).';
 
--- ---------------------------------------------------------------------------------------------
--- Retention: purge terminal items (and their events) in short batches
--- ---------------------------------------------------------------------------------------------
+
+-- ==== functions/93_audit_purge.sql
+-- pgfence functions/93_audit_purge.sql — retention: purge finished items in short batches.
+--
+-- Public: CALL audit_purge(module, older_than, batch_size) -> purged
+-- The only delete of the modules' items, their receipts and events: the tables refuse any
+-- other DELETE (tg_purge_only, 01_core_events.sql) unless pgfence.purging is on, which only the
+-- batch function _audit_purge_batch sets, for the length of one call. The procedure commits
+-- after every batch (so CALL it in autocommit, 2D000 otherwise), so every lock is short; rows
+-- locked by someone else (a requeue) are skipped, never waited for. For pgfence_admin only.
+-- Errors: functions/ERRORS.md. Plans: docs/query-plans.md#audit.
+
 CREATE OR REPLACE FUNCTION pgfence._audit_purge_batch(
   p_module text,
   p_cutoff timestamptz,
@@ -5943,11 +6392,10 @@ SET search_path = pg_catalog, pgfence, pg_temp
 -- SET clause: on PostgreSQL 15 a SET clause naming a custom setting makes CREATE FUNCTION need
 -- GRANT SET ON PARAMETER, which a non-superuser owner does not have.
 AS $$
--- Walks the item table by primary key from p_after, p_batch rows at a time, so that every
--- batch costs the same whatever the table size (no index on finished_at is needed, and none is
--- maintained on the outbox hot path). Items are created in id order, and an item finishes after
--- it was created: once a whole window was created after the cutoff, nothing further can be old
--- enough (done). Rows locked by someone (a concurrent requeue) are skipped, never waited for.
+-- Walks the item table by primary key from p_after, p_batch rows at a time (why:
+-- docs/query-plans.md#audit). Items are created in id order, and an item finishes after it was
+-- created: once a whole window was created after the cutoff, nothing further can be old enough
+-- (done). Rows locked by someone (a concurrent requeue) are skipped, never waited for.
 DECLARE
   v_ids     bigint[];
   v_scanned integer;
@@ -6034,7 +6482,9 @@ BEGIN
       GET DIAGNOSTICS v_n = ROW_COUNT;
     END IF;
   ELSE
-    RAISE EXCEPTION 'purge: unknown module "%"', p_module USING ERRCODE = '22023';
+    RAISE EXCEPTION 'purge: unknown module "%"', p_module
+      USING ERRCODE = '22023', DETAIL = 'pgfence has four modules; nothing was purged.',
+            HINT = 'One of outbox, plan, operation, document (CALL pgfence.audit_purge checks it first).';
   END IF;
   purged := v_n;
   done := v_scanned < p_batch OR v_min_at >= p_cutoff;
@@ -6045,7 +6495,17 @@ $$;
 REVOKE ALL ON FUNCTION pgfence._audit_purge_batch(text, timestamptz, bigint, integer) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION pgfence._audit_purge_batch(text, timestamptz, bigint, integer) TO pgfence_admin;
 COMMENT ON FUNCTION pgfence._audit_purge_batch(text, timestamptz, bigint, integer) IS
-  'Private, one purge batch (CALL pgfence.audit_purge calls it and COMMIT after each): looks at the next p_batch items of the module after id p_after and deletes those that are terminal (outbox sent | failed | dead; plan executed | failed | rejected | expired; operation succeeded | failed | canceled) and finished before p_cutoff, skipping rows locked right now and plans that a kept plan compensates, with their events (and outbox lapse receipts, plan steps). For module document it deletes document events older than p_cutoff. Returns the last id looked at, how many items (events for documents) it deleted, and whether the walk is done. Runs with pgfence.purging = on (set at its start and put back before it returns: only for the duration of the call), the one setting under which the modules'' delete guards let rows go. Security definer for the procedure, which cannot be; granted to pgfence_admin.';
+  'Private: one purge batch of CALL audit_purge: the module''s next p_batch items after p_after.
+Deletes those that are terminal (outbox sent | failed | dead; plan executed | failed | rejected |
+expired; operation succeeded | failed | canceled) and finished before p_cutoff, skipping rows
+locked right now and plans that a kept plan compensates, with their events (and outbox lapse
+receipts, plan steps). For module document it deletes document events older than p_cutoff.
+Returns the last id looked at, how many items (events, for documents) it deleted, and whether
+the walk is done. Runs with pgfence.purging = on (set at its start and put back before it
+returns: only for the duration of the call), the one setting under which the modules'' delete
+guards let rows go. Security definer for the procedure, which cannot be; granted to
+pgfence_admin.
+Errors: 22023 (unknown module).';
 
 CREATE OR REPLACE FUNCTION pgfence._audit_check_purge(p_older_than interval, p_batch_size integer)
 RETURNS void
@@ -6055,22 +6515,26 @@ AS $$
 BEGIN
   IF p_older_than IS NULL OR p_batch_size IS NULL THEN
     RAISE EXCEPTION 'purge: older_than and batch_size are required'
-      USING ERRCODE = '22004', HINT = 'Omit them for the defaults.';
+      USING ERRCODE = '22004', DETAIL = 'NULL keeps no retention period and no batch size; nothing was purged.',
+            HINT = 'Omit them for the defaults.';
   END IF;
   IF p_older_than < interval '0' THEN
     RAISE EXCEPTION 'purge: older_than must not be negative, got %', p_older_than
-      USING ERRCODE = '22023', HINT = 'Pass how long finished items are kept, e.g. interval ''7 days''.';
+      USING ERRCODE = '22023', DETAIL = 'older_than is how long finished items are kept; nothing was purged.',
+            HINT = 'Pass how long finished items are kept, e.g. interval ''7 days''.';
   END IF;
   IF p_batch_size NOT BETWEEN 1 AND 100000 THEN
     RAISE EXCEPTION 'purge: batch_size must be between 1 and 100000, got %', p_batch_size
-      USING ERRCODE = '22023', HINT = 'Each batch is one short transaction; the default suits most tables.';
+      USING ERRCODE = '22023', DETAIL = 'batch_size is how many items one transaction looks at; nothing was purged.',
+            HINT = 'Each batch is one short transaction; the default suits most tables.';
   END IF;
 END
 $$;
 REVOKE ALL ON FUNCTION pgfence._audit_check_purge(interval, integer) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION pgfence._audit_check_purge(interval, integer) TO pgfence_admin;
 COMMENT ON FUNCTION pgfence._audit_check_purge(interval, integer) IS
-  'Private: validates the arguments of audit_purge; raises 22004 (NULL) or 22023 (negative older_than, batch_size outside 1..100000).';
+  'Private: validates the retention period and batch size of CALL audit_purge.
+Errors: 22004 (NULL), 22023 (negative older_than, batch_size outside 1..100000).';
 
 -- The procedure: not security definer and without SET clauses, because a procedure with
 -- either cannot COMMIT; every name is schema-qualified. Each batch is its own transaction.
@@ -6091,14 +6555,7 @@ DECLARE
   v_after  bigint := 0;
   v        record;
 BEGIN
-  IF p_module IS NULL THEN
-    RAISE EXCEPTION 'audit_purge: module is required'
-      USING ERRCODE = '22004', HINT = 'One of outbox, plan, operation, document.';
-  END IF;
-  IF p_module NOT IN ('outbox', 'plan', 'operation', 'document') THEN
-    RAISE EXCEPTION 'audit_purge: unknown module "%"', p_module
-      USING ERRCODE = '22023', HINT = 'One of outbox, plan, operation, document.';
-  END IF;
+  PERFORM pgfence._audit_check_module(p_module);
   -- Documented defaults: the outbox is high volume, the others are an audit trail.
   v_older := coalesce(p_older_than, CASE p_module WHEN 'outbox' THEN interval '7 days' ELSE interval '90 days' END);
   v_batch := coalesce(p_batch_size, CASE p_module WHEN 'plan' THEN 100 WHEN 'document' THEN 5000 ELSE 1000 END);
@@ -6122,7 +6579,22 @@ $$;
 REVOKE ALL ON PROCEDURE pgfence.audit_purge(text, interval, integer, bigint) FROM PUBLIC;
 GRANT EXECUTE ON PROCEDURE pgfence.audit_purge(text, interval, integer, bigint) TO pgfence_admin;
 COMMENT ON PROCEDURE pgfence.audit_purge(text, interval, integer, bigint) IS
-  'Retention: CALL pgfence.audit_purge(module [, older_than [, batch_size]]). Deletes the module''s terminal items that finished more than older_than ago (database clock, fixed when the call starts) together with their events: outbox messages sent, failed or dead (and the reaper''s lapse receipts; default older_than 7 days, batch_size 1000); plans executed, failed, rejected or expired, with their steps and receipts (90 days, 100: a plan may have 10000 steps), keeping a plan that a kept plan compensates until that one goes; operations succeeded, failed or canceled (90 days, 1000). Pending, processing, approved, executing, queued and running items are never touched. For module document it deletes document events older than older_than (90 days, 5000); documents and their revisions are never deleted (a deleted document keeps its tombstone; revisions are the save receipts). Walks the table batch_size rows per transaction and commits after each, so every lock is short and rows locked by someone else (a requeue) are skipped. Returns purged = items deleted (events, for documents); an older_than reaching before the earliest timestamp (4713 BC) purges nothing. Must be called outside an explicit transaction block (it commits). Errors: 22004 (module NULL), 22023 (unknown module, negative older_than, batch_size outside 1..100000), 2D000 (inside a transaction block).';
+  'Retention: delete a module''s items that finished more than older_than ago, with their events.
+CALL pgfence.audit_purge(module [, older_than [, batch_size]]). Deletes the module''s terminal items that finished more than older_than ago (database clock,
+fixed when the call starts) together with their events: outbox messages sent, failed or dead
+(and the reaper''s lapse receipts; default older_than 7 days, batch_size 1000); plans executed,
+failed, rejected or expired, with their steps and receipts (90 days, 100: a plan may have 10000
+steps), keeping a plan that a kept plan compensates until that one goes; operations succeeded,
+failed or canceled (90 days, 1000). Pending, processing, approved, executing, queued and running
+items are never touched. For module document it deletes document events older than older_than
+(90 days, 5000); documents and their revisions are never deleted (a deleted document keeps its
+tombstone; revisions are the save receipts). Walks the table batch_size rows per transaction and
+commits after each, so every lock is short and rows locked by someone else (a requeue) are
+skipped. Returns purged = items deleted (events, for documents); an older_than reaching before
+the earliest timestamp (4713 BC) purges nothing. Must be called outside an explicit transaction
+block (it commits).
+Errors: 22004 (module NULL), 22023 (unknown module, negative older_than, batch_size outside
+1..100000), 2D000 (inside a transaction block).';
 
 
 -- ==== functions/99_owner.sql

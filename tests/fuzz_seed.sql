@@ -60,7 +60,7 @@ SELECT pgfence.outbox_mark_failed(c.id, c.attempt, 'HTTP 503', true, interval '1
 SELECT pgfence.outbox_enqueue('fz-reaped', 'https://fz.example/reaped', '{"n": 11}');
 SELECT pgfence.outbox_claim('fz-w3', 1, ARRAY['fz-reaped']);
 UPDATE pgfence.outbox SET lease_expires_at = now() - interval '1 second' WHERE channel = 'fz-reaped';
-SELECT pgfence.outbox_reclaim_stale();
+SELECT pgfence.outbox_reap();
 
 -- ------------------------------------------------------------------------------------------
 -- plan: every status, SQL and external steps, a receipt of each outcome, a compensation, and

@@ -66,7 +66,7 @@ SELECT pg_temp.deliver('hooks', 'order-1006');
 SELECT pgfence.outbox_enqueue('slow-hooks', 'http://127.0.0.1:9/slow', '{"event": "slow"}', 'order-1004');
 SELECT pgfence.outbox_claim('executor-1', 1, ARRAY['slow-hooks']);
 UPDATE pgfence.outbox SET lease_expires_at = now() - interval '1 second' WHERE id = 8;
-SELECT pgfence.outbox_reclaim_stale();
+SELECT pgfence.outbox_reap();
 UPDATE pgfence.outbox SET next_attempt_at = now() WHERE id = 8;
 SELECT pgfence.outbox_mark_sent(8, c.attempt, '{"http_status": 200}') FROM pgfence.outbox_claim('executor-2', 1, ARRAY['slow-hooks']) c;
 
@@ -125,7 +125,7 @@ SELECT outcome FROM pgfence.document_save(2, 1, '[["b"]]', 'bob');
 # (a piece of a block, a piece its output must contain): the guide's claims about its queries.
 EXPECT = [
     ("FROM pgfence.audit_stuck\nORDER BY overdue DESC", "executor-9"),
-    ("SELECT pgfence.outbox_reclaim_stale(), pgfence.plan_reap_stale()", "1 |"),
+    ("SELECT pgfence.outbox_reap(), pgfence.plan_reap_stale()", "1 |"),
     ("audit_owner_of('plan', 4)", "executor-9"),
     ("FROM pgfence.audit_timeline('outbox', 8);", "executor-2"),
     ("FROM pgfence.audit_timeline('plan', 3);", "23514"),

@@ -45,7 +45,7 @@ def _migrate_to(dsn: str, last: str) -> None:
             backend.connection.close()
         with conn.transaction():
             for path in sorted(functions_dir().glob("*.sql")):
-                if path.name != "90_audit.sql":
+                if not "90" <= path.name[:2] <= "98":  # the audit files (90_audit_*.sql)
                     conn.execute(path.read_text(encoding="utf-8").encode())
 
 

@@ -652,7 +652,7 @@ class OutboxModule(Module):
                  "pgfence.outbox_mark_sent_many(bigint[], integer[], jsonb[])",
                  "pgfence.outbox_mark_sent(bigint, integer, jsonb)",
                  "pgfence.outbox_mark_failed(bigint, integer, text, boolean, interval)",
-                 "pgfence.outbox_reclaim_stale(integer)",
+                 "pgfence.outbox_reap(integer)",
                  "pgfence.outbox_next_due(text[])")
 
     def __init__(self, routes: Mapping[str, Transport], *, channels: Sequence[str] | None = None,

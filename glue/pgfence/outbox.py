@@ -45,7 +45,7 @@ SQL_MARK_SENT_MANY = (
 SQL_MARK_FAILED = (
     "SELECT pgfence.outbox_mark_failed(%s::bigint, %s::int, %s::text, %s::boolean, %s::interval)"
 )
-SQL_RECLAIM = "SELECT pgfence.outbox_reclaim_stale(%s::int)"
+SQL_RECLAIM = "SELECT pgfence.outbox_reap(%s::int)"
 SQL_NEXT_DUE = "SELECT pgfence.outbox_next_due(%s::text[])"
 SQL_REQUEUE = "SELECT pgfence.outbox_requeue(%s::bigint, %s::int)"
 SQL_GET = "SELECT * FROM pgfence.outbox_get(%s::bigint)"

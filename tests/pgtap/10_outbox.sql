@@ -2,7 +2,7 @@
 -- documented SQLSTATE. Concurrency cells use real second sessions (dblink, see helpers/).
 BEGIN;
 \ir helpers/setup.sql
-SELECT plan(167);
+SELECT plan(175);
 
 -- =============================================================================================
 -- Catalog: signatures, definer, volatility, privileges
@@ -13,7 +13,8 @@ SELECT has_function('pgfence', 'outbox_claim', ARRAY['text','integer','text[]','
 SELECT has_function('pgfence', 'outbox_mark_sent', ARRAY['bigint','integer','jsonb'], 'outbox_mark_sent signature');
 SELECT has_function('pgfence', 'outbox_mark_sent_many', ARRAY['bigint[]','integer[]','jsonb[]'], 'outbox_mark_sent_many signature');
 SELECT has_function('pgfence', 'outbox_mark_failed', ARRAY['bigint','integer','text','boolean','interval'], 'outbox_mark_failed signature');
-SELECT has_function('pgfence', 'outbox_reclaim_stale', ARRAY['integer'], 'outbox_reclaim_stale signature');
+SELECT has_function('pgfence', 'outbox_reap', ARRAY['integer'], 'outbox_reap signature');
+SELECT has_function('pgfence', 'outbox_reclaim_stale', ARRAY['integer'], 'outbox_reclaim_stale (deprecated) signature');
 SELECT has_function('pgfence', 'outbox_requeue', ARRAY['bigint','integer'], 'outbox_requeue signature');
 SELECT has_function('pgfence', 'outbox_configure_channel', ARRAY['text','integer','interval','interval','interval','boolean'], 'outbox_configure_channel signature');
 SELECT has_function('pgfence', 'outbox_get', ARRAY['bigint'], 'outbox_get signature');
@@ -34,7 +35,8 @@ SELECT function_privs_are('pgfence', 'outbox_claim', ARRAY['text','integer','tex
 SELECT function_privs_are('pgfence', 'outbox_claim', ARRAY['text','integer','text[]','interval'], 'pgfence_executor', ARRAY['EXECUTE'], 'executor may claim');
 SELECT function_privs_are('pgfence', 'outbox_mark_sent', ARRAY['bigint','integer','jsonb'], 'pgfence_executor', ARRAY['EXECUTE'], 'executor may mark sent');
 SELECT function_privs_are('pgfence', 'outbox_mark_failed', ARRAY['bigint','integer','text','boolean','interval'], 'pgfence_executor', ARRAY['EXECUTE'], 'executor may mark failed');
-SELECT function_privs_are('pgfence', 'outbox_reclaim_stale', ARRAY['integer'], 'pgfence_executor', ARRAY['EXECUTE'], 'executor may run the reaper');
+SELECT function_privs_are('pgfence', 'outbox_reap', ARRAY['integer'], 'pgfence_executor', ARRAY['EXECUTE'], 'executor may run the reaper');
+SELECT function_privs_are('pgfence', 'outbox_reclaim_stale', ARRAY['integer'], 'pgfence_executor', ARRAY['EXECUTE'], 'executor may run the reaper by its former name');
 SELECT function_privs_are('pgfence', 'outbox_requeue', ARRAY['bigint','integer'], 'pgfence_executor', ARRAY[]::text[], 'executor may not requeue');
 SELECT function_privs_are('pgfence', 'outbox_requeue', ARRAY['bigint','integer'], 'pgfence_admin', ARRAY['EXECUTE'], 'admin may requeue');
 SELECT function_privs_are('pgfence', 'outbox_configure_channel', ARRAY['text','integer','interval','interval','interval','boolean'], 'pgfence_client', ARRAY[]::text[], 'client may not configure channels');
@@ -140,7 +142,7 @@ SELECT results_eq(
 SELECT is(pgfence.outbox_mark_sent((SELECT id FROM ids WHERE name = 'o1'), 1), false, 'a second mark_sent is a lost race (false)');
 SELECT is(pgfence.outbox_mark_failed((SELECT id FROM ids WHERE name = 'o1'), 1, 'late failure'), NULL, 'mark_failed on a sent message is NULL');
 SELECT is(pgfence.outbox_requeue((SELECT id FROM ids WHERE name = 'o1')), false, 'requeue of a sent message is refused (false)');
-SELECT is(pgfence.outbox_reclaim_stale(), 0, 'the reaper has nothing to take');
+SELECT is(pgfence.outbox_reap(), 0, 'the reaper has nothing to take');
 SELECT results_eq($$SELECT status, attempts FROM pgfence.outbox WHERE id = (SELECT id FROM ids WHERE name = 'o1')$$,
   $$VALUES ('sent'::text, 1)$$, 'a sent message never changes state again');
 SELECT throws_ok($$SELECT pgfence.outbox_mark_sent(-1, 1)$$, 'P0002', NULL, 'mark_sent: unknown id is P0002');
@@ -172,7 +174,7 @@ BEGIN
     SELECT count(*) INTO v_claimed FROM pgfence.outbox_claim('tap-crash', 1, ARRAY['tap-a']) c WHERE c.id = v_id;
     -- the worker "dies": its lease lapses (back-dated: the clock is never faked)
     UPDATE pgfence.outbox SET lease_expires_at = now() - interval '1 second' WHERE id = v_id AND status = 'processing';
-    v_reclaimed := pgfence.outbox_reclaim_stale();
+    v_reclaimed := pgfence.outbox_reap();
     INSERT INTO crash_log SELECT v_round, v_claimed, v_reclaimed, status FROM pgfence.outbox WHERE id = v_id;
   END LOOP;
 END $$;
@@ -202,11 +204,24 @@ INSERT INTO ids SELECT 'live', pgfence.outbox_enqueue('tap-reap', 'r', '{}');
 INSERT INTO ids SELECT 'lapsed', pgfence.outbox_enqueue('tap-reap', 'r', '{}');
 SELECT is((SELECT count(*)::int FROM pgfence.outbox_claim('tap-w3', 2, ARRAY['tap-reap'])), 2, 'claim two');
 UPDATE pgfence.outbox SET lease_expires_at = now() - interval '1 millisecond' WHERE id = (SELECT id FROM ids WHERE name = 'lapsed');
-SELECT is(pgfence.outbox_reclaim_stale(), 1, 'the reaper takes only the lapsed lease');
+SELECT is(pgfence.outbox_reap(), 1, 'the reaper takes only the lapsed lease');
 SELECT results_eq($$SELECT name, status FROM ids JOIN pgfence.outbox USING (id) WHERE name IN ('live','lapsed') ORDER BY name$$,
   $$VALUES ('lapsed'::text, 'pending'::text), ('live', 'processing')$$, 'lapsed -> pending, live lease untouched');
 SELECT is(pgfence.outbox_mark_sent((SELECT id FROM ids WHERE name = 'lapsed'), 1), false, 'the old owner of a reclaimed message is fenced out');
-SELECT throws_ok($$SELECT pgfence.outbox_reclaim_stale(0)$$, '22023', NULL, 'reclaim_stale(0) is 22023');
+SELECT throws_ok($$SELECT pgfence.outbox_reap(0)$$, '22023', NULL, 'outbox_reap(0) is 22023');
+
+-- the reaper's former name: a deprecated wrapper that still works
+INSERT INTO ids SELECT 'old-name', pgfence.outbox_enqueue('tap-reap-old', 'r', '{}');
+SELECT is((SELECT count(*)::int FROM pgfence.outbox_claim('tap-w4', 1, ARRAY['tap-reap-old'])), 1, 'claim one for the reaper''s former name');
+UPDATE pgfence.outbox SET lease_expires_at = now() - interval '1 millisecond' WHERE id = (SELECT id FROM ids WHERE name = 'old-name');
+SELECT is(pgfence.outbox_reclaim_stale(), 1, 'outbox_reclaim_stale (deprecated) still reaps: it calls outbox_reap');
+SELECT results_eq($$SELECT status, attempts FROM pgfence.outbox WHERE id = (SELECT id FROM ids WHERE name = 'old-name')$$,
+  $$VALUES ('pending'::text, 1)$$, '... the lapsed message is pending again, its attempt counted');
+SELECT is((SELECT count(*)::int FROM pgfence.outbox_lapse WHERE message_id = (SELECT id FROM ids WHERE name = 'old-name')), 1,
+  '... with its lapse receipt');
+SELECT throws_ok($$SELECT pgfence.outbox_reclaim_stale(0)$$, '22023', NULL, 'outbox_reclaim_stale(0) is 22023, as outbox_reap(0) is');
+SELECT ok(obj_description('pgfence.outbox_reclaim_stale(integer)'::regprocedure, 'pg_proc') LIKE 'Deprecated: use pgfence.outbox_reap.%',
+  'its COMMENT says it is deprecated and names the function to use');
 
 -- =============================================================================================
 -- Trigger: illegal moves refused even from hand-written SQL

@@ -1,4 +1,4 @@
--- pgTAP: auditing (functions/90_audit.sql). Each view and function against crafted states of
+-- pgTAP: auditing (functions/90_audit_*.sql). Each view and function against crafted states of
 -- every module (leases and heartbeats lapse because the rows are back-dated, never by faking
 -- the clock), the event log's transactionality, what the monitoring role may and may not do,
 -- and the purge. Everything is rolled back at the end; the cells that need a second session (a
@@ -101,7 +101,7 @@ SELECT results_eq(
   $$SELECT queue, claimed_at, last_seen_at FROM pgfence.audit_stuck ORDER BY module$$,
   $$VALUES ('tap-au.reset', now(), now() - interval '105 seconds'), ('tap-au-dup', now(), now()), ('*', now(), now())$$,
   'audit_stuck: the queue (kind, channel, * for plans), when the item was claimed and when its owner was last seen (operation: lease end - lease length)');
-SELECT ok((SELECT next LIKE 'outbox_reclaim_stale puts it back to pending, attempt 2 of 10%possible duplicate%' FROM pgfence.audit_stuck WHERE module = 'outbox'),
+SELECT ok((SELECT next LIKE 'outbox_reap puts it back to pending, attempt 2 of 10%possible duplicate%' FROM pgfence.audit_stuck WHERE module = 'outbox'),
   'audit_stuck says what happens next to the outbox message (and that it may have been delivered)');
 SELECT ok((SELECT next LIKE '%marks it failed (interrupted) at step 1 of 2' FROM pgfence.audit_stuck WHERE module = 'plan'),
   '... to the plan');
@@ -129,7 +129,7 @@ SELECT results_eq(
   'audit_owner_of: an operation past its lease');
 
 -- The reapers run: nothing is stuck any more.
-SELECT is(pgfence.outbox_reclaim_stale(), 1, 'the outbox reaper takes the lapsed lease back');
+SELECT is(pgfence.outbox_reap(), 1, 'the outbox reaper takes the lapsed lease back');
 SELECT is(pgfence.plan_reap_stale(), 1, 'the plan reaper marks the stale plan interrupted');
 SELECT is(pgfence.operation_reap(), 1, 'the operation reaper requeues the operation that never called out');
 SELECT is((SELECT count(*)::int FROM pgfence.audit_stuck), 0, 'after the reapers, audit_stuck is empty');
@@ -368,7 +368,7 @@ SELECT throws_ok($$SELECT count(*) FROM pgfence.outbox$$, '42501', NULL, 'pg_mon
 SELECT throws_ok($$SELECT count(*) FROM pgfence.event$$, '42501', NULL, '... not even the event log');
 SELECT throws_ok(format('UPDATE pgfence.outbox SET next_attempt_at = now() WHERE id = %s', :logged_id), '42501', NULL, 'pg_monitor may not write a table');
 SELECT throws_ok(format('SELECT pgfence.outbox_requeue(%s)', :logged_id), '42501', NULL, 'pg_monitor may not requeue');
-SELECT throws_ok($$SELECT pgfence.outbox_reclaim_stale()$$, '42501', NULL, 'pg_monitor may not run a reaper');
+SELECT throws_ok($$SELECT pgfence.outbox_reap()$$, '42501', NULL, 'pg_monitor may not run a reaper');
 SELECT throws_ok(format('SELECT pgfence.operation_cancel(%s)', :op_id), '42501', NULL, 'pg_monitor may not cancel');
 SELECT throws_ok($$CALL pgfence.audit_purge('outbox')$$, '42501', NULL, 'pg_monitor may not purge');
 RESET ROLE;

@@ -63,7 +63,7 @@ SELECT ok(pgfence.plan_propose('[{"action": "tap.owner_ext", "args": {"recipient
 SELECT is(coalesce(current_setting('pgfence.actor', true), ''), '', '... and the name does not outlive the call');
 SELECT is((SELECT actor FROM pgfence.event WHERE module = 'plan' AND event = 'propose' ORDER BY id DESC LIMIT 1),
           'tap-owner-agent', 'the event of that call carries it');
-SELECT is(pgfence.outbox_reclaim_stale(), 0, 'an early return (nothing to reclaim) ...');
+SELECT is(pgfence.outbox_reap(), 0, 'an early return (nothing to reap) ...');
 SELECT is(coalesce(current_setting('pgfence.actor', true), ''), '', '... clears the actor too');
 
 -- the definer functions run as pgfence_definer, whoever calls them

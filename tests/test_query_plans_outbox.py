@@ -1,13 +1,13 @@
-"""The plans the outbox functions really run, read with auto_explain (nested statements).
+"""The query plans the outbox functions really run, read with auto_explain (nested statements).
 
 The hot functions keep one generic plan per session (plan_cache_mode = force_generic_plan), so a
-plan chosen under unlucky statistics is kept for the life of an executor. These tests call the
-real functions under the two statistics states that once produced bad plans — a table analysed
-while empty, and one analysed with two channels and nothing processing — and check every scan of
-``pgfence.outbox`` inside them: lookups by id use the primary key, one-channel walks
-``outbox_channel_due_idx`` (never the all-channels index, which would read other channels'
-backlogs), all-channels walks ``outbox_due_idx``, the reaper ``outbox_lease_idx``; nothing is a
-sequential scan.
+plan chosen under unlucky statistics is kept for the life of an executor (why, and how to read a
+failure here: docs/query-plans.md). These tests call the real functions under the two statistics
+states that once produced bad plans — a table analysed while empty, and one analysed with two
+channels and nothing processing — and check every scan of ``pgfence.outbox`` inside them:
+lookups by id use the primary key, one-channel walks ``outbox_channel_due_idx`` (never the
+all-channels index, which would read other channels' backlogs), all-channels walks
+``outbox_due_idx``, the reaper ``outbox_lease_idx``; nothing is a sequential scan.
 """
 
 from __future__ import annotations
@@ -67,5 +67,5 @@ def test_every_outbox_statement_uses_its_index(conn: psycopg.Connection[Any], an
 
     conn.execute("UPDATE pgfence.outbox SET lease_expires_at = now() - interval '1 second'"
                  " WHERE status = 'processing'")
-    _, scans = plans.scans("SELECT pgfence.outbox_reclaim_stale()")
+    _, scans = plans.scans("SELECT pgfence.outbox_reap()")
     assert scans == {LEASE, PK}, "the reaper walks lapsed leases, then updates by id"

@@ -1,6 +1,6 @@
 """The plans the plan, operation and document functions really run, read with auto_explain.
 
-The same hazard as in tests/test_outbox_plans.py: a PL/pgSQL statement keeps its plan for the
+The same hazard as in tests/test_query_plans_outbox.py: a PL/pgSQL statement keeps its plan for the
 life of a session (a generic plan after five calls, or at once with plan_cache_mode =
 force_generic_plan), and the first calls plan it with constants folded in (custom plans). A
 plan chosen under unlucky statistics can then read a whole index or table on every call. Each

@@ -1,0 +1,234 @@
+-- pgfence functions/15_outbox_operator.sql — outbox (module 1): operator functions and views.
+--
+-- Public: outbox_requeue(id, extra_attempts) -> boolean       retry a failed or dead message
+--         outbox_configure_channel(channel, max_attempts, backoff_base, backoff_cap, lease,
+--                                  log_events) -> the stored settings
+--         outbox_get(id), outbox_list(channel, status, limit)  read messages
+--         views outbox_summary (per channel and status), outbox_leases (who holds what)
+-- For pgfence_admin (outbox_get also for clients and executors; the views also for pg_monitor,
+-- granted in 90_audit_owned.sql). Nothing here takes part in a delivery: a requeue is the one
+-- write, and it keeps counting attempts, so fence tokens are never reused.
+-- Errors: functions/ERRORS.md.
+
+CREATE OR REPLACE FUNCTION pgfence.outbox_requeue(p_id bigint, p_extra_attempts integer DEFAULT NULL)
+RETURNS boolean
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pgfence, pg_temp
+AS $$
+BEGIN
+  IF p_extra_attempts IS NOT NULL AND p_extra_attempts NOT BETWEEN 1 AND 1000 THEN
+    RAISE EXCEPTION 'outbox_requeue: extra_attempts must be between 1 and 1000, got %', p_extra_attempts
+      USING ERRCODE = '22023', DETAIL = 'A message has at most 1000 attempts per requeue; nothing was changed.',
+            HINT = 'Pass NULL for the channel''s max_attempts.';
+  END IF;
+  UPDATE pgfence.outbox o
+  SET status = 'pending',
+      next_attempt_at = now(),
+      finished_at = NULL,
+      updated_at = now(),
+      log_events = (pgfence._outbox_settings(o.channel)).log_events,
+      max_attempts = CASE WHEN o.status = 'pending' THEN o.max_attempts + coalesce(p_extra_attempts, 0)
+                          ELSE o.attempts + coalesce(p_extra_attempts, (pgfence._outbox_settings(o.channel)).max_attempts) END
+  WHERE o.id = p_id AND o.status IN ('failed', 'dead', 'pending');
+  IF FOUND THEN
+    RETURN true;
+  END IF;
+  PERFORM pgfence._outbox_require(p_id);
+  RETURN false;
+END
+$$;
+REVOKE ALL ON FUNCTION pgfence.outbox_requeue(bigint, integer) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION pgfence.outbox_requeue(bigint, integer) TO pgfence_admin;
+COMMENT ON FUNCTION pgfence.outbox_requeue(bigint, integer) IS
+  'Operator: retry a failed or dead message now, with more attempts; false if it is not retryable.
+Grants extra_attempts more attempts (default: the channel''s max_attempts); a pending message is
+made due now (and gets extra_attempts more, if given). attempts keeps counting, so fence tokens
+are never reused. Returns false for a message that is processing or sent (a sent message never
+changes again).
+Errors: 22004 (id NULL), 22023 (extra_attempts outside 1..1000), P0002 (unknown id).';
+
+CREATE OR REPLACE FUNCTION pgfence.outbox_configure_channel(
+  p_channel      text,
+  p_max_attempts integer DEFAULT NULL,
+  p_backoff_base interval DEFAULT NULL,
+  p_backoff_cap  interval DEFAULT NULL,
+  p_lease        interval DEFAULT NULL,
+  p_log_events   boolean DEFAULT NULL
+)
+RETURNS pgfence.outbox_channel
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pgfence, pg_temp
+AS $$
+DECLARE
+  v_cur pgfence.outbox_channel;
+  v_row pgfence.outbox_channel;
+BEGIN
+  IF p_channel IS NULL OR (p_channel <> '*' AND p_channel !~ '^[a-z0-9][a-z0-9_.-]{0,62}$') THEN
+    RAISE EXCEPTION 'outbox_configure_channel: invalid channel name "%"', p_channel
+      USING ERRCODE = '22023', DETAIL = 'Channel names are 1-63 characters of a-z, 0-9, _ . - starting with a letter or digit.',
+            HINT = 'Use a channel name, or ''*'' for the defaults.';
+  END IF;
+  v_cur := pgfence._outbox_settings(p_channel);
+  BEGIN
+    INSERT INTO pgfence.outbox_channel AS c (channel, max_attempts, backoff_base, backoff_cap, lease, log_events)
+    VALUES (p_channel,
+            coalesce(p_max_attempts, v_cur.max_attempts),
+            coalesce(p_backoff_base, v_cur.backoff_base),
+            coalesce(p_backoff_cap, v_cur.backoff_cap),
+            coalesce(p_lease, v_cur.lease),
+            coalesce(p_log_events, v_cur.log_events))
+    ON CONFLICT (channel) DO UPDATE
+      SET max_attempts = EXCLUDED.max_attempts, backoff_base = EXCLUDED.backoff_base,
+          backoff_cap = EXCLUDED.backoff_cap, lease = EXCLUDED.lease,
+          log_events = EXCLUDED.log_events, updated_at = now()
+    RETURNING c.* INTO v_row;
+    IF p_log_events IS NOT NULL THEN
+      -- messages still in flight follow the new setting; finished ones keep their history
+      UPDATE pgfence.outbox o SET log_events = p_log_events, updated_at = now()
+      WHERE (p_channel = '*' OR o.channel = p_channel)
+        AND o.status IN ('pending', 'processing') AND o.log_events <> p_log_events
+        AND (p_channel <> '*' OR NOT EXISTS (SELECT 1 FROM pgfence.outbox_channel c WHERE c.channel = o.channel));
+    END IF;
+  EXCEPTION WHEN check_violation THEN
+    RAISE EXCEPTION 'outbox_configure_channel: invalid settings for "%"', p_channel
+      USING ERRCODE = '22023', DETAIL = 'Nothing was changed.',
+            HINT = 'Need 1 <= max_attempts <= 1000, 0 < backoff_base <= backoff_cap <= 30 days, 0 < lease <= 1 day.';
+  END;
+  RETURN v_row;
+END
+$$;
+REVOKE ALL ON FUNCTION pgfence.outbox_configure_channel(text, integer, interval, interval, interval, boolean) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION pgfence.outbox_configure_channel(text, integer, interval, interval, interval, boolean) TO pgfence_admin;
+COMMENT ON FUNCTION pgfence.outbox_configure_channel(text, integer, interval, interval, interval, boolean) IS
+  'Operator: set a channel''s retry settings and event logging; returns the stored row.
+NULL keeps the current value (inherited from ''*'' for a new channel; ''*'' itself holds the
+defaults). Applies to claims and failures from now on; max_attempts applies to messages enqueued
+from now on; log_events also to messages still pending or processing.
+Errors: 22023 (bad name or settings: 1 <= max_attempts <= 1000, 0 < backoff_base <= backoff_cap
+<= 30 days, 0 < lease <= 1 day).';
+
+CREATE OR REPLACE FUNCTION pgfence.outbox_get(p_id bigint)
+RETURNS TABLE (
+  id bigint, channel text, recipient text, payload jsonb, idempotency_key text, status text,
+  attempts integer, max_attempts integer, next_attempt_at timestamptz, locked_by text,
+  claimed_at timestamptz, lease_expires_at timestamptz, last_error text, receipt jsonb,
+  created_at timestamptz, updated_at timestamptz, finished_at timestamptz
+)
+LANGUAGE plpgsql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pgfence, pg_temp
+AS $$
+#variable_conflict use_column
+BEGIN
+  PERFORM pgfence._outbox_require(p_id);
+  RETURN QUERY
+  SELECT o.id, o.channel, o.recipient, o.payload, o.idempotency_key, o.status, o.attempts,
+         o.max_attempts, o.next_attempt_at, o.locked_by, o.claimed_at, o.lease_expires_at,
+         o.last_error, o.receipt, o.created_at, o.updated_at, o.finished_at
+  FROM pgfence.outbox o WHERE o.id = p_id;
+END
+$$;
+REVOKE ALL ON FUNCTION pgfence.outbox_get(bigint) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION pgfence.outbox_get(bigint) TO pgfence_client, pgfence_executor, pgfence_admin;
+COMMENT ON FUNCTION pgfence.outbox_get(bigint) IS
+  'One message with its delivery state (status, attempts, owner and lease, last error, receipt).
+Errors: 22004 (id NULL), P0002 (unknown id).';
+
+-- ---------------------------------------------------------------------------------------------
+-- Views for operators (psql: \d+ pgfence.outbox_summary explains every column)
+-- ---------------------------------------------------------------------------------------------
+CREATE OR REPLACE VIEW pgfence.outbox_summary AS
+SELECT o.channel,
+       o.status,
+       count(*)                                                         AS messages,
+       min(o.created_at)                                                AS oldest_created_at,
+       CASE WHEN o.status = 'pending' THEN
+         now() - min(o.next_attempt_at) FILTER (WHERE o.next_attempt_at <= now())
+       END                                                              AS oldest_due_age,
+       count(*) FILTER (WHERE o.status = 'pending' AND o.next_attempt_at > now()) AS deferred,
+       count(*) FILTER (WHERE o.status = 'processing' AND o.lease_expires_at < now()) AS lapsed_leases,
+       max(o.attempts)                                                  AS max_attempts_used
+FROM pgfence.outbox o
+GROUP BY o.channel, o.status;
+REVOKE ALL ON pgfence.outbox_summary FROM PUBLIC;
+GRANT SELECT ON pgfence.outbox_summary TO pgfence_admin;
+COMMENT ON VIEW pgfence.outbox_summary IS
+  'Operators: message counts per outbox channel and status, with the oldest and the overdue.
+One row per channel and status (\d+ explains each column). Counts every row: after a long run
+without purge it scans the whole outbox.';
+
+COMMENT ON COLUMN pgfence.outbox_summary.channel IS 'The outbox channel.';
+COMMENT ON COLUMN pgfence.outbox_summary.status IS 'pending, processing, sent, failed or dead.';
+COMMENT ON COLUMN pgfence.outbox_summary.messages IS 'How many messages of the channel are in this status.';
+COMMENT ON COLUMN pgfence.outbox_summary.oldest_created_at IS 'When the oldest of them was enqueued.';
+COMMENT ON COLUMN pgfence.outbox_summary.oldest_due_age IS
+  'Pending only: how long the most overdue due message has waited since its due time (NULL: none due).';
+COMMENT ON COLUMN pgfence.outbox_summary.deferred IS
+  'Pending messages not due yet: waiting out a retry backoff or their deliver_at.';
+COMMENT ON COLUMN pgfence.outbox_summary.lapsed_leases IS
+  'Processing messages past their lease (database clock): the reaper (outbox_reap) will take them back.';
+COMMENT ON COLUMN pgfence.outbox_summary.max_attempts_used IS 'The highest attempts count among them.';
+
+CREATE OR REPLACE VIEW pgfence.outbox_leases AS
+SELECT o.locked_by                          AS worker,
+       o.channel,
+       count(*)                             AS held,
+       min(o.claimed_at)                    AS oldest_claim_at,
+       min(o.lease_expires_at)              AS next_expiry,
+       count(*) FILTER (WHERE o.lease_expires_at < now()) AS lapsed
+FROM pgfence.outbox o
+WHERE o.status = 'processing'
+GROUP BY o.locked_by, o.channel;
+REVOKE ALL ON pgfence.outbox_leases FROM PUBLIC;
+GRANT SELECT ON pgfence.outbox_leases TO pgfence_admin;
+COMMENT ON VIEW pgfence.outbox_leases IS
+  'Operators: who holds outbox leases right now, per worker and channel (database clock).
+Only messages being delivered (processing), with the earliest expiry and how many already lapsed.';
+
+COMMENT ON COLUMN pgfence.outbox_leases.worker IS 'The worker holding the leases (the name it claimed with).';
+COMMENT ON COLUMN pgfence.outbox_leases.channel IS 'The outbox channel.';
+COMMENT ON COLUMN pgfence.outbox_leases.held IS 'How many messages of the channel it is delivering (processing).';
+COMMENT ON COLUMN pgfence.outbox_leases.oldest_claim_at IS 'When it claimed the oldest of them.';
+COMMENT ON COLUMN pgfence.outbox_leases.next_expiry IS 'The earliest lease deadline among them (database clock).';
+COMMENT ON COLUMN pgfence.outbox_leases.lapsed IS
+  'How many of its leases already lapsed: the worker may be dead or stalled; the reaper takes them back.';
+
+CREATE OR REPLACE FUNCTION pgfence.outbox_list(
+  p_channel text DEFAULT NULL,
+  p_status  text DEFAULT NULL,
+  p_limit   integer DEFAULT 100
+)
+RETURNS TABLE (
+  id bigint, channel text, recipient text, idempotency_key text, status text, attempts integer,
+  max_attempts integer, next_attempt_at timestamptz, locked_by text, lease_expires_at timestamptz,
+  last_error text, created_at timestamptz, finished_at timestamptz
+)
+LANGUAGE plpgsql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pgfence, pg_temp
+AS $$
+#variable_conflict use_column
+BEGIN
+  IF p_status IS NOT NULL AND p_status NOT IN ('pending', 'processing', 'sent', 'failed', 'dead') THEN
+    RAISE EXCEPTION 'outbox_list: unknown status "%"', p_status
+      USING ERRCODE = '22023', DETAIL = 'The outbox status machine has five statuses.',
+            HINT = 'One of pending, processing, sent, failed, dead.';
+  END IF;
+  IF p_limit IS NULL OR p_limit NOT BETWEEN 1 AND 10000 THEN
+    RAISE EXCEPTION 'outbox_list: limit must be between 1 and 10000, got %', p_limit
+      USING ERRCODE = '22023', DETAIL = 'The list is meant for a screen, newest first.',
+            HINT = 'Narrow it by channel and status, or read pgfence.outbox_summary for counts.';
+  END IF;
+  RETURN QUERY
+  SELECT o.id, o.channel, o.recipient, o.idempotency_key, o.status, o.attempts, o.max_attempts,
+         o.next_attempt_at, o.locked_by, o.lease_expires_at, o.last_error, o.created_at, o.finished_at
+  FROM pgfence.outbox o
+  WHERE (p_channel IS NULL OR o.channel = p_channel)
+    AND (p_status IS NULL OR o.status = p_status)
+  ORDER BY o.id DESC
+  LIMIT p_limit;
+END
+$$;
+REVOKE ALL ON FUNCTION pgfence.outbox_list(text, text, integer) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION pgfence.outbox_list(text, text, integer) TO pgfence_admin;
+COMMENT ON FUNCTION pgfence.outbox_list(text, text, integer) IS
+  'Operators: the newest messages (highest id first), of one channel and/or status, no payloads.
+Errors: 22023 (unknown status, limit outside 1..10000).';
