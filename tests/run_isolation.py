@@ -1,7 +1,7 @@
 """Run the isolation-tester specs (tests/isolation/specs/*.spec) against a fresh migrated database.
 
-Usage: ``python tests/run_isolation.py [--accept] [spec names]`` with ``$DATABASE_URL`` pointing at a server
-where the user may create databases (``make test`` starts a throwaway one). Creates
+Usage: ``python tests/run_isolation.py [--accept] [spec names]`` with ``$DATABASE_URL`` pointing
+at a server where the user may create databases (``make test`` starts a throwaway one). Creates
 ``pgfence_iso_<pid>`` and migrates it as the non-superuser login ``support.OWNER``, exactly as
 tests/run_pgtap.py does, then runs PostgreSQL's own ``pg_isolation_regress`` (from
 ``postgresql-client-<major>``: ``$(pg_config --pkglibdir)/pgxs/src/test/isolation/``) with
@@ -37,10 +37,9 @@ from support import OWNER
 
 HERE = Path(__file__).resolve().parent
 ISOLATION = HERE / "isolation"
-#: Specs that run as the admin login, and why.
+#: Specs that run as the admin login, and why (the isolation tester opens every session of a
+#: spec with the same login).
 AS_ADMIN = {
-    # Its fixtures propose and approve plans from one login, which four eyes allows only to a
-    # superuser (the isolation tester opens every session with the same login).
     "plan-concurrency": "proposes and approves plans from one login (four eyes exempts only a superuser)",
 }
 #: Seconds a step may run without finishing or blocking before the tester cancels it.
