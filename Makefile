@@ -1,6 +1,7 @@
 # pgfence — the two commands a new user needs:
 #   make demo   the outbox (and every module) on a throwaway embedded PostgreSQL
-#   make test   pgTAP suites (pg_prove) + pytest, against a throwaway cluster or $DATABASE_URL
+#   make test   pgTAP suites (pg_prove), isolation specs (pg_isolation_regress) + pytest, against a
+#               throwaway cluster or $DATABASE_URL
 # Everything is installed on first use: system packages via tools/ensure-system-deps.sh (apt, as
 # root), Python packages into .venv.
 
@@ -11,11 +12,11 @@ PGFENCE := $(VENV)/bin/pgfence
 PYTEST_ARGS ?=
 FUZZ_SECONDS ?= 900
 
-.PHONY: help venv deps test-deps demo test test-here pgtap pytest fuzz bench lint schema clean
+.PHONY: help venv deps test-deps demo test test-here pgtap isolation pytest fuzz bench lint schema clean
 
 help:
 	@echo "make demo    run the demo on a throwaway PostgreSQL"
-	@echo "make test    pgTAP + pytest (installs what it needs)"
+	@echo "make test    pgTAP + isolation specs + pytest (installs what it needs)"
 	@echo "make fuzz    the fuzzer of every public function, longer (FUZZ_SECONDS=$(FUZZ_SECONDS)), random seeds"
 	@echo "make bench   benchmarks (prints numbers and ratios, writes bench/results/)"
 	@echo "make lint    ruff + mypy"
@@ -43,10 +44,14 @@ demo: venv deps
 test: venv test-deps
 	@$(PGFENCE) db run -- $(MAKE) --no-print-directory test-here
 
-test-here: pgtap pytest
+test-here: pgtap isolation pytest
 
 pgtap:
 	$(PY) tests/run_pgtap.py
+
+# The races between sessions, run by PostgreSQL's isolation tester (tests/isolation/specs).
+isolation:
+	$(PY) tests/run_isolation.py
 
 pytest:
 	$(PY) -m pytest $(PYTEST_ARGS)

@@ -39,12 +39,39 @@ _PGENV = {
 AS_OWNER = {"00_core.sql", "10_outbox.sql", "40_document.sql", "99_owner.sql"}
 
 
+def libpq_env(dsn: str) -> dict[str, str]:
+    """``os.environ`` plus ``dsn``'s connection parameters as libpq's PG* variables (PGHOST,
+    PGPORT, PGUSER, PGDATABASE, ...), for the tools that take a database name, not a DSN."""
+    env = dict(os.environ)
+    for key, value in conninfo_to_dict(dsn).items():
+        if key in _PGENV and value is not None:
+            env[_PGENV[key]] = str(value)
+    return env
+
+
+def install_test_database(admin: str, name: str) -> tuple[str, bool]:
+    """Create database ``name`` and migrate it as :data:`support.OWNER` (``install_as_owner``).
+
+    Returns its admin DSN and whether the owner login installed it; if so, that login is made a
+    member of the three group roles (so that the suites can run as the owner).
+    """
+    dsn = install_as_owner(admin, name)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        owner = conn.execute("SELECT pg_get_userbyid(nspowner) FROM pg_namespace"
+                             " WHERE nspname = 'pgfence'").fetchone()
+        as_owner = bool(owner and owner[0] == OWNER)
+        if as_owner:
+            conn.execute(sql.SQL("GRANT pgfence_client, pgfence_executor, pgfence_admin TO {}")
+                         .format(sql.Identifier(OWNER)))
+    return dsn, as_owner
+
+
 def main(argv: list[str]) -> int:
     admin = resolve_dsn()
     name = f"pgfence_pgtap_{os.getpid()}"
     drop_database(admin, name)
     try:
-        dsn = install_as_owner(admin, name)
+        dsn, as_owner = install_test_database(admin, name)
         with psycopg.connect(dsn, autocommit=True) as conn:
             conn.execute("CREATE EXTENSION IF NOT EXISTS pgtap")
             conn.execute("CREATE EXTENSION IF NOT EXISTS dblink")
@@ -53,21 +80,12 @@ def main(argv: list[str]) -> int:
                     sql.Identifier(name), sql.Literal(dsn)
                 )
             )
-            owner = conn.execute("SELECT pg_get_userbyid(nspowner) FROM pg_namespace"
-                                 " WHERE nspname = 'pgfence'").fetchone()
-            if owner and owner[0] == OWNER:
-                conn.execute(sql.SQL("GRANT pgfence_client, pgfence_executor, pgfence_admin TO {}")
-                             .format(sql.Identifier(OWNER)))
-        as_owner = bool(owner and owner[0] == OWNER)
         files = [a for a in argv if not a.startswith("-")] or sorted(
             str(p) for p in (HERE / "pgtap").glob("*.sql")
         )
         opts = [a for a in argv if a.startswith("-")]
         # pg_prove hands --dbname to psql as a plain name; pass the connection as PG* variables.
-        env = dict(os.environ)
-        for key, value in conninfo_to_dict(dsn).items():
-            if key in _PGENV and value is not None:
-                env[_PGENV[key]] = str(value)
+        env = libpq_env(dsn)
         groups = [
             ({**env, "PGUSER": OWNER}, [f for f in files if as_owner and Path(f).name in AS_OWNER]),
             (env, [f for f in files if not (as_owner and Path(f).name in AS_OWNER)]),

@@ -2,9 +2,11 @@
 # Make sure the machine has what pgfence's demo and tests need, installing it with apt when we
 # are root on Debian/Ubuntu, or saying exactly what to install otherwise.
 #   tools/ensure-system-deps.sh            PostgreSQL server binaries (initdb, pg_ctl, postgres)
-#   tools/ensure-system-deps.sh --pgtap    ... plus pgTAP, pg_prove, PgBouncer, and headless Chromium
+#   tools/ensure-system-deps.sh --pgtap    ... plus pgTAP, pg_prove, the isolation tester
+#                                          (pg_isolation_regress), PgBouncer, and headless Chromium
 #                                          with its chromedriver for the browser tests (for `make test`)
-# With DATABASE_URL set, the server binaries are not needed (only psql/pg_prove for pgTAP).
+# With DATABASE_URL set, the server binaries are not needed (only psql/pg_prove for pgTAP and
+# pg_isolation_regress of the server's major version for the isolation specs).
 set -euo pipefail
 
 want_pgtap=0
@@ -76,6 +78,22 @@ if [ "$want_pgtap" = 1 ]; then
     else
       echo "pgfence: pgTAP and pg_prove are needed for 'make test'." >&2
       echo "  Install them: sudo apt-get install postgresql-$major-pgtap   (brings pg_prove)" >&2
+      exit 1
+    fi
+  fi
+  # The isolation specs (tests/run_isolation.py) run PostgreSQL's own isolation tester.
+  # Debian ships it in postgresql-client-<major>, under the pkglibdir of that major version.
+  isolation=/usr/lib/postgresql/$major/lib/pgxs/src/test/isolation/pg_isolation_regress
+  if [ ! -x "$isolation" ] && command -v pg_config >/dev/null 2>&1; then
+    isolation=$(pg_config --pkglibdir)/pgxs/src/test/isolation/pg_isolation_regress
+  fi
+  if [ ! -x "$isolation" ]; then
+    if can_apt; then
+      echo "pgfence: installing the isolation tester for PostgreSQL $major (apt)..." >&2
+      apt_install "postgresql-client-$major"
+    else
+      echo "pgfence: pg_isolation_regress (PostgreSQL's isolation tester) is needed for 'make test'." >&2
+      echo "  Install it: sudo apt-get install postgresql-client-$major" >&2
       exit 1
     fi
   fi
