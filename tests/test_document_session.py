@@ -34,8 +34,8 @@ from pgfence.documents import (
     SyncDocumentSession,
     api,
 )
-from pgfence.documents.faults import FaultyLink
 from pgfence.errors import NotFound
+from pgfence_demo.faults import FaultyLink
 
 T = TypeVar("T")
 NO_PREPARE = {"prepare_threshold": None}  # keep statement text on the wire for FaultyLink(match=)

@@ -16,7 +16,7 @@ import pytest
 
 from handlers import read_records
 from pgfence import outbox
-from pgfence.demo.receivers import SmtpSink, WebhookReceiver
+from pgfence_demo.receivers import SmtpSink, WebhookReceiver
 from support import Proc, scalar, wait_for
 
 FAST = ["--poll-interval", "0.5", "--reap-interval", "0.3", "--grace", "10"]

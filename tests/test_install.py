@@ -28,8 +28,8 @@ import pytest
 from catalog import catalog, diff
 from pgfence import SCHEMA_VERSION, __version__
 from pgfence.db import with_dbname
-from pgfence.demo.receivers import WebhookReceiver
 from pgfence.embedded import ClusterInfo
+from pgfence_demo.receivers import WebhookReceiver
 from support import psql_file, wait_for, with_user
 from test_audit_docs import sql_blocks
 from test_docs import BOOTSTRAP, README

@@ -15,10 +15,10 @@ import psycopg
 import pytest
 
 from pgfence import plan
-from pgfence.demo.receivers import WebhookReceiver
 from pgfence.executor import Executor, ExecutorConfig
 from pgfence.plan.module import PlanModule
 from pgfence.transports import WebhookTransport
+from pgfence_demo.receivers import WebhookReceiver
 from support import Proc, scalar, wait_for
 
 FAST = ["--poll-interval", "0.5", "--reap-interval", "0.3", "--grace", "10"]

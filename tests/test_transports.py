@@ -8,7 +8,6 @@ from collections.abc import Iterator
 
 import pytest
 
-from pgfence.demo.receivers import SmtpSink, WebhookReceiver, free_port
 from pgfence.outbox import Claimed
 from pgfence.transports import (
     CallableTransport,
@@ -18,6 +17,7 @@ from pgfence.transports import (
     WebhookTransport,
     parse_route,
 )
+from pgfence_demo.receivers import SmtpSink, WebhookReceiver, free_port
 
 
 def message(mid: int, recipient: str, payload: dict[str, object] | None = None,

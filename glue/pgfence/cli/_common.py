@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import datetime as dt
 import decimal
+import importlib
 import json
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from types import ModuleType
 from typing import Any
 
 import click
@@ -33,6 +35,32 @@ class CliState:
 
 
 pass_state = click.make_pass_decorator(CliState)
+
+#: The demo scenes and the stand-ins they run (receivers, the operation simulator, the fault
+#: proxy): a package of the source checkout, not of the pgfence wheel.
+DEMO_PACKAGE = "pgfence_demo"
+
+
+class DemoNotInstalled(RuntimeError):
+    """A command that needs :data:`DEMO_PACKAGE` runs where only the pgfence wheel is installed."""
+
+
+def import_demo(module: str, command: str) -> ModuleType:
+    """Import ``pgfence_demo.<module>`` for ``command`` (e.g. ``"pgfence demo"``).
+
+    Raises:
+        DemoNotInstalled: the package is absent; the message (one line) says what to install.
+    """
+    name = f"{DEMO_PACKAGE}.{module}" if module else DEMO_PACKAGE
+    try:
+        return importlib.import_module(name)
+    except ModuleNotFoundError as exc:
+        if exc.name not in (DEMO_PACKAGE, name):
+            raise
+        raise DemoNotInstalled(
+            f"{command} needs the package {DEMO_PACKAGE}, which the pgfence wheel does not "
+            "include: install pgfence from its source checkout (`make demo` there, or "
+            "`pip install -e <checkout>`)") from None
 
 
 @contextmanager

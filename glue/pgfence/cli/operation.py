@@ -12,7 +12,7 @@ from typing import Any
 import click
 
 from .. import operation as api
-from ._common import CliState, db_conn, emit, emit_one, json_option, pass_state
+from ._common import CliState, db_conn, emit, emit_one, import_demo, json_option, pass_state
 
 
 @click.group("op")
@@ -143,11 +143,10 @@ def wait(state: CliState, operation_id: int, timeout: float, interval: float,
 @click.option("--result-delay", type=click.FloatRange(0), default=0.0, show_default=True)
 def simulator(host: str, port: int, mode: str, queue_time: float, run_time: float,
               start_delay: float, result_delay: float) -> None:
-    """Run the local slow-operations HTTP service (see pgfence.operation.simulator)."""
-    from ..operation.simulator import Simulator, run
-
+    """Run the local slow-operations HTTP service (see pgfence_demo.simulator)."""
+    sim_module = import_demo("simulator", "pgfence op simulator")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s simulator: %(message)s",
                         force=True)
-    sim = Simulator(mode=mode, queue_time=queue_time, run_time=run_time,
-                    start_delay=start_delay, result_delay=result_delay)
-    asyncio.run(run(sim, host, port))
+    sim = sim_module.Simulator(mode=mode, queue_time=queue_time, run_time=run_time,
+                               start_delay=start_delay, result_delay=result_delay)
+    asyncio.run(sim_module.run(sim, host, port))

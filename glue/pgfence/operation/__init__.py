@@ -12,7 +12,8 @@ owns. The SQL strings are module constants so that the async executor
 (PostgreSQL ``interval``); times are aware ``datetime`` on the database clock.
 
 Submodules: :mod:`.handlers` (what an executor calls per operation kind),
-:mod:`.module` (the executor module), :mod:`.simulator` (a local slow-operations HTTP service).
+:mod:`.module` (the executor module). The local slow-operations HTTP service that the demo and
+the tests call is ``pgfence_demo.simulator`` (source checkout only).
 """
 
 from __future__ import annotations
