@@ -62,7 +62,7 @@ import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
 from ..db import aschema_version, check_version
-from ..errors import NotFound, PgfenceError, SerializationFailure
+from ..errors import TRANSIENT_SQLSTATES, NotFound, PgfenceError, SerializationFailure
 from . import api
 from .api import JsonText, MergeResult
 from .connections import ConnectionSource, DirectConnections
@@ -192,11 +192,6 @@ class _Attempt:
     content: Any
     generation: int
     snapshot_id: str
-
-
-#: SQLSTATEs a call may be retried on as is (the HTTP API answers each of them 503).
-TRANSIENT_SQLSTATES = frozenset({"40001", "40P01", "55P03", "57014", "57P01", "57P02", "57P03",
-                                 "53300"})
 
 
 def is_transient(exc: BaseException) -> bool:
