@@ -99,5 +99,5 @@ def test_the_http_table_and_the_sessions_retries_come_from_the_one_table() -> No
     assert {c: r.http for c, r in errors.SQLSTATES.items() if r.http} == HTTP_BY_SQLSTATE
     assert TRANSIENT_SQLSTATES is errors.TRANSIENT_SQLSTATES
     assert {c for c, r in errors.SQLSTATES.items() if r.transient} == TRANSIENT_SQLSTATES
-    assert TRANSIENT_SQLSTATES == {"40001", "40P01", "55P03", "57014", "57P01", "57P02", "57P03",
-                                   "53300"}
+    assert {"40001", "40P01", "55P03", "57014", "57P01", "57P02", "57P03",
+            "53300"} == TRANSIENT_SQLSTATES
