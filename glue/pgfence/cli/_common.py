@@ -73,6 +73,22 @@ def db_conn(state: CliState) -> Iterator[psycopg.Connection[Any]]:
             raise translate(exc) from exc
 
 
+def parse_json(text: str, param_hint: str, want: type | None = None, want_text: str = "") -> Any:
+    """The JSON of a command-line argument (``param_hint`` names it in the error).
+
+    Raises:
+        click.BadParameter: ``text`` is not JSON, or not an instance of ``want`` (the message
+            is then ``want_text``, e.g. "must be a JSON object").
+    """
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise click.BadParameter(f"not JSON: {exc}", param_hint=param_hint) from exc
+    if want is not None and not isinstance(value, want):
+        raise click.BadParameter(want_text, param_hint=param_hint)
+    return value
+
+
 def _jsonable(value: Any) -> Any:
     if isinstance(value, dt.datetime | dt.date):
         return value.isoformat()

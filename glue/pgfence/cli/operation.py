@@ -4,7 +4,6 @@ local slow-operations simulator."""
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from typing import Any
@@ -12,7 +11,16 @@ from typing import Any
 import click
 
 from .. import operation as api
-from ._common import CliState, db_conn, emit, emit_one, import_demo, json_option, pass_state
+from ._common import (
+    CliState,
+    db_conn,
+    emit,
+    emit_one,
+    import_demo,
+    json_option,
+    parse_json,
+    pass_state,
+)
 
 
 @click.group("op")
@@ -44,12 +52,7 @@ def request(state: CliState, kind: str, target: str, params: str, idempotency_ke
 
     A second request for a TARGET that has an operation in flight fails (exit 1) and names it.
     """
-    try:
-        body = json.loads(params)
-    except json.JSONDecodeError as exc:
-        raise click.BadParameter(f"not JSON: {exc}", param_hint="PARAMS") from exc
-    if not isinstance(body, dict):
-        raise click.BadParameter("must be a JSON object", param_hint="PARAMS")
+    body = parse_json(params, "PARAMS", dict, "must be a JSON object")
     with db_conn(state) as conn:
         got = api.request(conn, kind, target, body, idempotency_key=idempotency_key,
                           requested_by=requested_by)
