@@ -20,7 +20,7 @@ from pathlib import Path
 import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from pgfence.demo.receivers import free_port
+from pgfence_demo.receivers import free_port
 
 SERVER_USER = "postgres"
 

@@ -19,6 +19,7 @@ import pytest
 
 from pgfence.db import create_database, drop_database
 from pgfence.embedded import ClusterInfo, EmbeddedPostgres
+from pgfence_demo.receivers import SmtpSink, WebhookReceiver
 from support import install_as_owner
 
 
@@ -99,3 +100,19 @@ def conn(db: str) -> Iterator[psycopg.Connection[tuple[object, ...]]]:
     """An autocommit connection to :func:`db`."""
     with psycopg.connect(db, autocommit=True) as c:
         yield c
+
+
+@pytest.fixture()
+def webhook() -> Iterator[WebhookReceiver]:
+    """A real HTTP receiver on a free local port (``.url``, ``.hits``), closed after."""
+    rec = WebhookReceiver()
+    yield rec
+    rec.close()
+
+
+@pytest.fixture()
+def smtp() -> Iterator[SmtpSink]:
+    """A real SMTP sink on a free local port (``.url``), closed after."""
+    sink = SmtpSink()
+    yield sink
+    sink.close()

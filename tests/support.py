@@ -24,6 +24,9 @@ from pgfence.migrate import migrate
 
 TESTS = Path(__file__).resolve().parent
 
+#: Executor options for tests: short poll and reaper intervals, a short grace.
+FAST = ["--poll-interval", "0.5", "--reap-interval", "0.3", "--grace", "10"]
+
 
 class Proc:
     """An executor subprocess with its combined output in a log file."""

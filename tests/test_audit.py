@@ -18,8 +18,8 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from pgfence import audit, operation, outbox, plan
 from pgfence.cli import main
-from pgfence.demo.receivers import WebhookReceiver
 from pgfence.errors import InvalidArgument, NotFound
+from pgfence_demo.receivers import WebhookReceiver
 from support import Proc, scalar, wait_for
 
 

@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 import psycopg
 import pytest
 
+from document_support import create, save_as, stored, versions
 from pgfence.documents import (
     ConflictPending,
     DocumentDeleted,
@@ -34,8 +35,8 @@ from pgfence.documents import (
     SyncDocumentSession,
     api,
 )
-from pgfence.documents.faults import FaultyLink
 from pgfence.errors import NotFound
+from pgfence_demo.faults import FaultyLink
 
 T = TypeVar("T")
 NO_PREPARE = {"prepare_threshold": None}  # keep statement text on the wire for FaultyLink(match=)
@@ -43,28 +44,6 @@ NO_PREPARE = {"prepare_threshold": None}  # keep statement text on the wire for 
 
 def run(coro: Awaitable[T]) -> T:
     return asyncio.run(coro)  # type: ignore[arg-type]
-
-
-def create(dsn: str, content: Any, kind: str = "record") -> int:
-    with psycopg.connect(dsn, autocommit=True) as c:
-        return api.create(c, kind, content, "setup")
-
-
-def stored(dsn: str, doc: int) -> api.Document:
-    with psycopg.connect(dsn, autocommit=True) as c:
-        return api.get(c, doc)
-
-
-def versions(dsn: str, doc: int) -> list[int]:
-    with psycopg.connect(dsn, autocommit=True) as c:
-        return sorted(r["version"] for r in api.history(c, doc, 10000))
-
-
-def save_as(dsn: str, doc: int, content: Any, user: str = "other") -> api.SaveResult:
-    """Another writer saves on top of whatever is stored (read, then CAS)."""
-    with psycopg.connect(dsn, autocommit=True) as c:
-        cur = api.get(c, doc)
-        return api.save(c, doc, cur.version, content, user)
 
 
 async def wait_for(pred: Callable[[], bool], timeout: float = 10.0) -> None:

@@ -39,7 +39,7 @@ from pgfence.documents import (
     SyncDocumentSession,
     api,
 )
-from pgfence.documents.faults import FaultyLink
+from pgfence_demo.faults import FaultyLink
 
 WRITERS = 3
 KEYS = ["a", "b", "c", "d"]

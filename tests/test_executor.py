@@ -8,7 +8,6 @@ import re
 import signal
 import time
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 
 import psycopg
@@ -16,24 +15,8 @@ import pytest
 
 from handlers import read_records
 from pgfence import outbox
-from pgfence.demo.receivers import SmtpSink, WebhookReceiver
-from support import Proc, scalar, wait_for
-
-FAST = ["--poll-interval", "0.5", "--reap-interval", "0.3", "--grace", "10"]
-
-
-@pytest.fixture()
-def webhook() -> Iterator[WebhookReceiver]:
-    rec = WebhookReceiver()
-    yield rec
-    rec.close()
-
-
-@pytest.fixture()
-def smtp() -> Iterator[SmtpSink]:
-    sink = SmtpSink()
-    yield sink
-    sink.close()
+from pgfence_demo.receivers import SmtpSink, WebhookReceiver
+from support import FAST, Proc, scalar, wait_for
 
 
 def configure(conn: psycopg.Connection, channel: str, lease: float, **kw: object) -> None:

@@ -25,7 +25,7 @@ import pytest
 
 from handlers import read_records
 from pgfence import outbox
-from pgfence.documents.faults import FaultyLink
+from pgfence_demo.faults import FaultyLink
 from support import Proc, scalar, wait_for
 
 # Short test settings: probes every 1 s, 1 s to answer; calls 2 s; connects 2 s (libpq's least,

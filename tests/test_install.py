@@ -1,8 +1,9 @@
 """Installing pgfence as a user would, each on a new cluster of its own (no pgfence role yet):
 
-- the built wheel in a new virtualenv: ``pgfence migrate`` as a login that owns its database and
-  has CREATEROLE (no superuser), then a client enqueues and an executor login delivers to a real
-  webhook; ``psql -f`` of the wheel's ``schema/pgfence.sql`` into another database gives the same
+- the built wheel in a new virtualenv: it holds the runtime package and nothing else (no demo
+  scenes, simulator or fault proxy; ``pgfence demo`` says in one line what to install);
+  ``pgfence migrate`` as a login that owns its database and has CREATEROLE (no superuser), then a
+  client enqueues and an executor login delivers to a real webhook; ``psql -f`` of the wheel's ``schema/pgfence.sql`` into another database gives the same
   catalog and ``pgfence migrate`` then changes nothing; an install without its SQL files says so
   in one line;
 - ``pgfence migrate`` as logins lacking one privilege each: one line naming the statement that
@@ -28,8 +29,8 @@ import pytest
 from catalog import catalog, diff
 from pgfence import SCHEMA_VERSION, __version__
 from pgfence.db import with_dbname
-from pgfence.demo.receivers import WebhookReceiver
 from pgfence.embedded import ClusterInfo
+from pgfence_demo.receivers import WebhookReceiver
 from support import psql_file, wait_for, with_user
 from test_audit_docs import sql_blocks
 from test_docs import BOOTSTRAP, README
@@ -101,6 +102,14 @@ def test_the_wheel_installs_migrates_and_delivers_from_a_fresh_venv(own_cluster:
                              check=True).stdout.split()
     missing = {t.removeprefix("glue/") for t in tracked} - shipped
     assert not missing, f"every file of the package ships, static assets too: {sorted(missing)}"
+    # ... and nothing else: the demo scenes, the receivers, the operation simulator and the
+    # fault proxy (glue/pgfence_demo) are not production code and stay out of the wheel.
+    assert {n.split("/", 1)[0] for n in shipped} == {"pgfence", f"pgfence-{__version__}.dist-info"}
+    demo_files = subprocess.run(["git", "ls-files", "glue/pgfence_demo"], cwd=ROOT, capture_output=True,
+                                text=True, check=True).stdout.split()
+    assert "glue/pgfence_demo/simulator.py" in demo_files and "glue/pgfence_demo/faults.py" in demo_files
+    for gone in ("pgfence/demo/", "pgfence/operation/simulator.py", "pgfence/documents/faults.py"):
+        assert not any(n.startswith(gone) for n in shipped), f"{gone} is not in the wheel"
 
     # A new virtualenv with the wheel installed (not editable). Its dependencies come from this
     # test's environment through a .pth line, so the test needs no package index; the editable
@@ -121,6 +130,13 @@ def test_the_wheel_installs_migrates_and_delivers_from_a_fresh_venv(own_cluster:
 
     version = run(cli, "--version", env=env, cwd=tmp_path)
     assert version.stdout.strip() == f"pgfence {__version__} (schema version {SCHEMA_VERSION})"
+
+    # Without the demo package, the commands that run it say in one line what to install.
+    assert run([py, "-c", "import pgfence_demo"], env=env, cwd=tmp_path).returncode == 1
+    for command in (["demo"], ["op", "simulator", "--port", "0"]):
+        line = one_line_error(run(cli, *command, env=env, cwd=tmp_path))
+        assert f"pgfence {' '.join(command[:2])} needs the package pgfence_demo" in line, line
+        assert "install pgfence from its source checkout" in line and "make demo" in line, line
 
     # The database's owner, with CREATEROLE and nothing else, installs pgfence and its roles.
     admin(own_cluster, "CREATE ROLE ops LOGIN CREATEROLE", "CREATE DATABASE app OWNER ops",

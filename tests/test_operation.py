@@ -23,7 +23,7 @@ from pgfence.errors import IdempotencyKeyReused, Immutable, InvalidArgument, Not
 from pgfence.operation import NotIssued, TargetBusy
 from pgfence.operation.handlers import ExternalState, SimulatorHandler, parse_handler
 from pgfence.operation.module import OperationModule
-from pgfence.operation.simulator import Simulator, serve
+from pgfence_demo.simulator import Simulator, serve
 from support import executor_until
 
 KIND = "test.reset"

@@ -1,7 +1,7 @@
 """Crash tests for long external operations, with real processes.
 
 The simulator and the executors are separate processes (``python -m
-pgfence.operation.simulator`` and ``python -m pgfence executor``). An executor is killed with
+pgfence_demo.simulator`` and ``python -m pgfence executor``). An executor is killed with
 SIGKILL (a) after recording its intent but before the reference, (b) after the reference while
 it polls, (c) while it finishes; a second executor then takes over. Both simulator modes are
 run: ``idempotent`` (the handler passes the idempotency key, the service honours it) and
@@ -41,7 +41,7 @@ LEASE = 3.0  # seconds; a killed owner's operation is taken over about this long
 def simulator(mode: str, log: Path, *, queue_time: float, run_time: float) -> Iterator[str]:
     """Run the simulator in its own process; yield its base URL."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "pgfence.operation.simulator", "--port", "0", "--mode", mode,
+        [sys.executable, "-m", "pgfence_demo.simulator", "--port", "0", "--mode", mode,
          "--queue-time", str(queue_time), "--run-time", str(run_time)],
         stdout=subprocess.PIPE, stderr=log.open("w"), text=True)
     try:

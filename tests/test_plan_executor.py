@@ -15,20 +15,11 @@ import psycopg
 import pytest
 
 from pgfence import plan
-from pgfence.demo.receivers import WebhookReceiver
 from pgfence.executor import Executor, ExecutorConfig
 from pgfence.plan.module import PlanModule
 from pgfence.transports import WebhookTransport
-from support import Proc, scalar, wait_for
-
-FAST = ["--poll-interval", "0.5", "--reap-interval", "0.3", "--grace", "10"]
-
-
-@pytest.fixture()
-def webhook() -> Iterator[WebhookReceiver]:
-    rec = WebhookReceiver()
-    yield rec
-    rec.close()
+from pgfence_demo.receivers import WebhookReceiver
+from support import FAST, Proc, scalar, wait_for
 
 
 @pytest.fixture()

@@ -12,9 +12,9 @@ import psycopg
 import pytest
 
 from pgfence import outbox
-from pgfence.demo.receivers import WebhookReceiver
 from pgfence.embedded import ClusterInfo, restart_cluster
 from pgfence.migrate import migrate
+from pgfence_demo.receivers import WebhookReceiver
 from support import Proc, scalar, wait_for
 
 

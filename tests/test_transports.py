@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
-from collections.abc import Iterator
 
 import pytest
 
-from pgfence.demo.receivers import SmtpSink, WebhookReceiver, free_port
 from pgfence.outbox import Claimed
 from pgfence.transports import (
     CallableTransport,
@@ -18,6 +16,7 @@ from pgfence.transports import (
     WebhookTransport,
     parse_route,
 )
+from pgfence_demo.receivers import SmtpSink, WebhookReceiver, free_port
 
 
 def message(mid: int, recipient: str, payload: dict[str, object] | None = None,
@@ -26,13 +25,6 @@ def message(mid: int, recipient: str, payload: dict[str, object] | None = None,
     return Claimed(id=mid, channel="hooks", recipient=recipient, payload=payload or {"n": mid},
                    idempotency_key=key, attempt=attempt, max_attempts=5,
                    lease=dt.timedelta(seconds=30), lease_expires_at=now, created_at=now)
-
-
-@pytest.fixture()
-def webhook() -> Iterator[WebhookReceiver]:
-    rec = WebhookReceiver()
-    yield rec
-    rec.close()
 
 
 def deliver(transport: object, msg: Claimed) -> object:

@@ -14,21 +14,10 @@ import pytest
 from selenium import webdriver
 from selenium.common.exceptions import WebDriverException
 
+from document_support import create, events_of, save_as, stored, versions
 from http_faults import HttpFaultProxy
 from pgfence.web import DEMO_USER_HEADER, ServerThread, serve_app, trusted_header_auth
-from web_support import (
-    JsError,
-    chromium,
-    create,
-    drafts_in,
-    events_of,
-    js,
-    open_session,
-    save_as,
-    stored,
-    versions,
-    wait_js,
-)
+from web_support import JsError, chromium, drafts_in, js, open_session, wait_js
 
 
 @pytest.fixture(scope="module")
@@ -75,7 +64,7 @@ def wait_state(driver: webdriver.Chrome, want: str, timeout: float = 10.0) -> No
 def test_page_loads_module_and_opens_a_session(browser: webdriver.Chrome, db: str,
                                                site: tuple[str, HttpFaultProxy]) -> None:
     base, _ = site
-    doc = create(db, "record", {"title": "a"})
+    doc = create(db, {"title": "a"})
     snap = open_session(browser, base, doc, "ann")
     assert snap["state"] == "clean" and snap["version"] == 1
     js(browser, "s.edit({...s.content, title: 'b'}); return await s.flush(5000);")
@@ -86,7 +75,7 @@ def test_page_loads_module_and_opens_a_session(browser: webdriver.Chrome, db: st
 def test_two_tabs_on_one_record_conflict_rebase_merges_disjoint_attributes_and_waits_on_the_same_one(
         browser: webdriver.Chrome, db: str, site: tuple[str, HttpFaultProxy]) -> None:
     base, _ = site
-    doc = create(db, "record", {"title": "Q3", "owner": "ann", "budget": 100})
+    doc = create(db, {"title": "Q3", "owner": "ann", "budget": 100})
     tab_a = browser.current_window_handle
     open_session(browser, base, doc, "ann")
     tab_b = new_tab(browser)
@@ -131,9 +120,9 @@ def test_two_tabs_on_one_record_conflict_rebase_merges_disjoint_attributes_and_w
 def test_a_sheet_conflict_never_merges(browser: webdriver.Chrome, db: str,
                                        site: tuple[str, HttpFaultProxy]) -> None:
     base, _ = site
-    doc = create(db, "sheet", {"A1": 1, "B1": 2})
+    doc = create(db, {"A1": 1, "B1": 2}, kind="sheet")
     open_session(browser, base, doc, "bob")
-    save_as(db, doc, {"A1": 10, "B1": 2}, "ann")              # ann sets A1
+    assert save_as(db, doc, {"A1": 10, "B1": 2}, "ann").ok   # ann sets A1
     js(browser, "s.edit({A1: 1, B1: 20});")                   # bob sets B1 on version 1
     assert js(browser, "try { await s.flush(5000); } catch (e) { return e.name; }") == "ConflictPending"
     got = js(browser, "try { await s.rebase(); return null; } catch (e) { "
@@ -149,7 +138,7 @@ def test_a_sheet_conflict_never_merges(browser: webdriver.Chrome, db: str,
 def test_a_dropped_answer_of_a_committed_save_is_retried_with_the_same_key(
         browser: webdriver.Chrome, db: str, site: tuple[str, HttpFaultProxy]) -> None:
     base, proxy = site
-    doc = create(db, "record", {"title": "a"})
+    doc = create(db, {"title": "a"})
     open_session(browser, base, doc, "ann")
     dropped = proxy.drop_next("PUT", f"/documents/{doc}")
     js(browser, "s.edit({title: 'b'});")
@@ -171,7 +160,7 @@ def test_a_dropped_answer_of_a_committed_save_is_retried_with_the_same_key(
 def test_a_tab_killed_during_the_debounce_leaves_a_draft_offered_on_reload_not_applied(
         browser: webdriver.Chrome, db: str, site: tuple[str, HttpFaultProxy]) -> None:
     base, _ = site
-    doc = create(db, "record", {"title": "a", "notes": ""})
+    doc = create(db, {"title": "a", "notes": ""})
     spare = browser.current_window_handle
     new_tab(browser)
     open_session(browser, base, doc, "carol", debounceMs=60000, flushOnHide=False)
@@ -197,7 +186,7 @@ def test_a_tab_killed_during_the_debounce_leaves_a_draft_offered_on_reload_not_a
 def test_two_tabs_drafts_survive_each_other(browser: webdriver.Chrome, db: str,
                                             site: tuple[str, HttpFaultProxy]) -> None:
     base, _ = site
-    doc = create(db, "record", {"a": 0, "b": 0})
+    doc = create(db, {"a": 0, "b": 0})
     tab_a = browser.current_window_handle
     open_session(browser, base, doc, "ann", debounceMs=60000, flushOnHide=False)
     js(browser, "s.edit({...s.content, a: 1});")
@@ -222,12 +211,12 @@ def test_two_tabs_drafts_survive_each_other(browser: webdriver.Chrome, db: str,
 def test_an_older_read_answer_arriving_after_a_newer_one_is_dropped(
         browser: webdriver.Chrome, db: str, site: tuple[str, HttpFaultProxy]) -> None:
     base, proxy = site
-    doc = create(db, "record", {"title": "v1"})
+    doc = create(db, {"title": "v1"})
     open_session(browser, base, doc, "ann")
     held = proxy.hold_next("GET", f"/documents/{doc}")
     browser.execute_script("window.first = s.refresh();")     # read #1: its answer is held
     assert held.captured.wait(10)
-    save_as(db, doc, {"title": "v2"})
+    assert save_as(db, doc, {"title": "v2"}, "server-writer").ok
     assert js(browser, "return await s.refresh();") is True   # read #2 applies version 2
     held.release()                                            # read #1's (version 1) arrives
     assert js(browser, "return await window.first;") is False
@@ -238,7 +227,7 @@ def test_an_older_read_answer_arriving_after_a_newer_one_is_dropped(
 def test_discard_and_reload_while_the_server_is_unreachable_keeps_the_local_copy(
         browser: webdriver.Chrome, db: str, site: tuple[str, HttpFaultProxy]) -> None:
     base, proxy = site
-    doc = create(db, "record", {"title": "a"})
+    doc = create(db, {"title": "a"})
     open_session(browser, base, doc, "ann", requestTimeoutMs=3000)
     proxy.down()
     js(browser, "s.edit({title: 'mine'});")
@@ -255,7 +244,7 @@ def test_discard_and_reload_while_the_server_is_unreachable_keeps_the_local_copy
 def test_closing_the_tab_sends_the_pending_save_with_keepalive(
         browser: webdriver.Chrome, db: str, site: tuple[str, HttpFaultProxy]) -> None:
     base, _ = site
-    doc = create(db, "record", {"title": "a"})
+    doc = create(db, {"title": "a"})
     new_tab(browser)
     open_session(browser, base, doc, "ann", debounceMs=60000)
     js(browser, "s.edit({title: 'closing'});")
@@ -314,7 +303,7 @@ def test_the_demo_page_shows_a_conflict_and_its_rebase_button_merges(
 def test_edits_debounce_into_one_save_and_an_edit_during_a_save_stays_pending(
         browser: webdriver.Chrome, db: str, site: tuple[str, HttpFaultProxy]) -> None:
     base, proxy = site
-    doc = create(db, "record", {"n": 0})
+    doc = create(db, {"n": 0})
     open_session(browser, base, doc, "ann", debounceMs=300)
     js(browser, "for (let i = 1; i <= 5; i++) s.edit({n: i});")  # one burst: one latest snapshot
     wait_js(browser, "s.state", lambda v: v == "clean", what="the burst to be saved")
@@ -340,7 +329,7 @@ def test_a_save_whose_upload_stalls_is_answered_408_and_retried_with_the_same_ke
         browser: webdriver.Chrome, db: str) -> None:
     app = serve_app(dsn=db, authenticate=trusted_header_auth(DEMO_USER_HEADER), body_timeout=1.0)
     with ServerThread(app) as server, HttpFaultProxy(server.port) as proxy:
-        doc = create(db, "record", {"title": "a"})
+        doc = create(db, {"title": "a"})
         open_session(browser, proxy.url, doc, "ann")
         stalled = proxy.stall_next("PUT", f"/documents/{doc}")
         js(browser, "s.edit({title: 'b'});")
@@ -359,8 +348,8 @@ def test_the_demo_page_shows_other_users_names_and_values_as_text_never_as_marku
     base, _ = site
     doc = open_demo(browser, f"{base}/demo/?user=ann")
     evil = "<img src=x onerror=window.pwned=1>"
-    save_as(db, doc, {"title": evil, "owner": "ann", "budget": 100, "notes": ""},
-            user="<img src=x onerror=window.pwned=2>")
+    assert save_as(db, doc, {"title": evil, "owner": "ann", "budget": 100, "notes": ""},
+                   user="<img src=x onerror=window.pwned=2>").ok
     browser.find_element(By.CSS_SELECTOR, "#record input[name=title]").send_keys(" (mine)")
     browser.find_element(By.CSS_SELECTOR, '#record [data-act="flush"]').click()
     wait_js(browser, "document.querySelector('#record .badge').textContent", lambda v: v == "conflict")
@@ -378,7 +367,7 @@ def test_two_tabs_asking_for_one_writer_id_never_share_its_draft_slot(
     """An app that keeps its writer id in sessionStorage gets it copied by "duplicate tab":
     the second live tab must not restore and overwrite the first one's draft."""
     base, _ = site
-    doc = create(db, "record", {"a": 0, "b": 0})
+    doc = create(db, {"a": 0, "b": 0})
     tab_a = browser.current_window_handle
     quiet = {"debounceMs": 60000, "flushOnHide": False}
     open_session(browser, base, doc, "ann", writerId="w1", **quiet)
@@ -402,7 +391,7 @@ def test_two_tabs_asking_for_one_writer_id_never_share_its_draft_slot(
 def test_adopting_a_draft_when_storage_is_full_keeps_the_draft(
         browser: webdriver.Chrome, db: str, site: tuple[str, HttpFaultProxy]) -> None:
     base, _ = site
-    doc = create(db, "record", {"title": "a"})
+    doc = create(db, {"title": "a"})
     open_session(browser, base, doc, "ann", writerId="short", debounceMs=60000, flushOnHide=False)
     js(browser, "s.edit({title: 'unsaved work'});")
     # a second session (string id: the same draft key) with a writer id longer than the space
@@ -441,7 +430,7 @@ def test_a_save_refused_401_goes_out_on_the_next_flush_once_the_app_has_a_fresh_
     secret = b"k" * 32
     app = serve_app(dsn=db, authenticate=bearer_token_auth(secret))
     with ServerThread(app) as server:
-        doc = create(db, "record", {"title": "a"})
+        doc = create(db, {"title": "a"})
         browser.get(f"{server.url}/")
         js(browser, """
           window.token = args[0];
@@ -465,7 +454,7 @@ def test_reloading_a_tab_restores_its_own_draft_under_its_writer_id(
     """The writer-id lock of the page being unloaded must not make its own reload look like a
     second live tab."""
     base, _ = site
-    doc = create(db, "record", {"title": "a"})
+    doc = create(db, {"title": "a"})
     for _ in range(3):
         open_session(browser, base, doc, "ann", writerId="w1", debounceMs=60000, flushOnHide=False)
         js(browser, "s.edit({title: 'typed ' + Math.random()});")

@@ -9,11 +9,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-import psycopg
 from selenium import webdriver
 from selenium.webdriver.chrome.service import Service
-
-from pgfence.documents import api
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"
@@ -105,36 +102,3 @@ def drafts_in(driver: webdriver.Chrome) -> list[dict[str, Any]]:
       }
       return out;""")
     return [json.loads(r) for r in raw]
-
-
-def create(dsn: str, kind: str, content: Any) -> int:
-    with psycopg.connect(dsn, autocommit=True) as c:
-        return api.create(c, kind, content, "setup")
-
-
-def stored(dsn: str, doc: int) -> api.Document:
-    with psycopg.connect(dsn, autocommit=True) as c:
-        return api.get(c, doc)
-
-
-def versions(dsn: str, doc: int) -> list[int]:
-    with psycopg.connect(dsn, autocommit=True) as c:
-        return sorted(r["version"] for r in api.history(c, doc, 10000))
-
-
-def save_as(dsn: str, doc: int, content: Any, user: str = "server-writer") -> int:
-    """Another writer saves on top of whatever is stored."""
-    with psycopg.connect(dsn, autocommit=True) as c:
-        cur = api.get(c, doc)
-        res = api.save(c, doc, cur.version, content, user)
-        assert res.outcome == "saved"
-        return res.version
-
-
-def events_of(dsn: str, doc: int, event: str) -> int:
-    with psycopg.connect(dsn, autocommit=True) as c:
-        row = c.execute("SELECT count(*) FROM pgfence.event WHERE module = 'document'"
-                        " AND item_id = %s AND event = %s", (doc, event)).fetchone()
-    return int(row[0]) if row else 0
-
-

@@ -20,23 +20,18 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
 from typing import Any
 
 import psycopg
-from psycopg.rows import dict_row
 
-from .errors import PgfenceError, register, translate
+from ._calls import rows
+
+# 42501 (functions/ERRORS.md), defined with every SQLSTATE in pgfence.errors and importable from
+# here as before.
+from .errors import PermissionDenied as PermissionDenied
+from .errors import translated
 
 logger = logging.getLogger(__name__)
-
-
-class PermissionDenied(PgfenceError):
-    """42501 insufficient_privilege: the role may not do this (e.g. ``pg_monitor`` purging)."""
-
-
-register("42501", PermissionDenied)
 
 #: The modules whose items audit_owner_of / audit_timeline / audit_purge accept.
 MODULES: tuple[str, ...] = ("outbox", "plan", "operation", "document")
@@ -66,27 +61,13 @@ SQL_PURGE = "CALL pgfence.audit_purge(%s::text, %s::interval, %s::int, NULL)"
 AnyConn = psycopg.Connection[Any]
 
 
-@contextmanager
-def _sqlstate() -> Iterator[None]:
-    try:
-        yield
-    except psycopg.Error as exc:
-        raise translate(exc) from exc
-
-
-def _rows(conn: AnyConn, query: str, params: Sequence[Any] = ()) -> list[dict[str, Any]]:
-    with _sqlstate(), conn.cursor(row_factory=dict_row) as cur:
-        cur.execute(query, params)
-        return cur.fetchall()
-
-
 def stuck(conn: AnyConn) -> list[dict[str, Any]]:
     """Every owned item whose lease or heartbeat lapsed (view ``pgfence.audit_stuck``).
 
     Columns: module, item_id, queue, status, owner, fence, claimed_at, last_seen_at,
     expired_at, overdue (timedelta), next (what pgfence does about it next). Most overdue first.
     """
-    return _rows(conn, SQL_STUCK)
+    return rows(conn, SQL_STUCK)
 
 
 def owned(conn: AnyConn, limit: int = 1000) -> list[dict[str, Any]]:
@@ -95,12 +76,12 @@ def owned(conn: AnyConn, limit: int = 1000) -> list[dict[str, Any]]:
     Columns: module, item_id, queue, status, owner, fence, claimed_at, last_seen_at,
     expires_at, remaining (timedelta, negative once lapsed), lapsed.
     """
-    return _rows(conn, SQL_OWNED, (limit,))
+    return rows(conn, SQL_OWNED, (limit,))
 
 
 def leases(conn: AnyConn) -> list[dict[str, Any]]:
     """Owned items per module, queue and owner: held, oldest_claim_at, next_expiry, lapsed."""
-    return _rows(conn, SQL_LEASES)
+    return rows(conn, SQL_LEASES)
 
 
 def owner_of(conn: AnyConn, module: str, item_id: int) -> dict[str, Any]:
@@ -117,8 +98,7 @@ def owner_of(conn: AnyConn, module: str, item_id: int) -> dict[str, Any]:
     Raises:
         InvalidArgument (22004/22023): missing or unknown module. NotFound (P0002): no such item.
     """
-    rows = _rows(conn, SQL_OWNER_OF, (module, item_id))
-    return rows[0]
+    return rows(conn, SQL_OWNER_OF, (module, item_id))[0]
 
 
 def timeline(conn: AnyConn, module: str, item_id: int) -> list[dict[str, Any]]:
@@ -129,7 +109,7 @@ def timeline(conn: AnyConn, module: str, item_id: int) -> list[dict[str, Any]]:
     transaction wrote the event or receipt; None for rows rebuilt from the item). Raises
     InvalidArgument or NotFound like :func:`owner_of`.
     """
-    return _rows(conn, SQL_TIMELINE, (module, item_id))
+    return rows(conn, SQL_TIMELINE, (module, item_id))
 
 
 def duplicates(conn: AnyConn, limit: int = 100) -> list[dict[str, Any]]:
@@ -138,12 +118,12 @@ def duplicates(conn: AnyConn, limit: int = 100) -> list[dict[str, Any]]:
     Columns of ``pgfence.audit_duplicates``: module, item_id, queue, status, reason, fences,
     lost_by, since, idempotency_key, check_downstream.
     """
-    return _rows(conn, SQL_DUPLICATES, (limit,))
+    return rows(conn, SQL_DUPLICATES, (limit,))
 
 
 def queue_health(conn: AnyConn) -> list[dict[str, Any]]:
     """One row per outbox channel, operation kind, and all plans (``audit_queue_health``)."""
-    return _rows(conn, SQL_QUEUE_HEALTH)
+    return rows(conn, SQL_QUEUE_HEALTH)
 
 
 def documents(conn: AnyConn, order: str = "conflicts", limit: int = 20) -> list[dict[str, Any]]:
@@ -151,7 +131,7 @@ def documents(conn: AnyConn, order: str = "conflicts", limit: int = 20) -> list[
     number of revisions (``order='revisions'``), from ``pgfence.audit_documents``."""
     if order not in ("conflicts", "revisions"):
         raise ValueError("order must be 'conflicts' or 'revisions'")
-    return _rows(conn, SQL_DOCUMENTS, (order, order, limit))
+    return rows(conn, SQL_DOCUMENTS, (order, order, limit))
 
 
 def purge(conn: AnyConn, module: str, older_than: dt.timedelta | None = None,
@@ -166,7 +146,7 @@ def purge(conn: AnyConn, module: str, older_than: dt.timedelta | None = None,
         InvalidArgument (22004/22023), PermissionDenied (42501: not pgfence_admin),
         psycopg errors (2D000 inside a transaction block).
     """
-    with _sqlstate(), conn.cursor() as cur:
+    with translated(), conn.cursor() as cur:
         row = cur.execute(SQL_PURGE, (module, older_than, batch_size)).fetchone()
     purged = int(row[0]) if row and row[0] is not None else 0
     logger.info("purged %d %s item(s)", purged, module)

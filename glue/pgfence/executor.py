@@ -63,7 +63,7 @@ from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
 from . import outbox as sql
-from .db import Liveness, check_version
+from .db import Liveness, aschema_version, check_version
 from .errors import MissingPrivilege
 from .outbox import Claimed
 from .transports import PermanentError, RetryableError, Transport
@@ -333,15 +333,7 @@ class Executor:
         async with await psycopg.AsyncConnection.connect(
                 self.dsn, **self.connect_kwargs(self.dsn, "executor")) as conn, \
                 bounded(conn, self.config.query_timeout, "start-up check"):
-            cur = await conn.execute(
-                "SELECT to_regprocedure('pgfence.schema_version()') IS NOT NULL")
-            installed = await cur.fetchone()
-            version = None
-            if installed and installed[0]:
-                cur = await conn.execute("SELECT pgfence.schema_version()")
-                row = await cur.fetchone()
-                version = int(row[0]) if row else None
-            check_version(version)
+            check_version(await aschema_version(conn))
             wanted = sorted({f for m in self.modules for f in m.functions})
             cur = await conn.execute(SQL_MISSING_GRANTS, (wanted,))
             missing = [str(r[0]) for r in await cur.fetchall()]

@@ -13,8 +13,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,7 +21,8 @@ import psycopg
 from psycopg.rows import class_row, dict_row, tuple_row
 from psycopg.types.json import Jsonb
 
-from .errors import translate
+from ._calls import scalar
+from .errors import translated
 
 logger = logging.getLogger(__name__)
 
@@ -82,22 +82,6 @@ class Claimed:
 AnyConn = psycopg.Connection[Any]
 
 
-@contextmanager
-def _sqlstate() -> Iterator[None]:
-    try:
-        yield
-    except psycopg.Error as exc:
-        raise translate(exc) from exc
-
-
-def _scalar(conn: AnyConn, query: str, params: Sequence[Any]) -> Any:
-    """First column of the first row, whatever row factory ``conn`` was opened with."""
-    with _sqlstate(), conn.cursor(row_factory=tuple_row) as cur:
-        cur.execute(query, params)
-        row = cur.fetchone()
-    return None if row is None else row[0]
-
-
 def enqueue(conn: AnyConn, channel: str, recipient: str, payload: dict[str, Any], *,
             idempotency_key: str | None = None, deliver_at: dt.datetime | None = None,
             max_attempts: int | None = None) -> int:
@@ -114,7 +98,7 @@ def enqueue(conn: AnyConn, channel: str, recipient: str, payload: dict[str, Any]
     Raises:
         InvalidArgument (22004/22023), IdempotencyKeyReused (PF003), SerializationFailure (40001).
     """
-    return int(_scalar(conn, SQL_ENQUEUE, (channel, recipient, Jsonb(payload), idempotency_key,
+    return int(scalar(conn, SQL_ENQUEUE, (channel, recipient, Jsonb(payload), idempotency_key,
                                            deliver_at, max_attempts)))
 
 
@@ -128,7 +112,7 @@ def enqueue_many(conn: AnyConn, channel: str, recipients: Sequence[str],
     Element *i* of ``recipients``/``payloads``/``idempotency_keys`` is message *i*. Same rules
     and errors as :func:`enqueue`; an invalid element rejects the whole call.
     """
-    with _sqlstate(), conn.cursor(row_factory=tuple_row) as cur:
+    with translated(), conn.cursor(row_factory=tuple_row) as cur:
         rows = cur.execute(
             SQL_ENQUEUE_MANY,
             (channel, list(recipients), [Jsonb(p) for p in payloads],
@@ -148,7 +132,7 @@ def claim(conn: AnyConn, worker: str, batch: int = 1, channels: Sequence[str] | 
     Raises:
         InvalidArgument (22023): empty worker, batch outside 1..10000, lease not in (0, 1 day].
     """
-    with _sqlstate(), conn.cursor(row_factory=class_row(Claimed)) as cur:
+    with translated(), conn.cursor(row_factory=class_row(Claimed)) as cur:
         cur.execute(SQL_CLAIM, (worker, batch, list(channels) if channels is not None else None, lease))
         return cur.fetchall()
 
@@ -160,7 +144,7 @@ def mark_sent(conn: AnyConn, message_id: int, attempt: int,
     Raises:
         NotFound (P0002): unknown id.
     """
-    return bool(_scalar(conn, SQL_MARK_SENT,
+    return bool(scalar(conn, SQL_MARK_SENT,
                         (message_id, attempt, Jsonb(receipt) if receipt is not None else None)))
 
 
@@ -182,7 +166,7 @@ def mark_sent_and_claim(conn: AnyConn, message_id: int, attempt: int, worker: st
         InvalidArgument (22004, 22023; then nothing is marked either), NotFound (P0002: unknown
         id; then nothing is claimed).
     """
-    with _sqlstate(), conn.cursor(row_factory=tuple_row) as cur:
+    with translated(), conn.cursor(row_factory=tuple_row) as cur:
         rows = cur.execute(SQL_MARK_SENT_AND_CLAIM, (
             message_id, attempt, Jsonb(receipt) if receipt is not None else None, worker, batch,
             list(channels) if channels is not None else None, lease)).fetchall()
@@ -197,23 +181,23 @@ def mark_failed(conn: AnyConn, message_id: int, attempt: int, error: str, *,
     Returns the new status (``pending`` = will retry after backoff, ``dead``, ``failed``), or
     None for a stale claim (lost race, nothing changed).
     """
-    status = _scalar(conn, SQL_MARK_FAILED, (message_id, attempt, error, retryable, retry_after))
+    status = scalar(conn, SQL_MARK_FAILED, (message_id, attempt, error, retryable, retry_after))
     return None if status is None else str(status)
 
 
 def reclaim_stale(conn: AnyConn, max_rows: int = 1000) -> int:
     """Run the outbox reaper once; return how many lapsed claims it took back."""
-    return int(_scalar(conn, SQL_RECLAIM, (max_rows,)) or 0)
+    return int(scalar(conn, SQL_RECLAIM, (max_rows,)) or 0)
 
 
 def requeue(conn: AnyConn, message_id: int, extra_attempts: int | None = None) -> bool:
     """Operator: retry a failed/dead message now (grants more attempts). False if not requeueable."""
-    return bool(_scalar(conn, SQL_REQUEUE, (message_id, extra_attempts)))
+    return bool(scalar(conn, SQL_REQUEUE, (message_id, extra_attempts)))
 
 
 def get(conn: AnyConn, message_id: int) -> dict[str, Any]:
     """One message with its delivery state. Raises NotFound (P0002) for an unknown id."""
-    with _sqlstate(), conn.cursor(row_factory=dict_row) as cur:
+    with translated(), conn.cursor(row_factory=dict_row) as cur:
         cur.execute(SQL_GET, (message_id,))
         row = cur.fetchone()
     assert row is not None
@@ -223,7 +207,7 @@ def get(conn: AnyConn, message_id: int) -> dict[str, Any]:
 def list_messages(conn: AnyConn, channel: str | None = None, status: str | None = None,
                   limit: int = 100) -> list[dict[str, Any]]:
     """Newest messages first, optionally filtered by channel and status (no payloads)."""
-    with _sqlstate(), conn.cursor(row_factory=dict_row) as cur:
+    with translated(), conn.cursor(row_factory=dict_row) as cur:
         cur.execute(SQL_LIST, (channel, status, limit))
         return cur.fetchall()
 
@@ -238,7 +222,7 @@ def configure_channel(conn: AnyConn, channel: str, *, max_attempts: int | None =
     ``channel='*'`` changes the defaults for channels without their own row. ``log_events``
     writes every transition of the channel's messages to ``pgfence.event``.
     """
-    with _sqlstate(), conn.cursor(row_factory=dict_row) as cur:
+    with translated(), conn.cursor(row_factory=dict_row) as cur:
         cur.execute(SQL_CONFIGURE,
                     (channel, max_attempts, backoff_base, backoff_cap, lease, log_events))
         row = cur.fetchone()

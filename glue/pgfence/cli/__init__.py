@@ -20,7 +20,7 @@ from ..embedded import PostgresNotFound
 from ..errors import PgfenceError
 from ..migrate import FunctionsError, InstallPrivilegeError
 from ..paths import SqlNotFound
-from ._common import CliState
+from ._common import CliState, DemoNotInstalled
 
 _ROLE_HINT = ("this database login lacks the pgfence role for that command (pgfence_client, "
               "pgfence_executor or pgfence_admin)")
@@ -46,7 +46,8 @@ class _Group(click.Group):
     def invoke(self, ctx: click.Context) -> object:
         try:
             return super().invoke(ctx)
-        except (NoDatabase, PostgresNotFound, SqlNotFound, InstallPrivilegeError, FunctionsError) as exc:
+        except (NoDatabase, PostgresNotFound, SqlNotFound, InstallPrivilegeError, FunctionsError,
+                DemoNotInstalled) as exc:
             click.echo(f"pgfence: {exc}", err=True)
             sys.exit(1)
         except PgfenceError as exc:

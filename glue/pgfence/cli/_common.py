@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import datetime as dt
 import decimal
+import importlib
 import json
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from types import ModuleType
 from typing import Any
 
 import click
@@ -34,6 +36,32 @@ class CliState:
 
 pass_state = click.make_pass_decorator(CliState)
 
+#: The demo scenes and the stand-ins they run (receivers, the operation simulator, the fault
+#: proxy): a package of the source checkout, not of the pgfence wheel.
+DEMO_PACKAGE = "pgfence_demo"
+
+
+class DemoNotInstalled(RuntimeError):
+    """A command that needs :data:`DEMO_PACKAGE` runs where only the pgfence wheel is installed."""
+
+
+def import_demo(module: str, command: str) -> ModuleType:
+    """Import ``pgfence_demo.<module>`` for ``command`` (e.g. ``"pgfence demo"``).
+
+    Raises:
+        DemoNotInstalled: the package is absent; the message (one line) says what to install.
+    """
+    name = f"{DEMO_PACKAGE}.{module}" if module else DEMO_PACKAGE
+    try:
+        return importlib.import_module(name)
+    except ModuleNotFoundError as exc:
+        if exc.name not in (DEMO_PACKAGE, name):
+            raise
+        raise DemoNotInstalled(
+            f"{command} needs the package {DEMO_PACKAGE}, which the pgfence wheel does not "
+            "include: install pgfence from its source checkout (`make demo` there, or "
+            "`pip install -e <checkout>`)") from None
+
 
 @contextmanager
 def db_conn(state: CliState) -> Iterator[psycopg.Connection[Any]]:
@@ -43,6 +71,22 @@ def db_conn(state: CliState) -> Iterator[psycopg.Connection[Any]]:
             yield conn
         except psycopg.Error as exc:
             raise translate(exc) from exc
+
+
+def parse_json(text: str, param_hint: str, want: type | None = None, want_text: str = "") -> Any:
+    """The JSON of a command-line argument (``param_hint`` names it in the error).
+
+    Raises:
+        click.BadParameter: ``text`` is not JSON, or not an instance of ``want`` (the message
+            is then ``want_text``, e.g. "must be a JSON object").
+    """
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise click.BadParameter(f"not JSON: {exc}", param_hint=param_hint) from exc
+    if want is not None and not isinstance(value, want):
+        raise click.BadParameter(want_text, param_hint=param_hint)
+    return value
 
 
 def _jsonable(value: Any) -> Any:

@@ -1,4 +1,4 @@
-"""``pgfence demo``: run the demo scenes (see :mod:`pgfence.demo`)."""
+"""``pgfence demo``: run the demo scenes (package ``pgfence_demo`` of the source checkout)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import click
 
 from ..db import create_database, drop_database
 from ..embedded import EmbeddedPostgres, save_dev_cluster
-from ._common import CliState, pass_state
+from ._common import CliState, import_demo, pass_state
 
 
 @click.command()
@@ -23,8 +23,7 @@ def demo(state: CliState, scenes: tuple[str, ...], keep: bool) -> None:
     Uses --dsn / DATABASE_URL when given (the demo's rows stay there, tagged with a run id);
     otherwise starts a throwaway PostgreSQL and removes it at the end (unless --keep).
     """
-    from ..demo import run_demo
-
+    run_demo = import_demo("", "pgfence demo").run_demo
     dsn = state.dsn or os.environ.get("DATABASE_URL")
     if dsn:
         sys.exit(run_demo(dsn, scenes or None))

@@ -4,7 +4,6 @@ local slow-operations simulator."""
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from typing import Any
@@ -12,7 +11,16 @@ from typing import Any
 import click
 
 from .. import operation as api
-from ._common import CliState, db_conn, emit, emit_one, json_option, pass_state
+from ._common import (
+    CliState,
+    db_conn,
+    emit,
+    emit_one,
+    import_demo,
+    json_option,
+    parse_json,
+    pass_state,
+)
 
 
 @click.group("op")
@@ -44,12 +52,7 @@ def request(state: CliState, kind: str, target: str, params: str, idempotency_ke
 
     A second request for a TARGET that has an operation in flight fails (exit 1) and names it.
     """
-    try:
-        body = json.loads(params)
-    except json.JSONDecodeError as exc:
-        raise click.BadParameter(f"not JSON: {exc}", param_hint="PARAMS") from exc
-    if not isinstance(body, dict):
-        raise click.BadParameter("must be a JSON object", param_hint="PARAMS")
+    body = parse_json(params, "PARAMS", dict, "must be a JSON object")
     with db_conn(state) as conn:
         got = api.request(conn, kind, target, body, idempotency_key=idempotency_key,
                           requested_by=requested_by)
@@ -143,11 +146,10 @@ def wait(state: CliState, operation_id: int, timeout: float, interval: float,
 @click.option("--result-delay", type=click.FloatRange(0), default=0.0, show_default=True)
 def simulator(host: str, port: int, mode: str, queue_time: float, run_time: float,
               start_delay: float, result_delay: float) -> None:
-    """Run the local slow-operations HTTP service (see pgfence.operation.simulator)."""
-    from ..operation.simulator import Simulator, run
-
+    """Run the local slow-operations HTTP service (see pgfence_demo.simulator)."""
+    sim_module = import_demo("simulator", "pgfence op simulator")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s simulator: %(message)s",
                         force=True)
-    sim = Simulator(mode=mode, queue_time=queue_time, run_time=run_time,
-                    start_delay=start_delay, result_delay=result_delay)
-    asyncio.run(run(sim, host, port))
+    sim = sim_module.Simulator(mode=mode, queue_time=queue_time, run_time=run_time,
+                               start_delay=start_delay, result_delay=result_delay)
+    asyncio.run(sim_module.run(sim, host, port))

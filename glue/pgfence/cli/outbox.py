@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import datetime as dt
-import json
 
 import click
 
 from .. import outbox as api
-from ._common import CliState, db_conn, emit, emit_one, json_option, pass_state
+from ._common import CliState, db_conn, emit, emit_one, json_option, parse_json, pass_state
 
 
 @click.group()
@@ -28,10 +27,7 @@ def outbox() -> None:
 def enqueue(state: CliState, channel: str, recipient: str, idempotency_key: str | None,
             delay: float | None, max_attempts: int | None, payload: str) -> None:
     """Enqueue one message with a JSON object PAYLOAD; prints its id."""
-    try:
-        body = json.loads(payload)
-    except json.JSONDecodeError as exc:
-        raise click.BadParameter(f"not JSON: {exc}", param_hint="PAYLOAD") from exc
+    body = parse_json(payload, "PAYLOAD")
     with db_conn(state) as conn:
         deliver_at = None
         if delay:

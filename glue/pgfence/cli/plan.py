@@ -12,7 +12,16 @@ from typing import Any
 import click
 
 from .. import plan as api
-from ._common import CliState, db_conn, emit, emit_one, fmt_value, json_option, pass_state
+from ._common import (
+    CliState,
+    db_conn,
+    emit,
+    emit_one,
+    fmt_value,
+    json_option,
+    parse_json,
+    pass_state,
+)
 
 
 def _steps_arg(value: str) -> list[dict[str, Any]]:
@@ -27,12 +36,7 @@ def _steps_arg(value: str) -> list[dict[str, Any]]:
             raise click.BadParameter(str(exc), param_hint="STEPS") from exc
     else:
         text = value
-    try:
-        steps = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise click.BadParameter(f"not JSON: {exc}", param_hint="STEPS") from exc
-    if not isinstance(steps, list):
-        raise click.BadParameter("a JSON array of steps", param_hint="STEPS")
+    steps: list[Any] = parse_json(text, "STEPS", list, "a JSON array of steps")
     return steps
 
 

@@ -6,8 +6,6 @@
   saves by compare-and-swap, explicit conflicts with rebase, per-writer drafts in SQLite, a
   stale-read guard, a flush on close. :class:`SyncDocumentSession` wraps it for sync code.
 - :class:`DraftStore` — the local draft file.
-- :class:`~pgfence.documents.faults.FaultyLink` — a proxy that drops or holds responses (demo
-  and tests).
 
 Example::
 

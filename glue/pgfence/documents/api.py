@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -24,7 +22,13 @@ import psycopg
 from psycopg.rows import class_row, dict_row, tuple_row
 from psycopg.types.json import Jsonb
 
-from ..errors import PgfenceError, register, translate
+# The errors of this module (functions/ERRORS.md, PF3xx), defined with every SQLSTATE in
+# pgfence.errors and importable from here (and from pgfence.documents) as before.
+from ..errors import ContentTooLarge as ContentTooLarge
+from ..errors import MergeInvalid as MergeInvalid
+from ..errors import UnknownKind as UnknownKind
+from ..errors import VersionUnknown as VersionUnknown
+from ..errors import translated
 
 logger = logging.getLogger(__name__)
 
@@ -42,28 +46,6 @@ SQL_REGISTER_KIND = (
     " %s::text, %s::int, %s::text)"
 )
 SQL_KINDS = "SELECT * FROM pgfence.document_kinds ORDER BY kind"
-
-
-class ContentTooLarge(PgfenceError):
-    """PF301: the content's JSON text is larger than its kind's ``max_bytes``."""
-
-
-class UnknownKind(PgfenceError):
-    """PF302: the kind is not registered (see ``pgfence.document_kinds``)."""
-
-
-class VersionUnknown(PgfenceError):
-    """PF303: ``expected_version`` is newer than any version the document ever had."""
-
-
-class MergeInvalid(PgfenceError):
-    """PF304: an application kind's merge function returned a malformed result."""
-
-
-register("PF301", ContentTooLarge)
-register("PF302", UnknownKind)
-register("PF303", VersionUnknown)
-register("PF304", MergeInvalid)
 
 
 @dataclass(frozen=True)
@@ -154,22 +136,6 @@ def as_jsonb(content: Any) -> Any:
     return str(content) if isinstance(content, JsonText) else Jsonb(content)
 
 
-@contextmanager
-def _sqlstate() -> Iterator[None]:
-    try:
-        yield
-    except psycopg.Error as exc:
-        raise translate(exc) from exc
-
-
-@asynccontextmanager
-async def _asqlstate() -> AsyncIterator[None]:
-    try:
-        yield
-    except psycopg.Error as exc:
-        raise translate(exc) from exc
-
-
 def _one(row: Any, what: str) -> Any:
     if row is None:  # every function here returns a row or raises
         raise RuntimeError(f"{what} returned no row")
@@ -193,21 +159,21 @@ def create(conn: AnyConn, kind: str, content: Any, created_by: str, *,
         InvalidArgument (22004/22023), ContentTooLarge (PF301), UnknownKind (PF302),
         IdempotencyKeyReused (PF003).
     """
-    with _sqlstate(), conn.cursor(row_factory=tuple_row) as cur:
+    with translated(), conn.cursor(row_factory=tuple_row) as cur:
         cur.execute(SQL_CREATE, (kind, as_jsonb(content), created_by, idempotency_key))
         return int(_one(cur.fetchone(), "document_create")[0])
 
 
 def get(conn: AnyConn, document_id: int) -> Document:
     """The current version. Raises NotFound (P0002) for an unknown id."""
-    with _sqlstate(), conn.cursor(row_factory=class_row(Document)) as cur:
+    with translated(), conn.cursor(row_factory=class_row(Document)) as cur:
         cur.execute(SQL_GET, (document_id,))
         return _one(cur.fetchone(), "document_get")  # type: ignore[no-any-return]
 
 
 def revision(conn: AnyConn, document_id: int, version: int) -> Revision:
     """One saved version. Raises NotFound (P0002) for an unknown id or version."""
-    with _sqlstate(), conn.cursor(row_factory=class_row(Revision)) as cur:
+    with translated(), conn.cursor(row_factory=class_row(Revision)) as cur:
         cur.execute(SQL_REVISION, (document_id, version))
         return _one(cur.fetchone(), "document_revision")  # type: ignore[no-any-return]
 
@@ -216,7 +182,7 @@ def history(conn: AnyConn, document_id: int, limit: int = 100,
             before_version: int | None = None) -> list[dict[str, Any]]:
     """Revisions newest first, without content (version, op, save_id, saved_by, saved_at,
     stored_bytes). Raises NotFound (P0002), InvalidArgument (limit outside 1..10000)."""
-    with _sqlstate(), conn.cursor(row_factory=dict_row) as cur:
+    with translated(), conn.cursor(row_factory=dict_row) as cur:
         cur.execute(SQL_HISTORY, (document_id, limit, before_version))
         return cur.fetchall()
 
@@ -235,7 +201,7 @@ def save(conn: AnyConn, document_id: int, expected_version: int, content: Any, s
         InvalidArgument (22004/22023), NotFound (P0002), ContentTooLarge (PF301),
         VersionUnknown (PF303), IdempotencyKeyReused (PF003: save_id reused for other content).
     """
-    with _sqlstate(), conn.cursor(row_factory=class_row(SaveResult)) as cur:
+    with translated(), conn.cursor(row_factory=class_row(SaveResult)) as cur:
         cur.execute(SQL_SAVE, (document_id, expected_version, as_jsonb(content), saved_by, save_id))
         return _one(cur.fetchone(), "document_save")  # type: ignore[no-any-return]
 
@@ -245,7 +211,7 @@ def delete(conn: AnyConn, document_id: int, expected_version: int, by: str) -> S
 
     Raises: InvalidArgument, NotFound (P0002), VersionUnknown (PF303).
     """
-    with _sqlstate(), conn.cursor(row_factory=class_row(SaveResult)) as cur:
+    with translated(), conn.cursor(row_factory=class_row(SaveResult)) as cur:
         cur.execute(SQL_DELETE, (document_id, expected_version, by))
         return _one(cur.fetchone(), "document_delete")  # type: ignore[no-any-return]
 
@@ -256,7 +222,7 @@ def merge(conn: AnyConn, kind: str, base: Any, local: Any, stored: Any) -> Merge
     Raises: InvalidArgument, UnknownKind (PF302), MergeInvalid (PF304),
     psycopg.errors.UndefinedFunction (42883: the kind's merge function was dropped).
     """
-    with _sqlstate(), conn.cursor(row_factory=tuple_row) as cur:
+    with translated(), conn.cursor(row_factory=tuple_row) as cur:
         cur.execute(SQL_MERGE, (kind, as_jsonb(base), as_jsonb(local), as_jsonb(stored)))
         row = _one(cur.fetchone(), "document_merge")
     return MergeResult(content=row[0], conflicts=list(row[1]))
@@ -275,7 +241,7 @@ def register_kind(conn: AnyConn, kind: str, merge: str | None = None, *,
     a description over 1000 characters), psycopg.errors.UndefinedFunction (42883: the merge
     function names no function).
     """
-    with _sqlstate(), conn.cursor(row_factory=dict_row) as cur:
+    with translated(), conn.cursor(row_factory=dict_row) as cur:
         cur.execute(SQL_REGISTER_KIND,
                     (kind, merge, merge_function, content_type, max_bytes, description))
         return _one(cur.fetchone(), "document_register_kind")  # type: ignore[no-any-return]
@@ -283,7 +249,7 @@ def register_kind(conn: AnyConn, kind: str, merge: str | None = None, *,
 
 def kinds(conn: AnyConn) -> list[dict[str, Any]]:
     """Every registered kind (``pgfence.document_kinds``)."""
-    with _sqlstate(), conn.cursor(row_factory=dict_row) as cur:
+    with translated(), conn.cursor(row_factory=dict_row) as cur:
         cur.execute(SQL_KINDS)
         return cur.fetchall()
 
@@ -294,21 +260,21 @@ def kinds(conn: AnyConn) -> list[dict[str, Any]]:
 async def acreate(conn: AnyAsyncConn, kind: str, content: Any, created_by: str, *,
                   idempotency_key: str | None = None) -> int:
     """Async :func:`create`."""
-    async with _asqlstate(), conn.cursor(row_factory=tuple_row) as cur:
+    async with translated(), conn.cursor(row_factory=tuple_row) as cur:
         await cur.execute(SQL_CREATE, (kind, as_jsonb(content), created_by, idempotency_key))
         return int(_one(await cur.fetchone(), "document_create")[0])
 
 
 async def aget(conn: AnyAsyncConn, document_id: int) -> Document:
     """Async :func:`get`."""
-    async with _asqlstate(), conn.cursor(row_factory=class_row(Document)) as cur:
+    async with translated(), conn.cursor(row_factory=class_row(Document)) as cur:
         await cur.execute(SQL_GET, (document_id,))
         return _one(await cur.fetchone(), "document_get")  # type: ignore[no-any-return]
 
 
 async def arevision(conn: AnyAsyncConn, document_id: int, version: int) -> Revision:
     """Async :func:`revision`."""
-    async with _asqlstate(), conn.cursor(row_factory=class_row(Revision)) as cur:
+    async with translated(), conn.cursor(row_factory=class_row(Revision)) as cur:
         await cur.execute(SQL_REVISION, (document_id, version))
         return _one(await cur.fetchone(), "document_revision")  # type: ignore[no-any-return]
 
@@ -316,7 +282,7 @@ async def arevision(conn: AnyAsyncConn, document_id: int, version: int) -> Revis
 async def asave(conn: AnyAsyncConn, document_id: int, expected_version: int, content: Any,
                 saved_by: str, save_id: str | None = None) -> SaveResult:
     """Async :func:`save`."""
-    async with _asqlstate(), conn.cursor(row_factory=class_row(SaveResult)) as cur:
+    async with translated(), conn.cursor(row_factory=class_row(SaveResult)) as cur:
         await cur.execute(SQL_SAVE, (document_id, expected_version, as_jsonb(content), saved_by,
                                      save_id))
         return _one(await cur.fetchone(), "document_save")  # type: ignore[no-any-return]
@@ -325,7 +291,7 @@ async def asave(conn: AnyAsyncConn, document_id: int, expected_version: int, con
 async def adelete(conn: AnyAsyncConn, document_id: int, expected_version: int,
                   by: str) -> SaveResult:
     """Async :func:`delete`."""
-    async with _asqlstate(), conn.cursor(row_factory=class_row(SaveResult)) as cur:
+    async with translated(), conn.cursor(row_factory=class_row(SaveResult)) as cur:
         await cur.execute(SQL_DELETE, (document_id, expected_version, by))
         return _one(await cur.fetchone(), "document_delete")  # type: ignore[no-any-return]
 
@@ -333,7 +299,7 @@ async def adelete(conn: AnyAsyncConn, document_id: int, expected_version: int,
 async def amerge(conn: AnyAsyncConn, kind: str, base: Any, local: Any,
                  stored: Any) -> MergeResult:
     """Async :func:`merge`."""
-    async with _asqlstate(), conn.cursor(row_factory=tuple_row) as cur:
+    async with translated(), conn.cursor(row_factory=tuple_row) as cur:
         await cur.execute(SQL_MERGE, (kind, as_jsonb(base), as_jsonb(local), as_jsonb(stored)))
         row = _one(await cur.fetchone(), "document_merge")
     return MergeResult(content=row[0], conflicts=list(row[1]))

@@ -37,8 +37,17 @@ an answer older than an already applied read, or that started before a local edi
 **Closing** (:meth:`~DocumentSession.close`, ``async with``) flushes; if the flush cannot
 finish, the draft stays on disk and nothing is dropped.
 
-States (:class:`SessionState`): ``clean``, ``dirty``, ``saving``, ``conflict``, ``error``,
-``closed`` — observable through ``on_state`` or ``async for change in session.changes()``.
+**The state machine.** Where the session's saving stands is one :class:`Phase` (clean, dirty,
+saving, retrying, refused, conflict); every move is a row of :data:`TRANSITIONS`,
+``(phase, event) -> phase``, taken by ``_move(event)`` and nowhere else; the data a phase needs
+(the unanswered attempt, the refusal's error, the conflict) is set beside the move. The
+lifecycle (open, closing, closed) runs beside it. Local copies are numbered snapshots: the
+session knows the number of the latest one and of the newest one the server confirmed
+(``pending`` is "they differ", :meth:`~DocumentSession.flush` waits for its own number).
+
+States (:class:`SessionState`, what a UI sees: :data:`STATE_OF`): ``clean``, ``dirty``,
+``saving``, ``conflict``, ``error`` (retrying or refused), ``closed`` — observable through
+``on_state`` or ``async for change in session.changes()``.
 """
 
 from __future__ import annotations
@@ -53,16 +62,17 @@ import random
 import socket
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, replace
-from enum import StrEnum
+from enum import Enum, StrEnum
+from types import MappingProxyType
 from typing import Any
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
 from ..db import aschema_version, check_version
-from ..errors import NotFound, PgfenceError, SerializationFailure
+from ..errors import TRANSIENT_SQLSTATES, NotFound, PgfenceError, SerializationFailure
 from . import api
 from .api import JsonText, MergeResult
 from .connections import ConnectionSource, DirectConnections
@@ -184,21 +194,6 @@ class StaleRead(SessionError):
     """A read was dropped because a newer read was applied or a local edit happened meanwhile."""
 
 
-@dataclass
-class _Attempt:
-    save_id: str
-    expected: int
-    content_json: str
-    content: Any
-    generation: int
-    snapshot_id: str
-
-
-#: SQLSTATEs a call may be retried on as is (the HTTP API answers each of them 503).
-TRANSIENT_SQLSTATES = frozenset({"40001", "40P01", "55P03", "57014", "57P01", "57P02", "57P03",
-                                 "53300"})
-
-
 def is_transient(exc: BaseException) -> bool:
     """Whether a failed call may be retried as is: the connection or the server failed, or the
     server asked for a retry (serialization failure, deadlock, shutdown, too many clients)."""
@@ -216,6 +211,137 @@ def default_writer_id() -> str:
 
 def _dumps(content: Any) -> str:
     return json.dumps(content, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+
+
+# --------------------------------------------------------------------------------------------
+# the save machine
+# --------------------------------------------------------------------------------------------
+class Phase(Enum):
+    """Where the save machine of a session is; :data:`TRANSITIONS` is every move between them.
+
+    What a UI sees is :class:`SessionState` (:data:`STATE_OF`): both ``RETRYING`` and
+    ``REFUSED`` show as ``error``, and a closed session shows ``closed`` whatever its phase.
+    """
+
+    #: The local copy is the confirmed version; nothing to save.
+    CLEAN = "clean"
+    #: Unsaved edits: a save is due after the debounce (at once when urgent or closing).
+    DIRTY = "dirty"
+    #: One save in flight; edits made meanwhile stay pending (its success never clears them).
+    SAVING = "saving"
+    #: The last save got no answer (its outcome is unknown): that same call is sent again,
+    #: after a backoff, before anything newer.
+    RETRYING = "retrying"
+    #: The server refused the latest snapshot (e.g. too large): no save until the next edit.
+    REFUSED = "refused"
+    #: The server holds another version: no save until :meth:`~DocumentSession.rebase` or
+    #: :meth:`~DocumentSession.discard_and_reload`.
+    CONFLICT = "conflict"
+
+
+class Event(Enum):
+    """What moves the save machine (:data:`TRANSITIONS`)."""
+
+    #: :meth:`~DocumentSession.edit`: a new local snapshot.
+    EDIT = "edit"
+    #: A snapshot made elsewhere becomes the local one, on its own base: this writer's leftover
+    #: draft at open, or an adopted sibling draft.
+    TAKE = "take"
+    #: The save loop sends the local snapshot (or sends the unanswered call again).
+    SEND = "send"
+    #: Answered ``saved``, and that snapshot is still the latest.
+    SAVED = "saved"
+    #: Answered ``saved``; newer edits were made meanwhile and are pending.
+    SAVED_OLDER = "saved_older"
+    #: Answered ``conflict``: the stored version is not the one the snapshot was based on.
+    CONFLICT = "conflict"
+    #: Failed without an answer (connection lost, timeout, the server asked for a retry).
+    NO_ANSWER = "no_answer"
+    #: Refused by the server (not transient), and that snapshot is still the latest.
+    REFUSED = "refused"
+    #: Refused, but newer edits were made meanwhile: those are saved next.
+    REFUSED_OLDER = "refused_older"
+    #: :meth:`~DocumentSession.rebase`: the resolution becomes the local snapshot, based on the
+    #: stored version.
+    REBASED = "rebased"
+    #: :meth:`~DocumentSession.discard_and_reload` or :meth:`~DocumentSession.refresh`: the
+    #: stored version replaces the local state.
+    RELOADED = "reloaded"
+
+
+_P, _E = Phase, Event
+
+#: Every move of the save machine: ``(phase, event) -> next phase``. A pair that is not here
+#: cannot happen (the session raises RuntimeError: a bug). Which event a call fires is decided
+#: where the call is handled; the data each phase holds (the attempt, the conflict, the error)
+#: is set beside the move.
+TRANSITIONS: Mapping[tuple[Phase, Event], Phase] = MappingProxyType({
+    # edits: a new snapshot is pending; a save in flight, an unknown outcome or a conflict
+    # are settled first; a refusal waited for exactly this
+    (_P.CLEAN, _E.EDIT): _P.DIRTY,
+    (_P.DIRTY, _E.EDIT): _P.DIRTY,
+    (_P.SAVING, _E.EDIT): _P.SAVING,
+    (_P.RETRYING, _E.EDIT): _P.RETRYING,
+    (_P.REFUSED, _E.EDIT): _P.DIRTY,
+    (_P.CONFLICT, _E.EDIT): _P.CONFLICT,
+    (_P.CLEAN, _E.TAKE): _P.DIRTY,         # only onto a clean session (adopt refuses otherwise)
+    # one save at a time, always of the latest snapshot, or the unanswered one again
+    (_P.DIRTY, _E.SEND): _P.SAVING,
+    (_P.RETRYING, _E.SEND): _P.SAVING,
+    # the answers
+    (_P.SAVING, _E.SAVED): _P.CLEAN,
+    (_P.SAVING, _E.SAVED_OLDER): _P.DIRTY,
+    (_P.SAVING, _E.CONFLICT): _P.CONFLICT,
+    (_P.SAVING, _E.NO_ANSWER): _P.RETRYING,
+    (_P.SAVING, _E.REFUSED): _P.REFUSED,
+    (_P.SAVING, _E.REFUSED_OLDER): _P.DIRTY,
+    # the user's way out of a conflict; the stored version replaces anything but a save in flight
+    (_P.CONFLICT, _E.REBASED): _P.DIRTY,
+    (_P.CLEAN, _E.RELOADED): _P.CLEAN,
+    (_P.DIRTY, _E.RELOADED): _P.CLEAN,
+    (_P.RETRYING, _E.RELOADED): _P.CLEAN,
+    (_P.REFUSED, _E.RELOADED): _P.CLEAN,
+    (_P.CONFLICT, _E.RELOADED): _P.CLEAN,
+})
+
+#: What a UI sees of each phase while the session is open.
+STATE_OF: Mapping[Phase, SessionState] = MappingProxyType({
+    Phase.CLEAN: SessionState.CLEAN, Phase.DIRTY: SessionState.DIRTY,
+    Phase.SAVING: SessionState.SAVING, Phase.RETRYING: SessionState.ERROR,
+    Phase.REFUSED: SessionState.ERROR, Phase.CONFLICT: SessionState.CONFLICT,
+})
+
+
+class _Life(Enum):
+    """The session's lifecycle, beside the save machine: ``open -> closing -> closed``. Closing
+    refuses edits and saves without debounce; closed stops the save loop (the phase stays what
+    it was, so a closed session still knows its conflict or refusal)."""
+
+    OPEN = "open"
+    CLOSING = "closing"
+    CLOSED = "closed"
+
+
+@dataclass(frozen=True)
+class _Snapshot:
+    """One local copy: its number in this session (0 = as loaded, then one more per new local
+    copy), its id in the draft store ("" = the stored version, no draft), its JSON text and
+    that text parsed."""
+
+    number: int
+    id: str
+    json: str
+    content: Any
+
+
+@dataclass(frozen=True)
+class _Attempt:
+    """One save call: its ``save_id``, the version it is based on, the snapshot it sends. Kept
+    while its outcome is unknown, so that the retry is the very same call."""
+
+    save_id: str
+    expected: int
+    snapshot: _Snapshot
 
 
 class DocumentSession:
@@ -246,31 +372,31 @@ class DocumentSession:
         self._session_id = uuid.uuid4().hex[:12]
         self._loop = asyncio.get_running_loop()
 
-        # confirmed server state this writer builds on
+        # the machine (TRANSITIONS) and the lifecycle beside it
+        self._phase = Phase.CLEAN
+        self._life = _Life.OPEN
+        # confirmed server state this writer builds on: the version, its content, and the
+        # number of the newest local snapshot the server confirmed
         self._base_version = 0
         self._base: Any = None
-        # local state
-        self._local: Any = None
-        self._local_json = "null"
-        self._snapshot_id = ""
-        self._generation = 0
-        self._confirmed_generation = 0
-        self._refused_generation = -1
+        self._confirmed = 0
+        # the local copy
+        self._local = _Snapshot(number=0, id="", json="null", content=None)
+        # when to save: the last edit, the first unsaved one, and "now" (flush, a taken draft)
         self._last_edit_at = 0.0
         self._dirty_since: float | None = None
-        self._urgent_generation = -1
-        # save machinery
+        self._urgent = False
+        # the data of the phases: the call whose outcome is unknown (RETRYING, or a taken draft
+        # that was being sent), its backoff, the last error (RETRYING, REFUSED), the conflict
         self._attempt: _Attempt | None = None
         self._failures = 0
         self._retry_at: float | None = None
         self._last_error: BaseException | None = None
-        self._in_flight = False
         self._conflict: Conflict | None = None
+        # the save loop
         self._io = asyncio.Lock()
         self._wake = asyncio.Event()
         self._progress = asyncio.Event()
-        self._closing = False
-        self._closed = False
         self._task: asyncio.Task[None] | None = None
         # reads
         self._read_seq = 0
@@ -351,8 +477,7 @@ class DocumentSession:
             self._read_seq = self._applied_read_seq = 1
             self._base_version = doc.version
             self._base = doc.content
-            self._local = doc.content
-            self._local_json = _dumps(doc.content)
+            self._local = _Snapshot(number=0, id="", json=_dumps(doc.content), content=doc.content)
             found = store.list(scope, user, document_id)
             own = next((d for d in found if d.writer_id == self.writer_id), None)
             self.sibling_drafts = [d for d in found if d.writer_id != self.writer_id]
@@ -366,7 +491,7 @@ class DocumentSession:
             if owns_drafts:
                 store.close()
             raise
-        self._set_state()
+        self._publish()
         self._task = asyncio.create_task(self._run(), name=f"pgfence-doc-{document_id}")
         if self.sibling_drafts:
             logger.info("document %s: %d unsaved draft(s) of other writers of %s to adopt or "
@@ -379,19 +504,23 @@ class DocumentSession:
         self.restored_draft = own
         self._base_version = own.base_version
         self._base = base
-        self._generation += 1
-        self._local_json = own.content_json
-        self._local = json.loads(own.content_json)
-        self._snapshot_id = own.snapshot_id
+        self._local = self._next_snapshot(own.content_json, own.snapshot_id)
         self._resume_attempt(own)
-        self._mark_dirty(urgent=True)
+        self._mark_dirty(Event.TAKE, urgent=True)
 
     def _resume_attempt(self, draft: Draft) -> None:
         """A draft whose save was sent (outcome unknown) is retried with that save_id first."""
         if draft.save_id is not None:
             self._attempt = _Attempt(save_id=draft.save_id, expected=draft.base_version,
-                                     content_json=draft.content_json, content=self._local,
-                                     generation=self._generation, snapshot_id=self._snapshot_id)
+                                     snapshot=self._local)
+
+    def _next_snapshot(self, text: str, snapshot_id: str) -> _Snapshot:
+        """The next local snapshot: ``text`` (JSON) under the draft id ``snapshot_id``."""
+        return _Snapshot(number=self._local.number + 1, id=snapshot_id, json=text,
+                         content=json.loads(text))
+
+    def _next_snapshot_id(self) -> str:
+        return f"{self._session_id}:{self._local.number + 1}"
 
     async def _fetch_base(self, version: int) -> Any:
         if version == self._base_version:
@@ -416,7 +545,7 @@ class DocumentSession:
     @property
     def content(self) -> Any:
         """The local copy (latest edit); a fresh object, safe to mutate."""
-        return json.loads(self._local_json)
+        return json.loads(self._local.json)
 
     @property
     def confirmed(self) -> Any:
@@ -426,7 +555,7 @@ class DocumentSession:
     @property
     def pending(self) -> bool:
         """True while some local edit is not confirmed by the server."""
-        return self._generation != self._confirmed_generation
+        return self._local.number != self._confirmed
 
     @property
     def conflict(self) -> Conflict | None:
@@ -451,7 +580,7 @@ class DocumentSession:
         """Every state change from now on (the current one first); ends when the session closes."""
         queue: asyncio.Queue[StateChange | None] = asyncio.Queue()
         queue.put_nowait(self.snapshot())
-        if self._closed:
+        if self._life is _Life.CLOSED:
             queue.put_nowait(None)
         self._subscribers.append(queue)
         try:
@@ -474,30 +603,28 @@ class DocumentSession:
             TypeError / ValueError: ``content`` is not JSON-serialisable.
             sqlite3.Error: the draft could not be written; the edit is not taken.
         """
-        if self._closing:
+        if self._life is not _Life.OPEN:
             raise SessionClosed(f"document {self.document_id}: session is closed")
         text = _dumps(content)
-        if text == self._local_json:
+        if text == self._local.json:
             return
-        snapshot_id = f"{self._session_id}:{self._generation + 1}"
+        snapshot_id = self._next_snapshot_id()
         self._drafts.put(Draft(scope=self.scope, user=self.user, document_id=self.document_id,
                                writer_id=self.writer_id, kind=self.kind,
                                base_version=self._base_version, content_json=text,
                                snapshot_id=snapshot_id, updated_at=time.time()))
-        self._generation += 1
-        self._local_json = text
-        self._local = json.loads(text)
-        self._snapshot_id = snapshot_id
-        self._mark_dirty(urgent=False)
+        self._local = self._next_snapshot(text, snapshot_id)
+        self._mark_dirty(Event.EDIT, urgent=False)
 
-    def _mark_dirty(self, *, urgent: bool) -> None:
+    def _mark_dirty(self, event: Event, *, urgent: bool) -> None:
+        """A new local snapshot (``event``): time it, move, wake the save loop. ``urgent``:
+        save it without the debounce (an edit after that is debounced again)."""
         now = self._loop.time()
         self._last_edit_at = now
         if self._dirty_since is None:
             self._dirty_since = now
-        if urgent:
-            self._urgent_generation = self._generation
-        self._set_state()
+        self._urgent = urgent
+        self._move(event)
         self._wake.set()
 
     async def flush(self, timeout: float | None = None) -> int:
@@ -512,21 +639,20 @@ class DocumentSession:
             TimeoutError: not confirmed within ``timeout``.
             SessionClosed: the session closed meanwhile.
         """
-        target = self._generation
-        if self._urgent_generation < target:
-            self._urgent_generation = target
+        target = self._local.number
+        self._urgent = True
         self._retry_at = None              # a flush is a request to try now
         self._wake.set()
         async with asyncio.timeout(timeout):
             while True:
-                if self._confirmed_generation >= target:
+                if self._confirmed >= target:
                     return self._base_version
-                if self._conflict is not None:
+                if self._conflict is not None:        # Phase.CONFLICT
                     raise ConflictPending(self._conflict)
-                if self._refused_generation == self._generation:
+                if self._phase is Phase.REFUSED:
                     raise SaveRefused(f"document {self.document_id}: the server refused the "
                                       f"save: {self._last_error}") from self._last_error
-                if self._closed:
+                if self._life is _Life.CLOSED:
                     raise SessionClosed(f"document {self.document_id}: session closed")
                 await self._wait_progress()
 
@@ -539,25 +665,20 @@ class DocumentSession:
     # ----------------------------------------------------------------------------------------
     def _next_delay(self) -> float | None:
         """Seconds until the next save attempt; None = nothing to do until woken."""
-        if self._closed or self._conflict is not None:
+        if self._life is _Life.CLOSED or self._phase not in (Phase.DIRTY, Phase.RETRYING):
             return None
         now = self._loop.time()
         if self._attempt is not None:          # an outcome is unknown: retry that exact call
             return 0.0 if self._retry_at is None else max(0.0, self._retry_at - now)
-        if not self.pending or self._refused_generation == self._generation:
-            return None
-        if self._urgent_generation >= self._generation or self._closing:
-            due = now
-        else:
-            due = self._last_edit_at + self.debounce
-            if self._dirty_since is not None:
-                due = min(due, self._dirty_since + self.max_wait)
-        if self._retry_at is not None:
-            due = max(due, self._retry_at)
+        if self._urgent or self._life is _Life.CLOSING:
+            return 0.0
+        due = self._last_edit_at + self.debounce
+        if self._dirty_since is not None:
+            due = min(due, self._dirty_since + self.max_wait)
         return max(0.0, due - now)
 
     async def _run(self) -> None:
-        while not self._closed:
+        while self._life is not _Life.CLOSED:
             delay = self._next_delay()
             if delay is None or delay > 0:
                 with contextlib.suppress(TimeoutError):
@@ -575,28 +696,26 @@ class DocumentSession:
 
     async def _save_once(self) -> None:
         async with self._io:
-            if self._conflict is not None or self._closed:
+            if self._life is _Life.CLOSED or self._phase not in (Phase.DIRTY, Phase.RETRYING):
                 return
             if self._attempt is None:
-                if not self.pending or self._refused_generation == self._generation:
-                    return
                 self._attempt = _Attempt(save_id=uuid.uuid4().hex, expected=self._base_version,
-                                         content_json=self._local_json, content=self._local,
-                                         generation=self._generation,
-                                         snapshot_id=self._snapshot_id)
+                                         snapshot=self._local)
                 # Before sending: whoever resumes this draft retries with the same save_id.
                 self._drafts.mark_sending(self.scope, self.user, self.document_id,
-                                          self.writer_id, self._snapshot_id,
-                                          self._attempt.save_id)
+                                          self.writer_id, self._local.id, self._attempt.save_id)
             att = self._attempt
-            self._in_flight = True
-            self._set_state()
+            self._move(Event.SEND)
             try:
                 async with self._source.connection() as conn:
                     res = await api.asave(conn, self.document_id, att.expected,
-                                          JsonText(att.content_json), self.user, att.save_id)
+                                          JsonText(att.snapshot.json), self.user, att.save_id)
+            except asyncio.CancelledError:
+                # close() stopped the loop during the call: its outcome is unknown (the draft
+                # keeps its save_id for the next session); the session is closed already.
+                self._enter(Event.NO_ANSWER)
+                raise
             except Exception as exc:
-                self._in_flight = False
                 self._last_error = exc
                 if is_transient(exc):
                     # The outcome is unknown: keep the attempt and send it again, unchanged.
@@ -605,43 +724,50 @@ class DocumentSession:
                     self._retry_at = self._loop.time() + delay * (1 - random.random() / 2)
                     logger.info("document %s: save failed (%s); retrying in %.2fs",
                                 self.document_id, exc, delay)
+                    self._move(Event.NO_ANSWER)
                 else:
                     # Refused by the server: nothing was written. Wait for a new edit.
                     self._attempt = None
-                    self._refused_generation = att.generation
                     self._retry_at = None
                     logger.warning("document %s: save refused: %s", self.document_id, exc)
-                self._set_state()
+                    self._move(Event.REFUSED if self._is_latest(att) else Event.REFUSED_OLDER)
                 return
-            self._in_flight = False
             self._attempt = None
             self._failures = 0
             self._retry_at = None
             self._last_error = None
             if res.outcome == "saved":
-                self._on_saved(att, res)
+                latest = self._is_latest(att)
+                try:
+                    self._on_saved(att, res)
+                finally:
+                    self._move(Event.SAVED if latest else Event.SAVED_OLDER)
             else:
                 self._conflict = Conflict(base_version=att.expected, base=self._base,
-                                          local=att.content, stored_version=res.version,
+                                          local=att.snapshot.content, stored_version=res.version,
                                           stored=res.content, stored_by=res.saved_by,
                                           deleted=res.deleted)
                 logger.info("document %s: conflict: based on %d, stored is %d by %s",
                             self.document_id, att.expected, res.version, res.saved_by)
-            self._set_state()
+                self._move(Event.CONFLICT)
+
+    def _is_latest(self, att: _Attempt) -> bool:
+        """Whether ``att`` sent the current local snapshot (no edit since)."""
+        return att.snapshot.number == self._local.number
 
     def _on_saved(self, att: _Attempt, res: api.SaveResult) -> None:
         self._base_version = res.version
-        self._base = att.content
-        self._confirmed_generation = att.generation
-        if self._generation == att.generation:
-            self._drafts.delete(self.scope, self.user, self.document_id, self.writer_id,
-                                snapshot_id=att.snapshot_id)
+        self._base = att.snapshot.content
+        self._confirmed = att.snapshot.number
+        if self._is_latest(att):
             self._dirty_since = None
+            self._drafts.delete(self.scope, self.user, self.document_id, self.writer_id,
+                                snapshot_id=att.snapshot.id)
         else:
             # Newer edits are pending: their draft is now based on the version just saved.
-            self._drafts.rebase(self.scope, self.user, self.document_id, self.writer_id,
-                                res.version, except_snapshot=att.snapshot_id)
             self._dirty_since = self._last_edit_at
+            self._drafts.rebase(self.scope, self.user, self.document_id, self.writer_id,
+                                res.version, except_snapshot=att.snapshot.id)
 
     # ----------------------------------------------------------------------------------------
     # conflict resolution
@@ -670,7 +796,7 @@ class DocumentSession:
                     f"document {self.document_id} was deleted (version {conflict.stored_version})"
                     "; its local copy is kept in the session and the draft")
             for _ in range(max_rounds):
-                generation, local = self._generation, json.loads(self._local_json)
+                number, local = self._local.number, json.loads(self._local.json)
                 async with self._source.connection() as conn:
                     merged = await api.amerge(conn, self.kind, conflict.base, local,
                                               conflict.stored)
@@ -682,27 +808,23 @@ class DocumentSession:
                     content = resolve(Rebase(conflict=conflict, local=local, merged=merged))
                     if inspect.isawaitable(content):
                         content = await content
-                if generation == self._generation:
+                if number == self._local.number:
                     break
             else:
                 raise StaleRead(f"document {self.document_id}: local edits kept arriving while "
                                 "rebasing; rebase again")
             text = _dumps(content)
-            snapshot_id = f"{self._session_id}:{self._generation + 1}"
+            snapshot_id = self._next_snapshot_id()
             self._drafts.put(Draft(scope=self.scope, user=self.user,
                                    document_id=self.document_id, writer_id=self.writer_id,
                                    kind=self.kind, base_version=conflict.stored_version,
                                    content_json=text, snapshot_id=snapshot_id,
                                    updated_at=time.time()))
-            self._generation += 1
-            self._snapshot_id = snapshot_id
-            self._local_json = text
-            self._local = json.loads(text)
+            self._local = self._next_snapshot(text, snapshot_id)
             self._base_version = conflict.stored_version
             self._base = conflict.stored
             self._conflict = None
-            self._refused_generation = -1
-            self._mark_dirty(urgent=True)
+            self._mark_dirty(Event.REBASED, urgent=True)
             return merged
 
     async def discard_and_reload(self) -> bool:
@@ -717,10 +839,10 @@ class DocumentSession:
             psycopg / pgfence errors of the fetch (nothing changed).
         """
         async with self._io:               # no save is in flight while we reload
-            seq, generation = self._begin_read()
+            seq, number = self._begin_read()
             async with self._source.connection() as conn:
                 doc = await api.aget(conn, self.document_id)
-            if not self._accept_read(seq, generation):
+            if not self._accept_read(seq, number):
                 return False
             if doc.deleted:
                 raise DocumentDeleted(f"document {self.document_id} was deleted "
@@ -736,26 +858,25 @@ class DocumentSession:
         dropped (False) if a newer read was applied first, a local edit happened while it ran,
         or the session is not clean.
         """
-        seq, generation = self._begin_read()
+        seq, number = self._begin_read()
         async with self._source.connection() as conn:
             doc = await api.aget(conn, self.document_id)
-        if not self._accept_read(seq, generation):
+        if not self._accept_read(seq, number):
             return False
-        if (self.pending or self._in_flight or self._attempt is not None
-                or self._conflict is not None or doc.deleted
-                or doc.version <= self._base_version):
+        if self._phase is not Phase.CLEAN or doc.deleted or doc.version <= self._base_version:
             return False
         self._apply_document(doc)
         return True
 
     def _begin_read(self) -> tuple[int, int]:
+        """A read starts: its sequence number, and the number of the local snapshot."""
         self._read_seq += 1
-        return self._read_seq, self._generation
+        return self._read_seq, self._local.number
 
-    def _accept_read(self, seq: int, generation: int) -> bool:
+    def _accept_read(self, seq: int, number: int) -> bool:
         """The stale-read guard: drop an answer older than an applied one, or that started
         before a local edit."""
-        if seq <= self._applied_read_seq or generation != self._generation:
+        if seq <= self._applied_read_seq or number != self._local.number:
             logger.debug("document %s: dropped stale read #%d", self.document_id, seq)
             self.stale_reads_dropped += 1
             return False
@@ -765,18 +886,16 @@ class DocumentSession:
     def _apply_document(self, doc: api.Document) -> None:
         self._base_version = doc.version
         self._base = doc.content
-        self._generation += 1
-        self._confirmed_generation = self._generation
-        self._local_json = _dumps(doc.content)
-        self._local = json.loads(self._local_json)
-        self._snapshot_id = ""
+        self._local = self._next_snapshot(_dumps(doc.content), "")
+        self._confirmed = self._local.number
         self._attempt = None
         self._conflict = None
         self._dirty_since = None
+        self._urgent = False
         self._retry_at = None
         self._failures = 0
         self._last_error = None
-        self._set_state()
+        self._move(Event.RELOADED)
 
     # ----------------------------------------------------------------------------------------
     # other writers' drafts
@@ -795,21 +914,22 @@ class DocumentSession:
         if draft not in self.sibling_drafts:
             raise ValueError("not one of this session's sibling drafts")
         async with self._io:
-            if self.pending or self._conflict is not None or self._attempt is not None:
-                raise SessionBusy(f"document {self.document_id}: save or discard this "
-                                  "session's own edits before adopting a draft")
+            self._check_adoptable()
             base = await self._fetch_base(draft.base_version)
-            snapshot_id = f"{self._session_id}:{self._generation + 1}"
+            self._check_adoptable()            # an edit may have come during the fetch
+            snapshot_id = self._next_snapshot_id()
             mine = self._drafts.transfer(draft, self.writer_id, snapshot_id)
             self.sibling_drafts.remove(draft)
-            self._generation += 1
-            self._snapshot_id = snapshot_id
-            self._local_json = mine.content_json
-            self._local = json.loads(mine.content_json)
+            self._local = self._next_snapshot(mine.content_json, snapshot_id)
             self._base_version = draft.base_version
             self._base = base
             self._resume_attempt(mine)
-            self._mark_dirty(urgent=True)
+            self._mark_dirty(Event.TAKE, urgent=True)
+
+    def _check_adoptable(self) -> None:
+        if self._phase is not Phase.CLEAN:
+            raise SessionBusy(f"document {self.document_id}: save or discard this "
+                              "session's own edits before adopting a draft")
 
     def discard_draft(self, draft: Draft) -> bool:
         """Delete a sibling's draft (the user chose to drop it). Returns False if the sibling
@@ -827,9 +947,9 @@ class DocumentSession:
         """Flush, then close. Never drops pending work: if the flush does not finish within
         ``timeout`` seconds (conflict, refusal, network down), the unsaved snapshot stays in
         this writer's draft slot for the next session. Returns True if everything was saved."""
-        if self._closed:
+        if self._life is _Life.CLOSED:
             return not self.pending
-        self._closing = True
+        self._life = _Life.CLOSING
         flushed = False
         try:
             await self.flush(timeout=timeout)
@@ -838,7 +958,7 @@ class DocumentSession:
             logger.warning("document %s: closing with unsaved edits (%s); draft kept in %s",
                            self.document_id, exc, self._drafts.path)
         finally:
-            self._closed = True
+            self._life = _Life.CLOSED
             self._wake.set()
             if self._task is not None:
                 self._task.cancel()
@@ -848,7 +968,7 @@ class DocumentSession:
                 await self._source.close()
             if self._owns_drafts:
                 self._drafts.close()
-            self._set_state()
+            self._publish()
             for queue in self._subscribers:
                 queue.put_nowait(None)
         return flushed
@@ -862,22 +982,23 @@ class DocumentSession:
     # ----------------------------------------------------------------------------------------
     # state
     # ----------------------------------------------------------------------------------------
-    def _compute_state(self) -> SessionState:
-        if self._closed:
-            return SessionState.CLOSED
-        if self._conflict is not None:
-            return SessionState.CONFLICT
-        if self._in_flight:
-            return SessionState.SAVING
-        if self._last_error is not None and (
-                self._attempt is not None or self._refused_generation == self._generation):
-            return SessionState.ERROR
-        if self.pending:
-            return SessionState.DIRTY
-        return SessionState.CLEAN
+    def _enter(self, event: Event) -> None:
+        """Take ``event``'s move in :data:`TRANSITIONS` (without publishing it)."""
+        try:
+            self._phase = TRANSITIONS[self._phase, event]
+        except KeyError:
+            raise RuntimeError(f"document {self.document_id}: no move from {self._phase.value} "
+                               f"on {event.value}") from None
 
-    def _set_state(self) -> None:
-        self._state = self._compute_state()
+    def _move(self, event: Event) -> None:
+        """Take ``event``'s move and publish the state."""
+        self._enter(event)
+        self._publish()
+
+    def _publish(self) -> None:
+        """Wake the waiters of :meth:`flush`; tell observers if the state changed."""
+        self._state = (SessionState.CLOSED if self._life is _Life.CLOSED
+                       else STATE_OF[self._phase])
         change = self.snapshot()
         progress, self._progress = self._progress, asyncio.Event()
         progress.set()

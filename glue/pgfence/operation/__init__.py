@@ -12,24 +12,29 @@ owns. The SQL strings are module constants so that the async executor
 (PostgreSQL ``interval``); times are aware ``datetime`` on the database clock.
 
 Submodules: :mod:`.handlers` (what an executor calls per operation kind),
-:mod:`.module` (the executor module), :mod:`.simulator` (a local slow-operations HTTP service).
+:mod:`.module` (the executor module). The local slow-operations HTTP service that the demo and
+the tests call is ``pgfence_demo.simulator`` (source checkout only).
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import logging
-import re
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import psycopg
-from psycopg.rows import class_row, dict_row, tuple_row
+from psycopg.rows import class_row, dict_row
 from psycopg.types.json import Jsonb
 
-from ..errors import PgfenceError, register, translate
+from .._calls import scalar
+
+# The errors of this module (functions/ERRORS.md, PF2xx), defined with every SQLSTATE in
+# pgfence.errors and importable from here as before.
+from ..errors import NotIssued as NotIssued
+from ..errors import TargetBusy as TargetBusy
+from ..errors import translated
 
 logger = logging.getLogger(__name__)
 
@@ -59,28 +64,6 @@ NOTIFY_CHANNEL = "pgfence_operation"
 #: Statuses of the machine ``queued -> running -> succeeded | failed | canceled``.
 STATUSES = ("queued", "running", "succeeded", "failed", "canceled")
 TERMINAL = frozenset({"succeeded", "failed", "canceled"})
-
-
-class TargetBusy(PgfenceError):
-    """PF201: another operation is queued or running for this ``(kind, target)``.
-
-    ``in_flight_id`` is that operation's id (read from the documented DETAIL, which starts with
-    ``Operation <id>``).
-    """
-
-    @property
-    def in_flight_id(self) -> int | None:
-        """Id of the operation in flight, or None if the DETAIL is missing."""
-        match = re.match(r"Operation (\d+) ", self.detail or "")
-        return int(match.group(1)) if match else None
-
-
-class NotIssued(PgfenceError):
-    """PF202: an owner skipped a step of the issue protocol (intent -> reference -> poll)."""
-
-
-register("PF201", TargetBusy)
-register("PF202", NotIssued)
 
 
 @dataclass(frozen=True)
@@ -128,21 +111,6 @@ class ClaimedOperation:
 AnyConn = psycopg.Connection[Any]
 
 
-@contextmanager
-def _sqlstate() -> Iterator[None]:
-    try:
-        yield
-    except psycopg.Error as exc:
-        raise translate(exc) from exc
-
-
-def _scalar(conn: AnyConn, query: str, params: Sequence[Any]) -> Any:
-    with _sqlstate(), conn.cursor(row_factory=tuple_row) as cur:
-        cur.execute(query, params)
-        row = cur.fetchone()
-    return None if row is None else row[0]
-
-
 def _json(value: Any) -> Jsonb | None:
     return None if value is None else Jsonb(value)
 
@@ -166,7 +134,7 @@ def request(conn: AnyConn, kind: str, target: str, params: dict[str, Any] | None
         IdempotencyKeyReused (PF003): the key already names a different request.
         InvalidArgument (22004/22023), SerializationFailure (40001).
     """
-    with _sqlstate(), conn.cursor(row_factory=class_row(Requested)) as cur:
+    with translated(), conn.cursor(row_factory=class_row(Requested)) as cur:
         cur.execute(SQL_REQUEST, (kind, target, Jsonb(params or {}), idempotency_key,
                                   requested_by))
         row = cur.fetchone()
@@ -181,7 +149,7 @@ def claim(conn: AnyConn, worker: str, kinds: Sequence[str] | None = None,
     Lapsed running operations (takeovers) come first, then queued ones. ``lease`` None = the
     SQL default (2 minutes). Raises InvalidArgument (22023).
     """
-    with _sqlstate(), conn.cursor(row_factory=class_row(ClaimedOperation)) as cur:
+    with translated(), conn.cursor(row_factory=class_row(ClaimedOperation)) as cur:
         cur.execute(SQL_CLAIM, (worker, list(kinds) if kinds else None, lease, batch))
         return cur.fetchall()
 
@@ -195,7 +163,7 @@ def begin_issue(conn: AnyConn, operation_id: int, fence: int, idempotent: bool,
     call), ``failed`` (outcome unknown: the operation is now failed), or None (not the owner any
     more, or the lease lapsed: do not call). ``idempotent``: your call passes the idempotency key.
     """
-    value = _scalar(conn, SQL_BEGIN_ISSUE, (operation_id, fence, idempotent, lease))
+    value = scalar(conn, SQL_BEGIN_ISSUE, (operation_id, fence, idempotent, lease))
     return None if value is None else str(value)
 
 
@@ -206,7 +174,7 @@ def record_external(conn: AnyConn, operation_id: int, fence: int, external_ref: 
     Raises:
         NotIssued (PF202): no intent recorded. Immutable (PF002): another reference recorded.
     """
-    return bool(_scalar(conn, SQL_RECORD_EXTERNAL,
+    return bool(scalar(conn, SQL_RECORD_EXTERNAL,
                         (operation_id, fence, external_ref, _json(detail))))
 
 
@@ -218,20 +186,20 @@ def poll(conn: AnyConn, operation_id: int, fence: int, external_state: Any,
     finished, or lease lapsed). ``external_state`` None = heartbeat only.
     Raises NotIssued (PF202) when no reference was recorded.
     """
-    value = _scalar(conn, SQL_POLL, (operation_id, fence, _json(external_state), lease))
+    value = scalar(conn, SQL_POLL, (operation_id, fence, _json(external_state), lease))
     return None if value is None else str(value)
 
 
 def finish(conn: AnyConn, operation_id: int, fence: int, succeeded: bool,
            detail: dict[str, Any] | None = None, error: str | None = None) -> str | None:
     """End the operation: returns ``succeeded``, ``failed``, ``canceled`` or None (stale)."""
-    value = _scalar(conn, SQL_FINISH, (operation_id, fence, succeeded, _json(detail), error))
+    value = scalar(conn, SQL_FINISH, (operation_id, fence, succeeded, _json(detail), error))
     return None if value is None else str(value)
 
 
 def release(conn: AnyConn, operation_id: int, fence: int) -> bool:
     """End your lease now so another executor takes over at once. False = not the owner."""
-    return bool(_scalar(conn, SQL_RELEASE, (operation_id, fence)))
+    return bool(scalar(conn, SQL_RELEASE, (operation_id, fence)))
 
 
 def cancel(conn: AnyConn, operation_id: int, by: str | None = None) -> str | None:
@@ -239,18 +207,18 @@ def cancel(conn: AnyConn, operation_id: int, by: str | None = None) -> str | Non
 
     Raises NotFound (P0002).
     """
-    value = _scalar(conn, SQL_CANCEL, (operation_id, by))
+    value = scalar(conn, SQL_CANCEL, (operation_id, by))
     return None if value is None else str(value)
 
 
 def reap(conn: AnyConn, max_rows: int = 1000) -> int:
     """Run the operation reaper once; returns how many operations it requeued or failed."""
-    return int(_scalar(conn, SQL_REAP, (max_rows,)) or 0)
+    return int(scalar(conn, SQL_REAP, (max_rows,)) or 0)
 
 
 def get(conn: AnyConn, operation_id: int) -> dict[str, Any]:
     """Everything about one operation. Raises NotFound (P0002)."""
-    with _sqlstate(), conn.cursor(row_factory=dict_row) as cur:
+    with translated(), conn.cursor(row_factory=dict_row) as cur:
         cur.execute(SQL_GET, (operation_id,))
         row = cur.fetchone()
     assert row is not None
@@ -260,7 +228,7 @@ def get(conn: AnyConn, operation_id: int) -> dict[str, Any]:
 def list_operations(conn: AnyConn, kind: str | None = None, target: str | None = None,
                     status: str | None = None, limit: int = 100) -> list[dict[str, Any]]:
     """Newest first; ``status`` may also be ``in_flight`` (queued or running)."""
-    with _sqlstate(), conn.cursor(row_factory=dict_row) as cur:
+    with translated(), conn.cursor(row_factory=dict_row) as cur:
         cur.execute(SQL_LIST, (kind, target, status, limit))
         return cur.fetchall()
 

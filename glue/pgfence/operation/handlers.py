@@ -20,7 +20,7 @@ outcome unknown: the executor asks ``operation_begin_issue`` again, which re-iss
 or fails the operation. Exceptions from ``poll`` are retried on the next poll (the lease is
 kept alive with a heartbeat).
 
-Built-in: :class:`SimulatorHandler` for :mod:`pgfence.operation.simulator`. Others are loaded
+Built-in: :class:`SimulatorHandler` for :mod:`pgfence_demo.simulator`. Others are loaded
 with :func:`parse_handler` from ``python:module:factory``.
 """
 
@@ -110,7 +110,7 @@ class OperationHandler(Protocol):
 
 
 class SimulatorHandler:
-    """Drives :mod:`pgfence.operation.simulator` (or any API with the same shape).
+    """Drives :mod:`pgfence_demo.simulator` (or any API with the same shape).
 
     ``POST {base}/operations`` with ``{"kind", "target", "params"}`` (and the
     ``Idempotency-Key`` header when ``idempotent``), ``GET {base}/operations/{ref}`` to poll,

@@ -21,16 +21,27 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import psycopg
-from psycopg.rows import class_row, dict_row, tuple_row
+from psycopg.rows import class_row, tuple_row
 from psycopg.types.json import Jsonb
 
-from ..errors import PgfenceError, register, translate
+from .._calls import rows, scalar
+
+# The errors of this module (functions/ERRORS.md, PF1xx), defined with every SQLSTATE in
+# pgfence.errors and importable from here as before.
+from ..errors import ActionChanged as ActionChanged
+from ..errors import ActionConflict as ActionConflict
+from ..errors import NotCompensable as NotCompensable
+from ..errors import NotExternalStep as NotExternalStep
+from ..errors import SelfApproval as SelfApproval
+from ..errors import StepNotBegun as StepNotBegun
+from ..errors import StepOutOfOrder as StepOutOfOrder
+from ..errors import UnknownAction as UnknownAction
+from ..errors import translated
 
 logger = logging.getLogger(__name__)
 
@@ -67,50 +78,6 @@ NOTIFY_CHANNEL = "pgfence_plan"
 
 #: Heartbeat interval a run gets unless ``start``/``claim`` say otherwise (``plan_start``).
 DEFAULT_HEARTBEAT = dt.timedelta(seconds=120)
-
-
-# -- errors (functions/ERRORS.md, PF1xx) ----------------------------------------------------------
-class UnknownAction(PgfenceError):
-    """PF101: a step names an action that is not on the allow-list (or was retired)."""
-
-
-class ActionConflict(PgfenceError):
-    """PF102: the action name is registered to another kind or another function."""
-
-
-class SelfApproval(PgfenceError):
-    """PF103: the approver is the proposer (by name, or by database login unless that login is a
-    superuser); someone else must approve, from their own login."""
-
-
-class StepOutOfOrder(PgfenceError):
-    """PF104: ``record_step`` for a step after the plan's next step."""
-
-
-class NotExternalStep(PgfenceError):
-    """PF105: ``record_step`` for a SQL step (those are run by ``plan_run_step``)."""
-
-
-class NotCompensable(PgfenceError):
-    """PF106: only an executed or failed plan can be compensated."""
-
-
-class StepNotBegun(PgfenceError):
-    """PF107: a receipt for a SQL step that was not begun in the same transaction (only
-    ``plan_run_step`` writes SQL receipts)."""
-
-
-class ActionChanged(PgfenceError):
-    """PF108: the function of a step's action was replaced since the plan was proposed. Usually
-    seen as the SQLSTATE of an ``error`` receipt (the step did not run); raised only for an ok
-    receipt written past ``plan_run_step``."""
-
-
-for _state, _cls in (("PF101", UnknownAction), ("PF102", ActionConflict),
-                     ("PF103", SelfApproval), ("PF104", StepOutOfOrder),
-                     ("PF105", NotExternalStep), ("PF106", NotCompensable),
-                     ("PF107", StepNotBegun), ("PF108", ActionChanged)):
-    register(_state, _cls)
 
 
 # -- result shapes --------------------------------------------------------------------------------
@@ -160,27 +127,6 @@ class ExecuteResult:
 AnyConn = psycopg.Connection[Any]
 
 
-@contextmanager
-def _sqlstate() -> Iterator[None]:
-    try:
-        yield
-    except psycopg.Error as exc:
-        raise translate(exc) from exc
-
-
-def _scalar(conn: AnyConn, query: str, params: Sequence[Any]) -> Any:
-    with _sqlstate(), conn.cursor(row_factory=tuple_row) as cur:
-        cur.execute(query, params)
-        row = cur.fetchone()
-    return None if row is None else row[0]
-
-
-def _rows(conn: AnyConn, query: str, params: Sequence[Any]) -> list[dict[str, Any]]:
-    with _sqlstate(), conn.cursor(row_factory=dict_row) as cur:
-        cur.execute(query, params)
-        return cur.fetchall()
-
-
 # -- allow-list -----------------------------------------------------------------------------------
 def register_action(conn: AnyConn, name: str, function: str | None, description: str) -> bool:
     """Put an action on the allow-list (administrators, role ``pgfence_admin``).
@@ -199,17 +145,17 @@ def register_action(conn: AnyConn, name: str, function: str | None, description:
         InvalidArgument (22004/22023: bad name, description or signature), ActionConflict
         (PF102), psycopg.errors.UndefinedFunction (42883: no such function).
     """
-    return bool(_scalar(conn, SQL_REGISTER_ACTION, (name, function, description)))
+    return bool(scalar(conn, SQL_REGISTER_ACTION, (name, function, description)))
 
 
 def retire_action(conn: AnyConn, name: str) -> bool:
     """Take an action off the allow-list; False if already retired. Raises NotFound (P0002)."""
-    return bool(_scalar(conn, SQL_RETIRE_ACTION, (name,)))
+    return bool(scalar(conn, SQL_RETIRE_ACTION, (name,)))
 
 
 def actions(conn: AnyConn) -> list[dict[str, Any]]:
     """The allow-list (view ``pgfence.plan_actions``): name, kind, function, description, ..."""
-    return _rows(conn, SQL_ACTIONS, ())
+    return rows(conn, SQL_ACTIONS, ())
 
 
 # -- propose / decide -----------------------------------------------------------------------------
@@ -235,7 +181,7 @@ def propose(conn: AnyConn, steps: Sequence[dict[str, Any]], proposed_by: str, *,
         NotCompensable (PF106), IdempotencyKeyReused (PF003), SerializationFailure (40001),
         psycopg.errors.UndefinedFunction (42883: a SQL action whose function was dropped).
     """
-    return int(_scalar(conn, SQL_PROPOSE, (Jsonb(list(steps)), proposed_by, ttl,
+    return int(scalar(conn, SQL_PROPOSE, (Jsonb(list(steps)), proposed_by, ttl,
                                            idempotency_key, compensates)))
 
 
@@ -246,7 +192,7 @@ def compensate(conn: AnyConn, plan_id: int, steps: Sequence[dict[str, Any]], by:
 
     Returns the new plan's id. Raises as :func:`propose`.
     """
-    return int(_scalar(conn, SQL_COMPENSATE, (plan_id, Jsonb(list(steps)), by, ttl,
+    return int(scalar(conn, SQL_COMPENSATE, (plan_id, Jsonb(list(steps)), by, ttl,
                                               idempotency_key)))
 
 
@@ -260,7 +206,7 @@ def approve(conn: AnyConn, plan_id: int, by: str) -> str | None:
     Raises:
         SelfApproval (PF103), NotFound (P0002), InvalidArgument.
     """
-    status = _scalar(conn, SQL_APPROVE, (plan_id, by))
+    status = scalar(conn, SQL_APPROVE, (plan_id, by))
     return None if status is None else str(status)
 
 
@@ -269,7 +215,7 @@ def reject(conn: AnyConn, plan_id: int, by: str, reason: str) -> bool:
 
     Raises NotFound (P0002), InvalidArgument (missing/too long reason).
     """
-    return bool(_scalar(conn, SQL_REJECT, (plan_id, by, reason)))
+    return bool(scalar(conn, SQL_REJECT, (plan_id, by, reason)))
 
 
 # -- runs -----------------------------------------------------------------------------------------
@@ -288,7 +234,7 @@ def start(conn: AnyConn, plan_id: int, worker: str,
     Raises:
         InvalidArgument (22004/22023: worker, heartbeat), NotFound (P0002).
     """
-    token = _scalar(conn, SQL_START, (plan_id, worker, heartbeat))
+    token = scalar(conn, SQL_START, (plan_id, worker, heartbeat))
     return None if token is None else int(token)
 
 
@@ -299,7 +245,7 @@ def claim(conn: AnyConn, worker: str, batch: int = 1, *, external_only: bool = F
     ``external_only``: only released runs whose next step is external. Each
     :class:`ClaimedPlan` carries the run token for the owner calls.
     """
-    with _sqlstate(), conn.cursor(row_factory=class_row(ClaimedPlan)) as cur:
+    with translated(), conn.cursor(row_factory=class_row(ClaimedPlan)) as cur:
         cur.execute(SQL_CLAIM, (worker, batch, external_only, heartbeat))
         return cur.fetchall()
 
@@ -309,13 +255,13 @@ def release(conn: AnyConn, plan_id: int, worker: str, token: int) -> bool:
 
     False = ``worker`` does not own a live run under ``token`` (nothing changed).
     """
-    return bool(_scalar(conn, SQL_RELEASE, (plan_id, worker, token)))
+    return bool(scalar(conn, SQL_RELEASE, (plan_id, worker, token)))
 
 
 def heartbeat(conn: AnyConn, plan_id: int, worker: str, token: int) -> bool:
     """Extend the run's deadline; False = ``worker`` lost the run (or a newer take holds it
     under a newer token) and must stop."""
-    return bool(_scalar(conn, SQL_HEARTBEAT, (plan_id, worker, token)))
+    return bool(scalar(conn, SQL_HEARTBEAT, (plan_id, worker, token)))
 
 
 def run_step(conn: AnyConn, plan_id: int, worker: str, token: int, *,
@@ -329,7 +275,7 @@ def run_step(conn: AnyConn, plan_id: int, worker: str, token: int, *,
     Raises:
         InvalidArgument (22004/22023: worker, token), NotFound (P0002).
     """
-    with _sqlstate(), conn.cursor(row_factory=class_row(StepResult)) as cur:
+    with translated(), conn.cursor(row_factory=class_row(StepResult)) as cur:
         cur.execute(SQL_RUN_STEP, (plan_id, worker, token, external_only))
         row = cur.fetchone()
     assert row is not None
@@ -344,7 +290,7 @@ def record_step(conn: AnyConn, plan_id: int, step_index: int, worker: str, token
     Raises:
         StepOutOfOrder (PF104), NotExternalStep (PF105), InvalidArgument, NotFound.
     """
-    return bool(_scalar(conn, SQL_RECORD_STEP,
+    return bool(scalar(conn, SQL_RECORD_STEP,
                         (plan_id, step_index, worker, token, ok,
                          Jsonb(output) if output is not None else None, error)))
 
@@ -362,7 +308,7 @@ def execute(conn: AnyConn, plan_id: int, worker: str,
     """
     if not conn.autocommit:
         raise ValueError("plan execute commits after every step: use an autocommit connection")
-    with _sqlstate(), conn.cursor(row_factory=tuple_row) as cur:
+    with translated(), conn.cursor(row_factory=tuple_row) as cur:
         cur.execute(SQL_EXECUTE, (plan_id, worker, heartbeat))
         row = cur.fetchone()
     assert row is not None
@@ -372,26 +318,26 @@ def execute(conn: AnyConn, plan_id: int, worker: str,
 # -- read -----------------------------------------------------------------------------------------
 def get(conn: AnyConn, plan_id: int) -> dict[str, Any]:
     """One plan (``pgfence.plan_get``; heals a lapsed run first). Raises NotFound (P0002)."""
-    rows = _rows(conn, SQL_GET, (plan_id,))
-    assert rows
-    return rows[0]
+    found = rows(conn, SQL_GET, (plan_id,))
+    assert found
+    return found[0]
 
 
 def steps(conn: AnyConn, plan_id: int) -> list[dict[str, Any]]:
     """Every step with its receipt and state (ok, error, next, running, waiting, unknown, not_run)."""
-    return _rows(conn, SQL_STEPS, (plan_id,))
+    return rows(conn, SQL_STEPS, (plan_id,))
 
 
 def receipts(conn: AnyConn, plan_id: int) -> list[dict[str, Any]]:
     """The committed receipts of one plan, by step."""
-    return _rows(conn, SQL_RECEIPTS, (plan_id,))
+    return rows(conn, SQL_RECEIPTS, (plan_id,))
 
 
 def list_plans(conn: AnyConn, status: str | None = None, limit: int = 100) -> list[dict[str, Any]]:
     """Newest plans first, optionally of one status (no steps)."""
-    return _rows(conn, SQL_LIST, (status, limit))
+    return rows(conn, SQL_LIST, (status, limit))
 
 
 def reap_stale(conn: AnyConn, max_rows: int = 1000) -> int:
     """Run the plan reaper once: lapsed runs -> failed (interrupted), old proposals -> expired."""
-    return int(_scalar(conn, SQL_REAP, (max_rows,)) or 0)
+    return int(scalar(conn, SQL_REAP, (max_rows,)) or 0)

@@ -56,7 +56,7 @@ from starlette.staticfiles import StaticFiles
 from ..db import aschema_version, check_version
 from ..documents import api
 from ..documents.connections import ConnectionSource
-from ..errors import PgfenceError
+from ..errors import SQLSTATES, PgfenceError
 from .auth import READ, WRITE, Authenticate, Authorize, Forbidden, Principal, Unauthenticated
 
 logger = logging.getLogger(__name__)
@@ -64,32 +64,11 @@ logger = logging.getLogger(__name__)
 STATIC_DIR = Path(__file__).resolve().parent / "static"
 MAX_DOCUMENT_ID = 2**63 - 1
 
-#: SQLSTATE → (HTTP status, error name). The one table; anything else is 500 internal_error.
-#: 503 answers are transient: retry the same request (a save with the same Idempotency-Key).
+#: SQLSTATE → (HTTP status, error name), read from the one SQLSTATE table
+#: (:data:`pgfence.errors.SQLSTATES`); anything else is 500 internal_error. 503 answers are
+#: transient: retry the same request (a save with the same Idempotency-Key).
 HTTP_BY_SQLSTATE: dict[str, tuple[int, str]] = {
-    "22004": (422, "invalid_argument"),         # a required value is missing
-    "22023": (422, "invalid_argument"),         # content of the wrong shape, bad save id
-    "22P02": (422, "invalid_argument"),         # JSON jsonb refuses (a lone surrogate)
-    "22P05": (422, "invalid_argument"),         # JSON jsonb refuses (\u0000 in a string)
-    "22003": (422, "invalid_argument"),         # a number out of a column's range
-    "P0002": (404, "not_found"),                # unknown document or version
-    "PF001": (409, "illegal_transition"),
-    "PF002": (409, "immutable"),
-    "PF003": (422, "idempotency_key_reused"),   # same key, other content or base version
-    "PF301": (413, "content_too_large"),        # over the kind's max_bytes
-    "PF302": (422, "unknown_kind"),
-    "PF303": (422, "version_unknown"),          # expected version never issued
-    "PF304": (500, "merge_invalid"),            # the kind's merge function is broken
-    "42501": (500, "insufficient_privilege"),   # the server's database login lacks a grant
-    "40001": (503, "retry"),                    # serialization failure
-    "40P01": (503, "retry"),                    # deadlock
-    "55P03": (503, "retry"),                    # lock not available
-    "57014": (503, "retry"),                    # statement timeout / cancelled
-    "57P01": (503, "database_unavailable"),     # admin shutdown
-    "57P02": (503, "database_unavailable"),     # crash shutdown
-    "57P03": (503, "database_unavailable"),     # cannot connect now
-    "53300": (503, "database_unavailable"),     # too many connections
-}
+    code: row.http for code, row in SQLSTATES.items() if row.http is not None}
 _SQLSTATE_CLASS_08 = (503, "database_unavailable")  # connection exceptions
 
 

@@ -34,7 +34,7 @@ HTTP API (JSON bodies):
 ``GET /healthz``                            ``{"ok": true}``
 ==========================================  ====================================================
 
-Run it: ``pgfence op simulator --port 8765`` or ``python -m pgfence.operation.simulator``.
+Run it: ``pgfence op simulator --port 8765`` or ``python -m pgfence_demo.simulator``.
 """
 
 from __future__ import annotations
@@ -286,7 +286,7 @@ async def run(sim: Simulator, host: str = "127.0.0.1", port: int = 0) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     """Command-line options, shared with ``pgfence op simulator``."""
-    p = argparse.ArgumentParser(prog="python -m pgfence.operation.simulator",
+    p = argparse.ArgumentParser(prog="python -m pgfence_demo.simulator",
                                 description="A local HTTP service of slow operations.")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8765, help="0 = a free port (printed)")
@@ -301,7 +301,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Entry point of ``python -m pgfence.operation.simulator``."""
+    """Entry point of ``python -m pgfence_demo.simulator``."""
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s simulator: %(message)s")
     sim = Simulator(mode=args.mode, queue_time=args.queue_time, run_time=args.run_time,

@@ -6,7 +6,8 @@ import datetime as dt
 from dataclasses import dataclass
 from typing import Any
 
-from .. import outbox
+from pgfence import outbox
+
 from . import DemoContext, audit_views
 
 TITLE = "Outbox: notifications delivered at least once, with bounded, spaced retries"

@@ -1,10 +1,18 @@
 """``pgfence demo``: the main job on a real PostgreSQL, scene by scene, with its checks.
 
-Each module contributes a *scene*: a module ``pgfence.demo.<name>`` listed in :data:`SCENES`
-with ``TITLE: str`` and ``run(ctx: DemoContext) -> None``. A scene drives real processes (the
-executor as a subprocess it may SIGKILL), real receivers and the SQL functions, prints what
-happens, and states its expectations with :meth:`DemoContext.check`. The demo exits non-zero if
-any check failed, and always stops what it started (executors, receivers, the cluster).
+This package is not part of the runtime ``pgfence`` package and not in its wheel: it holds what
+the demo and the tests run beside pgfence, and ships with the source (an editable install of the
+checkout, which ``make demo`` and ``make test`` make, puts ``glue/`` on ``sys.path``):
+
+- the scenes: each module ``pgfence_demo.<name>`` listed in :data:`SCENES` has ``TITLE: str`` and
+  ``run(ctx: DemoContext) -> None``. A scene drives real processes (the executor as a subprocess
+  it may SIGKILL), real receivers and the SQL functions, prints what happens, and states its
+  expectations with :meth:`DemoContext.check`. The demo exits non-zero if any check failed, and
+  always stops what it started (executors, receivers, the cluster);
+- the stand-ins for the world outside: :mod:`.receivers` (a webhook receiver and an SMTP sink),
+  :mod:`.simulator` (a slow-operations HTTP service, ``pgfence op simulator``) and
+  :mod:`.faults` (:class:`~pgfence_demo.faults.FaultyLink`, a TCP proxy in front of PostgreSQL
+  that drops, holds or black-holes traffic).
 """
 
 from __future__ import annotations
@@ -162,7 +170,7 @@ def _receivers() -> Iterator[tuple[WebhookReceiver, SmtpSink]]:
 
 def run_demo(dsn: str, scenes: Sequence[str] | None = None) -> int:
     """Migrate ``dsn``, run the scenes, print the verdict; return the process exit code."""
-    from ..migrate import migrate
+    from pgfence.migrate import migrate
 
     result = migrate(dsn)
     click.echo(f"database migrated (schema version {result.schema_version})")

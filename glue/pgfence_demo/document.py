@@ -18,7 +18,7 @@ from typing import Any
 
 import click
 
-from ..documents import (
+from pgfence.documents import (
     ConflictPending,
     DocumentSession,
     MergeConflict,
@@ -26,8 +26,9 @@ from ..documents import (
     StateChange,
     api,
 )
-from ..documents.faults import FaultyLink
+
 from . import DemoContext
+from .faults import FaultyLink
 
 TITLE = "Documents: compare-and-swap saves, explicit conflicts, lost answers, drafts after a crash"
 
@@ -157,7 +158,7 @@ async def _dropped_answer(ctx: DemoContext, drafts: Path, doc: int) -> None:
 
 def _crash_writer(ctx: DemoContext, doc: int, drafts: Path, content: Any) -> None:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "pgfence.demo.document", "crash-writer", "--dsn", ctx.dsn,
+        [sys.executable, "-m", "pgfence_demo.document", "crash-writer", "--dsn", ctx.dsn,
          "--doc", str(doc), "--drafts", str(drafts), "--user", "carol",
          "--content", json.dumps(content)],
         stdout=subprocess.PIPE, text=True)
@@ -209,7 +210,7 @@ async def _crash_and_draft(ctx: DemoContext, drafts: Path, doc: int) -> None:
     ctx.check(final.content["notes"] == "carol: add the hiring plan"
               and final.content["budget"] == 175,
               f"carol's note and ann's budget are both in version {final.version}")
-    from ..documents import DraftStore
+    from pgfence.documents import DraftStore
     with DraftStore(drafts) as store:
         left = store.list(user="carol", document_id=doc)
     ctx.check(not left, "the draft was deleted once its content was saved")
@@ -239,7 +240,7 @@ def run(ctx: DemoContext) -> None:
 
 
 def _crash_writer_main(argv: list[str]) -> None:
-    """``python -m pgfence.demo.document crash-writer …``: edit, say so, wait to be killed."""
+    """``python -m pgfence_demo.document crash-writer …``: edit, say so, wait to be killed."""
     p = argparse.ArgumentParser()
     p.add_argument("cmd", choices=["crash-writer"])
     p.add_argument("--dsn", required=True)

@@ -14,7 +14,8 @@ from typing import Any
 
 import click
 
-from .. import operation
+from pgfence import operation
+
 from . import DemoContext, audit_views
 
 TITLE = "Operations: a branch reset issued once, one per branch, taken over after a crash"
@@ -26,7 +27,7 @@ KIND = "branch.reset"
 def _simulator(ctx: DemoContext) -> Iterator[str]:
     """The slow-operations service, as its own process; yields its URL."""
     proc = subprocess.Popen(
-        [sys.executable, "-u", "-m", "pgfence.operation.simulator", "--port", "0",
+        [sys.executable, "-u", "-m", "pgfence_demo.simulator", "--port", "0",
          "--mode", "idempotent", "--queue-time", "1", "--run-time", "6"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     assert proc.stdout is not None

@@ -23,7 +23,7 @@ class _Http:
 
     def __call__(self, method: str, path: str, body: Any = None, *, user: str | None = None,
                  headers: dict[str, str] | None = None) -> tuple[int, dict[str, str], Any]:
-        from ..web import DEMO_USER_HEADER
+        from pgfence.web import DEMO_USER_HEADER
 
         conn = http.client.HTTPConnection(self.host, self.port, timeout=10)
         hdrs = dict(headers or {})
@@ -107,7 +107,7 @@ def _scenes(ctx: DemoContext, call: _Http) -> None:
 
 def run(ctx: DemoContext) -> None:
     try:
-        from ..web import DEMO_USER_HEADER, ServerThread, serve_app, trusted_header_auth
+        from pgfence.web import DEMO_USER_HEADER, ServerThread, serve_app, trusted_header_auth
     except ModuleNotFoundError as exc:
         ctx.check(False, f"the web extra is not installed ({exc.name}): pip install 'pgfence[web]'")
         return

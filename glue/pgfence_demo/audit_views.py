@@ -10,7 +10,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from .. import audit
+from pgfence import audit
+
 from . import DemoContext
 
 

@@ -7,8 +7,9 @@ from typing import Any
 
 import psycopg
 
-from .. import plan
-from ..errors import PgfenceError
+from pgfence import plan
+from pgfence.errors import PgfenceError
+
 from . import DemoContext, audit_views
 
 TITLE = "Plans: proposed, approved, executed step by step with receipts; killed mid-plan; undone"
