@@ -2140,12 +2140,32 @@ COMMENT ON FUNCTION pgfence.outbox_list(text, text, integer) IS
 Errors: 22023 (unknown status, limit outside 1..10000).';
 
 
--- ==== functions/20_plan.sql
--- pgfence functions/20_plan.sql — Module 2: approved plans.
+-- ==== functions/20_plan_guards.sql
+-- pgfence functions/20_plan_guards.sql — plans (module 2): the state machine's guards and events.
 --
 -- A plan is a frozen JSON array of steps that someone (a script, an AI agent) proposes, a person
--- approves, and a worker executes in order, writing a receipt per step in the same transaction
--- as the step's effect. After any crash the receipts say exactly which steps committed.
+-- approves and a worker executes in order, writing a receipt per step in the same transaction as
+-- the step's effect: after any crash the receipts say exactly which steps committed. Files: 20
+-- guards and events, 21 private helpers, 22 allow-list and proposals, 23 taking a run, 24
+-- running steps (the receipt handshake), 25 reads and the reaper.
+-- Here: tg_plan_guard and tg_plan_step_guard (PF001/PF002, for hand-written SQL too), the
+-- purge-only deletes, tg_plan_event / tg_plan_step_event (event log, NOTIFY pgfence_plan) and the
+-- tables' comments. No public functions. Errors: functions/ERRORS.md (PF1xx are this module's).
+
+-- The tables (created by migrations 0003 and 0010; their comments live here, re-applied by every
+-- migrate).
+COMMENT ON TABLE pgfence.plan IS
+  'Approved plans: one row per proposal, with its status, approval, owner, run token and progress.
+A frozen list of steps (rows of pgfence.plan_step) proposed by someone (a script, an AI agent), approved by a person, executed in order with a receipt per step. Status machine pending -> approved -> executing -> executed | failed, pending -> rejected | expired; enforced by tg_plan_guard. Not an API: use the pgfence.plan_* functions and views.';
+COMMENT ON TABLE pgfence.plan_step IS
+  'Plan steps: each frozen step of a plan and, once it ran, its receipt (written exactly once).
+One row per plan step: the frozen step (action, kind, the function of a sql action, args, note), written with the proposal and never changed, and its receipt (outcome ok with output, or error; worker; times), written exactly once in the same transaction as the step''s database effect (sql) or as the executor''s report (external). A step without an outcome did not commit. Not an API: read pgfence.plan_receipts or pgfence.plan_steps(id).';
+COMMENT ON TABLE pgfence.plan_action IS
+  'The allow-list of plan actions: a plan step can name nothing else.
+kind sql = a function f(args jsonb) RETURNS jsonb run by plan_run_step with the executing role''s privileges; kind external = a side effect the executor performs through the transport routed for the action name. Not an API: use pgfence.plan_register_action / plan_retire_action and the view pgfence.plan_actions.';
+
+-- ---------------------------------------------------------------------------------------------
+-- The plan machine, held by tg_plan_guard against any UPDATE (psql included):
 --
 --   pending --plan_approve--> approved --plan_start / plan_claim--> executing --> executed
 --      |                                                              |
@@ -2153,63 +2173,6 @@ Errors: 22023 (unknown status, limit outside 1..10000).';
 --      +--plan_approve after expires_at / reaper--> expired           |     an error receipt;
 --                                                                     |     interrupted: the
 --                                                                     |     heartbeat lapsed)
--- Enforced by tg_plan_guard (PF001/PF002), not only by these functions.
---
--- Steps name actions from the allow-list (plan_action): kind sql = a function f(jsonb) RETURNS
--- jsonb that plan_run_step runs inside a subtransaction, with the privileges of the role that
--- executes the plan (plan_run_step is NOT security definer; only its bookkeeping helpers
--- _plan_step_begin / _plan_step_finish are); kind external = an effect the executor performs
--- (through the outbox transports, idempotency key pgfence-plan-<id>-step-<n>) and reports with
--- plan_record_step. No retries: a failed step is a receipt, a new attempt is a new proposal,
--- and an undo is a compensating plan (plan_compensate) with its own approval and receipts.
---
--- Ownership of a run: plan_start / plan_claim make a worker the owner and return the run's
--- fence token (plan.run_token, bumped by every take: a start, a claim, a takeover of a released
--- run, a re-entry under the owner's own name, which also writes a 'reenter' event); every owner
--- write (run a step, record a step, heartbeat, release) locks the plan row and is refused unless
--- the plan is still executing by that worker, under that token, with a live heartbeat. So a
--- second process that takes the run under the same name fences the first one out, instead of
--- both acting as the owner. A lapsed heartbeat turns the
--- plan failed (interrupted) at the next lock-and-check, read (plan_get, plan_steps, plan_list)
--- or reaper run (plan_reap_stale), whichever comes first, so the answer depends only on the
--- database clock. An owner may release the run between steps (worker = NULL, e.g. to hand an
--- external step to an executor); another worker must take it over before the heartbeat lapses.
---
--- What was approved is what runs, and who approved it is another login:
---   * each sql step records, at proposal, the md5 of its function's definition
---     (pg_get_functiondef); a step whose function was replaced since does not run: its receipt
---     is an error PF108 and the plan fails (a dropped function: 42883; a retired action: PF101);
---   * plan_approve refuses (PF103) the approver name of the proposer, and the database login
---     (session_user) that proposed (plan.proposed_db_user), unless that login is a superuser;
---     every event records its login (event.db_user) next to the actor name it was given.
--- SQL receipts: _plan_step_begin stamps the step it hands out and the current transaction on the
--- plan row (step_begun, step_begun_xact); _plan_step_finish writes a receipt only for that step
--- in that transaction (PF107). Remaining trust: the action runs with the caller's privileges, so
--- a role granted both helpers (pgfence_executor, pgfence_admin) can still begin a step and write
--- its ok receipt in one transaction without running the action; grant pgfence_executor only to
--- executor logins trusted to run what plans say.
--- Rows: a hand-written INSERT must be a fresh proposal (PF001); plans, steps and receipts are
--- deleted only by the purge (PF002 otherwise, see tg_purge_only).
---
--- Actions run with search_path = pg_catalog, pgfence, pg_temp: write them with qualified names
--- or give them their own SET search_path.
--- Errors: functions/ERRORS.md (PF1xx are this module's).
---
--- Plans (tests/test_module_plans.py reads them through auto_explain): a statement that finds a
--- plan by id and also names its status compares the status with a PL/pgSQL constant
--- (c_executing, c_pending), in a function pinned to a generic plan (SET plan_cache_mode =
--- force_generic_plan, enable_seqscan / enable_bitmapscan off, as the outbox's hot functions).
--- With the literal the planner proves a partial index's predicate (plan_heartbeat_idx: status =
--- 'executing'; plan_pending_expiry_idx: 'pending'), and statistics taken while few plans were
--- in that status made every step a scan of every live heartbeat (_plan_step_begin) and every
--- approval a scan of all pending plans — in custom plans too, where a constant is folded back
--- into a literal, hence the pin. plan_claim walks one index per status that holds only its
--- candidates (migration 0008): one OR over both statuses, analysed while many plans were
--- approved or executing, was planned as a walk of the whole primary key, so that every claim
--- read the history.
-
--- ---------------------------------------------------------------------------------------------
--- Status machine guard
 -- ---------------------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION pgfence.tg_plan_guard()
 RETURNS trigger
@@ -2220,7 +2183,9 @@ BEGIN
   IF TG_OP = 'INSERT' THEN
     -- Reached only through the WHEN condition of plan_insert_guard: the row is not a proposal.
     RAISE EXCEPTION 'plan: a new plan starts pending at step 1, proposed by this login (%), without approval, rejection, owner, heartbeat, failure or finish', session_user
-      USING ERRCODE = 'PF001', HINT = 'Use pgfence.plan_propose(); a plan reaches any other state only through the plan_* functions.';
+      USING ERRCODE = 'PF001',
+            DETAIL = format('The new row has status %s, next step %s, proposed_db_user %s.', NEW.status, NEW.next_step, NEW.proposed_db_user),
+            HINT = 'Use pgfence.plan_propose(); a plan reaches any other state only through the plan_* functions.';
   END IF;
   IF NEW.id IS DISTINCT FROM OLD.id
      OR NEW.step_count IS DISTINCT FROM OLD.step_count
@@ -2231,16 +2196,20 @@ BEGIN
      OR NEW.idempotency_key IS DISTINCT FROM OLD.idempotency_key
      OR NEW.compensates IS DISTINCT FROM OLD.compensates THEN
     RAISE EXCEPTION 'plan % is immutable: its step count, proposer (name and login), expiry, idempotency key and the plan it compensates never change', OLD.id
-      USING ERRCODE = 'PF002', HINT = 'Propose a new plan instead.';
+      USING ERRCODE = 'PF002', DETAIL = 'These fields are what the approver saw; changing them would run something nobody approved.',
+            HINT = 'Propose a new plan instead.';
   END IF;
   IF (OLD.approved_by IS NOT NULL AND (NEW.approved_by, NEW.approved_at) IS DISTINCT FROM (OLD.approved_by, OLD.approved_at))
      OR (OLD.started_at IS NOT NULL AND NEW.started_at IS DISTINCT FROM OLD.started_at) THEN
     RAISE EXCEPTION 'plan %: who approved it and when it started never change', OLD.id
-      USING ERRCODE = 'PF002', HINT = 'Propose a new plan instead.';
+      USING ERRCODE = 'PF002',
+            DETAIL = format('Approved by %s at %s, started at %s.', OLD.approved_by, OLD.approved_at, OLD.started_at),
+            HINT = 'Propose a new plan instead.';
   END IF;
   IF NEW.next_step < OLD.next_step THEN
     RAISE EXCEPTION 'plan %: next_step never goes back (% -> %): committed steps stay committed', OLD.id, OLD.next_step, NEW.next_step
-      USING ERRCODE = 'PF002', HINT = 'To undo steps, propose a compensating plan (pgfence.plan_compensate).';
+      USING ERRCODE = 'PF002', DETAIL = 'Every step before next_step committed with its ok receipt.',
+            HINT = 'To undo steps, propose a compensating plan (pgfence.plan_compensate).';
   END IF;
   IF NEW.run_token < OLD.run_token THEN
     RAISE EXCEPTION 'plan %: the run token never goes back (% -> %)', OLD.id, OLD.run_token, NEW.run_token
@@ -2270,13 +2239,15 @@ BEGIN
        SELECT 1 FROM pgfence.plan_step s
        WHERE s.plan_id = OLD.id AND s.step_index = OLD.next_step AND s.outcome = 'ok') THEN
     RAISE EXCEPTION 'plan %: step % has no ok receipt, the plan cannot move past it', OLD.id, OLD.next_step
-      USING ERRCODE = 'PF001', HINT = 'Steps advance only through plan_run_step / plan_record_step.';
+      USING ERRCODE = 'PF001', DETAIL = 'next_step advances only over the ok receipt of the step it leaves.',
+            HINT = 'Steps advance only through plan_run_step / plan_record_step.';
   END IF;
   IF NEW.status = 'failed' AND OLD.status <> 'failed' AND NEW.failure = 'step_error' AND NOT EXISTS (
        SELECT 1 FROM pgfence.plan_step s
        WHERE s.plan_id = OLD.id AND s.step_index = NEW.next_step AND s.outcome = 'error') THEN
     RAISE EXCEPTION 'plan %: failure step_error needs the error receipt of step %', OLD.id, NEW.next_step
-      USING ERRCODE = 'PF001', HINT = 'Steps fail only through plan_run_step / plan_record_step.';
+      USING ERRCODE = 'PF001', DETAIL = 'failure = step_error names the step whose error receipt stopped the plan.',
+            HINT = 'Steps fail only through plan_run_step / plan_record_step.';
   END IF;
   NEW.updated_at := now();
   RETURN NEW;
@@ -2284,7 +2255,8 @@ END
 $$;
 REVOKE ALL ON FUNCTION pgfence.tg_plan_guard() FROM PUBLIC;
 COMMENT ON FUNCTION pgfence.tg_plan_guard() IS
-  'BEFORE UPDATE trigger on pgfence.plan: refuses any transition outside the plan machine, a step advancing without its ok receipt, and a hand-over between two owners without a release (PF001); refuses changes to the frozen plan (step count, proposer name and login, expiry, key, compensated plan, approver, start), next_step or the run token going back (PF002) — even from a hand-written UPDATE. Also BEFORE INSERT, filtered by a WHEN condition: a new row that is not a fresh proposal (pending, step 1, proposed by session_user, no approval / rejection / owner / heartbeat / failure / finish) is refused (PF001).';
+  'Trigger: holds the plan state machine and the frozen fields of pgfence.plan, for any writer.
+BEFORE UPDATE trigger on pgfence.plan: refuses any transition outside the plan machine, a step advancing without its ok receipt, and a hand-over between two owners without a release (PF001); refuses changes to the frozen plan (step count, proposer name and login, expiry, key, compensated plan, approver, start), next_step or the run token going back (PF002) — even from a hand-written UPDATE. Also BEFORE INSERT, filtered by a WHEN condition: a new row that is not a fresh proposal (pending, step 1, proposed by session_user, no approval / rejection / owner / heartbeat / failure / finish) is refused (PF001).';
 
 CREATE OR REPLACE TRIGGER plan_guard
   BEFORE UPDATE ON pgfence.plan
@@ -2322,18 +2294,23 @@ BEGIN
   IF TG_OP = 'INSERT' THEN
     IF v_plan.status IS DISTINCT FROM 'pending' OR NEW.step_index > v_plan.step_count OR NEW.outcome IS NOT NULL THEN
       RAISE EXCEPTION 'plan %: step % can only be written with the proposal, without a receipt', NEW.plan_id, NEW.step_index
-        USING ERRCODE = 'PF001', HINT = 'Steps are written by pgfence.plan_propose; receipts by plan_run_step / plan_record_step.';
+        USING ERRCODE = 'PF001',
+              DETAIL = format('Plan %s is %s with %s steps; the new step has outcome %s.',
+                              NEW.plan_id, coalesce(v_plan.status, 'not found'), v_plan.step_count, coalesce(NEW.outcome, 'none')),
+              HINT = 'Steps are written by pgfence.plan_propose; receipts by plan_run_step / plan_record_step.';
     END IF;
     RETURN NEW;
   END IF;
   IF (NEW.plan_id, NEW.step_index, NEW.action, NEW.kind, NEW.function, NEW.args, NEW.note)
      IS DISTINCT FROM (OLD.plan_id, OLD.step_index, OLD.action, OLD.kind, OLD.function, OLD.args, OLD.note) THEN
     RAISE EXCEPTION 'plan %: step % is immutable once proposed', OLD.plan_id, OLD.step_index
-      USING ERRCODE = 'PF002', HINT = 'Propose a new plan instead.';
+      USING ERRCODE = 'PF002', DETAIL = 'A step''s action, kind, function, args and note are what the approver saw.',
+            HINT = 'Propose a new plan instead.';
   END IF;
   IF OLD.outcome IS NOT NULL THEN
     RAISE EXCEPTION 'receipt of plan % step % is immutable', OLD.plan_id, OLD.step_index
-      USING ERRCODE = 'PF002', HINT = 'A receipt records what committed; to undo a step propose a compensating plan.';
+      USING ERRCODE = 'PF002', DETAIL = format('The step''s receipt says %s (finished at %s).', OLD.outcome, OLD.finished_at),
+            HINT = 'A receipt records what committed; to undo a step propose a compensating plan.';
   END IF;
   IF NEW.outcome IS NOT NULL AND (
        v_plan.status IS DISTINCT FROM 'executing'
@@ -2341,14 +2318,16 @@ BEGIN
        OR NEW.worker IS DISTINCT FROM v_plan.worker) THEN
     RAISE EXCEPTION 'plan %: a receipt for step % by % does not fit the run (status %, next step %, owner %)',
       NEW.plan_id, NEW.step_index, NEW.worker, v_plan.status, v_plan.next_step, v_plan.worker
-      USING ERRCODE = 'PF001', HINT = 'Receipts are written only by plan_run_step / plan_record_step, for the next step of an executing plan, by its owner.';
+      USING ERRCODE = 'PF001', DETAIL = 'A receipt is the outcome of the next step of an executing plan, written by its owner.',
+            HINT = 'Receipts are written only by plan_run_step / plan_record_step, for the next step of an executing plan, by its owner.';
   END IF;
   RETURN NEW;
 END
 $$;
 REVOKE ALL ON FUNCTION pgfence.tg_plan_step_guard() FROM PUBLIC;
 COMMENT ON FUNCTION pgfence.tg_plan_step_guard() IS
-  'BEFORE INSERT / UPDATE trigger on pgfence.plan_step: steps are inserted only with their pending plan, without a receipt (PF001), and never change (PF002); a receipt is written once, only for the next step of an executing plan, by its owner (PF001), and never changes (PF002). Deletes: see plan_step_purge_only (tg_purge_only: only in a purge, with the plan).';
+  'Trigger: plan steps are written with their proposal, receipts once, by the run''s owner.
+BEFORE INSERT / UPDATE trigger on pgfence.plan_step: steps are inserted only with their pending plan, without a receipt (PF001), and never change (PF002); a receipt is written once, only for the next step of an executing plan, by its owner (PF001), and never changes (PF002). Deletes: see plan_step_purge_only (tg_purge_only: only in a purge, with the plan).';
 
 CREATE OR REPLACE TRIGGER plan_step_guard
   BEFORE INSERT OR UPDATE ON pgfence.plan_step
@@ -2422,7 +2401,8 @@ END
 $$;
 REVOKE ALL ON FUNCTION pgfence.tg_plan_event() FROM PUBLIC;
 COMMENT ON FUNCTION pgfence.tg_plan_event() IS
-  'AFTER INSERT / UPDATE trigger on pgfence.plan: logs propose, approve, reject, expire, start, release, take, finish and fail to pgfence.event in the same transaction (start and take with the new run token in detail; reenter is written by plan_start itself); NOTIFY pgfence_plan {"id","status"[,"next"]} when a plan is proposed, approved, or released for another worker (delivered at commit).';
+  'Trigger: logs every plan transition to pgfence.event and wakes executors (NOTIFY pgfence_plan).
+AFTER INSERT / UPDATE trigger on pgfence.plan: logs propose, approve, reject, expire, start, release, take, finish and fail to pgfence.event in the same transaction (start and take with the new run token in detail; reenter is written by plan_start itself); NOTIFY pgfence_plan {"id","status"[,"next"]} when a plan is proposed, approved, or released for another worker (delivered at commit).';
 
 CREATE OR REPLACE TRIGGER plan_event_insert
   AFTER INSERT ON pgfence.plan
@@ -2450,16 +2430,27 @@ END
 $$;
 REVOKE ALL ON FUNCTION pgfence.tg_plan_step_event() FROM PUBLIC;
 COMMENT ON FUNCTION pgfence.tg_plan_step_event() IS
-  'AFTER UPDATE trigger on pgfence.plan_step: logs each receipt when it is written (step, action, outcome, error with SQLSTATE, small outputs) to pgfence.event in the step''s own transaction; fence = the step index.';
+  'Trigger: logs each plan step receipt to pgfence.event when it is written.
+AFTER UPDATE trigger on pgfence.plan_step: logs each receipt when it is written (step, action, outcome, error with SQLSTATE, small outputs) to pgfence.event in the step''s own transaction; fence = the step index.';
 
 CREATE OR REPLACE TRIGGER plan_step_event
   AFTER UPDATE OF outcome ON pgfence.plan_step
   FOR EACH ROW WHEN (OLD.outcome IS NULL AND NEW.outcome IS NOT NULL)
   EXECUTE FUNCTION pgfence.tg_plan_step_event();
 
--- ---------------------------------------------------------------------------------------------
--- Private helpers
--- ---------------------------------------------------------------------------------------------
+
+-- ==== functions/21_plan_helpers.sql
+-- pgfence functions/21_plan_helpers.sql — plans (module 2): private helpers.
+--
+-- Argument checks shared by the plan functions (_plan_check_name, _plan_check_heartbeat,
+-- _plan_check_token, _plan_require), the step idempotency key (_plan_step_key), the heal of
+-- lapsed runs and overdue proposals (_plan_heal, used by the reads and the reaper), the owner's
+-- lock (_plan_lock), and the validation and rendering of a plan's steps (_plan_normalize_steps,
+-- _plan_steps_json).
+-- Not an API: every function here starts with _ and is called by the plan_* functions only
+-- (_plan_step_key is also granted to the group roles: plan_run_step and the plan_receipts view
+-- call it as the reader). Errors: functions/ERRORS.md.
+
 CREATE OR REPLACE FUNCTION pgfence._plan_check_name(p_value text, p_what text)
 RETURNS void
 LANGUAGE plpgsql IMMUTABLE
@@ -2468,17 +2459,20 @@ AS $$
 BEGIN
   IF p_value IS NULL THEN
     RAISE EXCEPTION 'plan: % is required', p_what
-      USING ERRCODE = '22004', HINT = 'Name who does this: a person, a script or a worker (host:pid).';
+      USING ERRCODE = '22004', DETAIL = 'Every plan transition records who made it (the event log, the audit views).',
+            HINT = 'Name who does this: a person, a script or a worker (host:pid).';
   END IF;
   IF p_value = '' OR length(p_value) > 200 THEN
     RAISE EXCEPTION 'plan: % must be a non-empty name of at most 200 characters', p_what
-      USING ERRCODE = '22023', HINT = 'Use something an operator can trace.';
+      USING ERRCODE = '22023', DETAIL = format('Got %s characters.', length(p_value)),
+            HINT = 'Use something an operator can trace.';
   END IF;
 END
 $$;
 REVOKE ALL ON FUNCTION pgfence._plan_check_name(text, text) FROM PUBLIC;
 COMMENT ON FUNCTION pgfence._plan_check_name(text, text) IS
-  'Private: validates a proposer, approver or worker name; raises 22004 (NULL) or 22023 (empty, > 200 characters).';
+  'Private: validates a proposer, approver or worker name.
+Raises 22004 (NULL) or 22023 (empty, > 200 characters).';
 
 CREATE OR REPLACE FUNCTION pgfence._plan_check_heartbeat(p_heartbeat interval)
 RETURNS void
@@ -2488,7 +2482,8 @@ AS $$
 BEGIN
   IF p_heartbeat IS NOT NULL AND (p_heartbeat < interval '1 second' OR p_heartbeat > interval '1 day') THEN
     RAISE EXCEPTION 'plan: heartbeat must be between 1 second and 1 day, got %', p_heartbeat
-      USING ERRCODE = '22023', HINT = 'Pass NULL for the default (120 seconds), or the longest silence you accept before the run counts as interrupted.';
+      USING ERRCODE = '22023', DETAIL = 'A run whose owner stays silent longer than its heartbeat counts as interrupted.',
+            HINT = 'Pass NULL for the default (120 seconds), or the longest silence you accept before the run counts as interrupted.';
   END IF;
 END
 $$;
@@ -2516,7 +2511,8 @@ END
 $$;
 REVOKE ALL ON FUNCTION pgfence._plan_check_token(bigint) FROM PUBLIC;
 COMMENT ON FUNCTION pgfence._plan_check_token(bigint) IS
-  'Private: raises 22004 when an owner call passes no run token, 22023 for a token below 1 (never issued).';
+  'Private: checks the run token (the fence token of a plan run) an owner call passes.
+Raises 22004 when an owner call passes no run token, 22023 for a token below 1 (never issued).';
 
 CREATE OR REPLACE FUNCTION pgfence._plan_require(p_id bigint)
 RETURNS void
@@ -2525,18 +2521,22 @@ SET search_path = pg_catalog, pgfence, pg_temp
 AS $$
 BEGIN
   IF p_id IS NULL THEN
-    RAISE EXCEPTION 'plan: plan id is required' USING ERRCODE = '22004';
+    RAISE EXCEPTION 'plan: plan id is required'
+      USING ERRCODE = '22004', DETAIL = 'Every plan call names the plan it acts on.',
+            HINT = 'Pass the id that pgfence.plan_propose returned (pgfence plan list shows them).';
   END IF;
   PERFORM 1 FROM pgfence.plan WHERE id = p_id;
   IF NOT FOUND THEN
     RAISE EXCEPTION 'plan: no plan with id %', p_id
-      USING ERRCODE = 'P0002', HINT = 'Check the id (pgfence plan list).';
+      USING ERRCODE = 'P0002', DETAIL = 'No plan has this id: it was never proposed, or it was purged.',
+            HINT = 'Check the id (pgfence plan list).';
   END IF;
 END
 $$;
 REVOKE ALL ON FUNCTION pgfence._plan_require(bigint) FROM PUBLIC;
 COMMENT ON FUNCTION pgfence._plan_require(bigint) IS
-  'Private: raises 22004 for a NULL id and P0002 when no plan has this id (used on the lost-race path to tell a stale call from an unknown id).';
+  'Private: raises 22004 for a NULL plan id and P0002 when no plan has this id.
+Used on the lost-race path to tell a stale call from an unknown id.';
 
 CREATE OR REPLACE FUNCTION pgfence._plan_step_key(p_id bigint, p_step integer)
 RETURNS text
@@ -2548,7 +2548,8 @@ $$;
 REVOKE ALL ON FUNCTION pgfence._plan_step_key(bigint, integer) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION pgfence._plan_step_key(bigint, integer) TO pgfence_client, pgfence_executor, pgfence_admin;
 COMMENT ON FUNCTION pgfence._plan_step_key(bigint, integer) IS
-  'Private: the idempotency key of a plan step, pgfence-plan-<plan id>-step-<step index>: the same for every delivery of that step, whichever worker performs it. Executable by the group roles because plan_run_step (not security definer) and the plan_receipts view call it as the reader.';
+  'Private: the idempotency key of a plan step, pgfence-plan-<plan id>-step-<step index>.
+The same for every delivery of that step, whichever worker performs it. Executable by the group roles because plan_run_step (not security definer) and the plan_receipts view call it as the reader.';
 
 -- Heal plans that nobody can finish any more: executing with a lapsed heartbeat -> failed
 -- (interrupted); pending past expires_at -> expired. Rows locked right now are skipped: a live
@@ -2587,7 +2588,8 @@ END
 $$;
 REVOKE ALL ON FUNCTION pgfence._plan_heal(bigint, integer) FROM PUBLIC;
 COMMENT ON FUNCTION pgfence._plan_heal(bigint, integer) IS
-  'Private: executing plans whose heartbeat lapsed become failed (interrupted), pending plans past expires_at become expired; one plan (p_id) or up to p_max_rows. Skips rows locked by a live transaction. Returns how many it changed.';
+  'Private: fails lapsed runs (interrupted) and expires overdue proposals; returns how many.
+Executing plans whose heartbeat lapsed become failed (interrupted), pending plans past expires_at become expired; one plan (p_id) or up to p_max_rows. Skips rows locked by a live transaction. Returns how many it changed.';
 
 -- Lock one plan for an owner write, healing it first if its heartbeat lapsed.
 CREATE OR REPLACE FUNCTION pgfence._plan_lock(p_id bigint)
@@ -2599,12 +2601,15 @@ DECLARE
   v pgfence.plan;
 BEGIN
   IF p_id IS NULL THEN
-    RAISE EXCEPTION 'plan: plan id is required' USING ERRCODE = '22004';
+    RAISE EXCEPTION 'plan: plan id is required'
+      USING ERRCODE = '22004', DETAIL = 'Every plan call names the plan it acts on.',
+            HINT = 'Pass the id of the run (plan_start took it by id; plan_claim returns it).';
   END IF;
   SELECT * INTO v FROM pgfence.plan p WHERE p.id = p_id FOR UPDATE;
   IF NOT FOUND THEN
     RAISE EXCEPTION 'plan: no plan with id %', p_id
-      USING ERRCODE = 'P0002', HINT = 'Check the id (pgfence plan list).';
+      USING ERRCODE = 'P0002', DETAIL = 'No plan has this id: it was never proposed, or it was purged.',
+            HINT = 'Check the id (pgfence plan list).';
   END IF;
   IF v.status = 'executing' AND v.heartbeat_expires_at < now() THEN
     UPDATE pgfence.plan p
@@ -2618,51 +2623,8 @@ END
 $$;
 REVOKE ALL ON FUNCTION pgfence._plan_lock(bigint) FROM PUBLIC;
 COMMENT ON FUNCTION pgfence._plan_lock(bigint) IS
-  'Private: SELECT ... FOR UPDATE of one plan (P0002 if unknown); if it is executing with a lapsed heartbeat it becomes failed (interrupted) first, so a stale owner finds it failed. Returns the locked row.';
-
--- Write a step's receipt and move the plan on, on a row the caller has locked and checked.
-CREATE OR REPLACE FUNCTION pgfence._plan_commit_step(
-  p_plan    pgfence.plan,
-  p_ok      boolean,
-  p_output  jsonb,
-  p_error   jsonb
-)
-RETURNS text
-LANGUAGE plpgsql VOLATILE
-SET search_path = pg_catalog, pgfence, pg_temp
-AS $$
-DECLARE
-  v_status text;
-BEGIN
-  UPDATE pgfence.plan_step s
-  SET outcome = CASE WHEN p_ok THEN 'ok' ELSE 'error' END,
-      output = CASE WHEN p_ok THEN p_output END,
-      error = CASE WHEN NOT p_ok THEN p_error END,
-      worker = p_plan.worker,
-      started_at = CASE WHEN s.kind = 'external' THEN coalesce(p_plan.external_started_at, now()) ELSE now() END,
-      finished_at = clock_timestamp()
-  WHERE s.plan_id = p_plan.id AND s.step_index = p_plan.next_step;
-  -- The heartbeat is stamped with clock_timestamp(): a long step's transaction started (now())
-  -- long ago, and the next deadline must count from the moment the step ended.
-  UPDATE pgfence.plan p
-  SET status = CASE WHEN NOT p_ok THEN 'failed'
-                    WHEN p.next_step = p.step_count THEN 'executed'
-                    ELSE 'executing' END,
-      failure = CASE WHEN NOT p_ok THEN 'step_error' END,
-      next_step = CASE WHEN p_ok THEN p.next_step + 1 ELSE p.next_step END,
-      external_started_at = NULL,
-      step_begun = NULL, step_begun_xact = NULL,
-      heartbeat_at = clock_timestamp(),
-      heartbeat_expires_at = clock_timestamp() + p.heartbeat_interval,
-      finished_at = CASE WHEN NOT p_ok OR p.next_step = p.step_count THEN clock_timestamp() END
-  WHERE p.id = p_plan.id
-  RETURNING p.status INTO v_status;
-  RETURN v_status;
-END
-$$;
-REVOKE ALL ON FUNCTION pgfence._plan_commit_step(pgfence.plan, boolean, jsonb, jsonb) FROM PUBLIC;
-COMMENT ON FUNCTION pgfence._plan_commit_step(pgfence.plan, boolean, jsonb, jsonb) IS
-  'Private: writes the receipt of the plan''s next step (ok with output, or error) and moves the plan on in the same transaction: next step with a fresh heartbeat, executed after the last ok step, failed (step_error) after an error. The caller holds the row lock and has checked the owner.';
+  'Private: locks one plan row for an owner write, failing a lapsed run (interrupted) first.
+SELECT ... FOR UPDATE of one plan (22004 for a NULL id, P0002 if unknown); if it is executing with a lapsed heartbeat it becomes failed (interrupted) first, so a stale owner finds it failed. Returns the locked row.';
 
 -- Validate and normalise proposed steps: [{"action", "kind", "function", "args", "note"}].
 CREATE OR REPLACE FUNCTION pgfence._plan_normalize_steps(p_steps jsonb)
@@ -2676,17 +2638,20 @@ DECLARE
   v_out jsonb;
 BEGIN
   IF p_steps IS NULL THEN
-    RAISE EXCEPTION 'plan: steps are required' USING ERRCODE = '22004',
-      HINT = 'Pass a JSON array of {"action": name, "args": {...}} objects.';
+    RAISE EXCEPTION 'plan: steps are required'
+      USING ERRCODE = '22004', DETAIL = 'A plan is a JSON array of 1 to 10000 steps.',
+            HINT = 'Pass a JSON array of {"action": name, "args": {...}} objects.';
   END IF;
   IF jsonb_typeof(p_steps) <> 'array' THEN
     RAISE EXCEPTION 'plan: steps must be a JSON array, got %', jsonb_typeof(p_steps)
-      USING ERRCODE = '22023', HINT = 'Pass a JSON array of {"action": name, "args": {...}} objects.';
+      USING ERRCODE = '22023', DETAIL = 'A plan is a JSON array of 1 to 10000 steps.',
+            HINT = 'Pass a JSON array of {"action": name, "args": {...}} objects.';
   END IF;
   v_n := jsonb_array_length(p_steps);
   IF v_n NOT BETWEEN 1 AND 10000 THEN
     RAISE EXCEPTION 'plan: a plan has 1 to 10000 steps, got %', v_n
-      USING ERRCODE = '22023', HINT = 'Split a longer plan into several plans.';
+      USING ERRCODE = '22023', DETAIL = 'One approval covers every step of a plan; 10000 steps is the most it covers.',
+            HINT = 'Split a longer plan into several plans.';
   END IF;
   SELECT s.i, s.problem INTO v_bad
   FROM (
@@ -2758,7 +2723,7 @@ BEGIN
   IF FOUND THEN
     RAISE EXCEPTION 'plan: step % (external action "%") %', v_bad.i, v_bad.action,
       coalesce(v_bad.problem, 'needs args {"recipient": ..., "payload": {...}}')
-      USING ERRCODE = '22023',
+      USING ERRCODE = '22023', DETAIL = format('Step %s of %s; steps are numbered from 1.', v_bad.i, v_n),
             HINT = 'An external step''s args are {"recipient": "<url or address>", "payload": {...}}; the executor delivers payload to recipient.';
   END IF;
   SELECT jsonb_agg(jsonb_strip_nulls(jsonb_build_object(
@@ -2776,7 +2741,8 @@ END
 $$;
 REVOKE ALL ON FUNCTION pgfence._plan_normalize_steps(jsonb) FROM PUBLIC;
 COMMENT ON FUNCTION pgfence._plan_normalize_steps(jsonb) IS
-  'Private: validates proposed steps up front (22004, 22023, PF101 for an action not on the allow-list, 42883 for a sql action whose function was dropped) and returns them normalised with each action''s kind and function frozen in.';
+  'Private: validates proposed steps and returns them normalised, each action''s kind frozen in.
+Validates every step up front (22004, 22023, PF101 for an action not on the allow-list, 42883 for a sql action whose function was dropped) and returns them normalised with each action''s kind and function frozen in.';
 
 CREATE OR REPLACE FUNCTION pgfence._plan_steps_json(p_id bigint)
 RETURNS jsonb
@@ -2791,7 +2757,21 @@ AS $$
 $$;
 REVOKE ALL ON FUNCTION pgfence._plan_steps_json(bigint) FROM PUBLIC;
 COMMENT ON FUNCTION pgfence._plan_steps_json(bigint) IS
-  'Private: a plan''s frozen steps as the JSON array plan_propose normalised them to (what plan_get returns, and what a repeated idempotency key is compared with).';
+  'Private: a plan''s frozen steps as the JSON array plan_propose normalised them to.
+What plan_get returns, and what a repeated idempotency key is compared with.';
+
+
+-- ==== functions/22_plan_propose.sql
+-- pgfence functions/22_plan_propose.sql — plans (module 2): the allow-list, proposals, decisions.
+--
+-- What a plan may do and who decides it runs. Public: plan_register_action and
+-- plan_retire_action (administrators: the allow-list), the view plan_actions; plan_propose and
+-- plan_compensate (clients: a plan, or one that undoes another); plan_approve and plan_reject
+-- (administrators, four eyes). What was approved is what runs: each sql step records, at
+-- proposal, the md5 of its function's definition (pg_get_functiondef), checked again before the
+-- step runs (24_plan_steps.sql); plan_approve refuses (PF103) the proposer's name and the
+-- proposing login (plan.proposed_db_user) unless that login is a superuser; every event records
+-- its login (event.db_user) next to the actor name. Query plans: docs/query-plans.md#plan.
 
 -- ---------------------------------------------------------------------------------------------
 -- The allow-list
@@ -2811,15 +2791,19 @@ DECLARE
   v_old      pgfence.plan_action;
 BEGIN
   IF p_name IS NULL OR p_description IS NULL THEN
-    RAISE EXCEPTION 'plan_register_action: name and description are required' USING ERRCODE = '22004',
-      HINT = 'Describe what the action does: approvers read it.';
+    RAISE EXCEPTION 'plan_register_action: name and description are required'
+      USING ERRCODE = '22004', DETAIL = 'Approvers read an action''s description when they approve a plan that names it.',
+            HINT = 'Describe what the action does: approvers read it.';
   END IF;
   IF p_name !~ '^[a-z0-9][a-z0-9_.-]{0,62}$' THEN
     RAISE EXCEPTION 'plan_register_action: invalid action name "%"', p_name
-      USING ERRCODE = '22023', HINT = 'Action names are 1-63 characters of a-z, 0-9, _ . - starting with a letter or digit (an external action''s name is also the executor''s route).';
+      USING ERRCODE = '22023', DETAIL = 'Plan steps name actions by this name; nothing was registered.',
+            HINT = 'Action names are 1-63 characters of a-z, 0-9, _ . - starting with a letter or digit (an external action''s name is also the executor''s route).';
   END IF;
   IF p_description = '' OR length(p_description) > 2000 THEN
-    RAISE EXCEPTION 'plan_register_action: description must be 1-2000 characters' USING ERRCODE = '22023';
+    RAISE EXCEPTION 'plan_register_action: description must be 1-2000 characters'
+      USING ERRCODE = '22023', DETAIL = format('Got %s characters.', length(p_description)),
+            HINT = 'Describe what the action does in a few sentences: approvers read it.';
   END IF;
   IF p_function IS NOT NULL THEN
     SELECT p.prokind, p.pronargs, p.proargtypes, p.prorettype, p.proretset, n.nspname INTO v_proc
@@ -2834,11 +2818,13 @@ BEGIN
     IF v_proc.prokind <> 'f' OR v_proc.pronargs <> 1 OR v_proc.proargtypes[0] <> 'jsonb'::regtype
        OR v_proc.prorettype <> 'jsonb'::regtype OR v_proc.proretset THEN
       RAISE EXCEPTION 'plan_register_action: % is not a function (args jsonb) RETURNS jsonb', p_function
-        USING ERRCODE = '22023', HINT = 'A SQL action takes the step''s args as one jsonb argument and returns a jsonb result (the receipt''s output).';
+        USING ERRCODE = '22023', DETAIL = 'plan_run_step calls the function with the step''s args and keeps its result as the receipt''s output.',
+              HINT = 'A SQL action takes the step''s args as one jsonb argument and returns a jsonb result (the receipt''s output).';
     END IF;
     IF v_proc.nspname = 'pgfence' THEN
       RAISE EXCEPTION 'plan_register_action: % is pgfence''s own function', p_function
-        USING ERRCODE = '22023', HINT = 'Actions are your functions, in your schemas.';
+        USING ERRCODE = '22023', DETAIL = 'pgfence''s functions are the machinery that runs plans, not actions a plan may call.',
+              HINT = 'Actions are your functions, in your schemas.';
     END IF;
   END IF;
   SELECT * INTO v_old FROM pgfence.plan_action a WHERE a.name = p_name FOR UPDATE;
@@ -2870,7 +2856,8 @@ $$;
 REVOKE ALL ON FUNCTION pgfence.plan_register_action(text, regprocedure, text) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION pgfence.plan_register_action(text, regprocedure, text) TO pgfence_admin;
 COMMENT ON FUNCTION pgfence.plan_register_action(text, regprocedure, text) IS
-  'Administrators: put an action on the allow-list. p_function = a function (args jsonb) RETURNS jsonb makes a sql action, run by plan_run_step with the privileges of the executing role; p_function NULL makes an external action, performed by the executor through the transport routed for the action''s name (step args {"recipient", "payload"}). Returns true when the name is new, false when it existed (the description is updated and a retired action is back in use). Errors: 22004 (missing name/description), 22023 (bad name or description, wrong function signature, a pgfence function), PF102 (the name is already registered to another kind or to another function that still exists), 42883 (p_function names no function).';
+  'Administrators: put an action on the allow-list (a sql function, or an external effect).
+p_function = a function (args jsonb) RETURNS jsonb makes a sql action, run by plan_run_step with the privileges of the executing role; p_function NULL makes an external action, performed by the executor through the transport routed for the action''s name (step args {"recipient", "payload"}). Returns true when the name is new, false when it existed (the description is updated and a retired action is back in use). Errors: 22004 (missing name/description), 22023 (bad name or description, wrong function signature, a pgfence function), PF102 (the name is already registered to another kind or to another function that still exists), 42883 (p_function names no function).';
 
 CREATE OR REPLACE FUNCTION pgfence.plan_retire_action(p_name text)
 RETURNS boolean
@@ -2885,7 +2872,8 @@ BEGIN
   PERFORM 1 FROM pgfence.plan_action a WHERE a.name = p_name;
   IF NOT FOUND THEN
     RAISE EXCEPTION 'plan_retire_action: no action named "%"', p_name
-      USING ERRCODE = 'P0002', HINT = 'See the view pgfence.plan_actions.';
+      USING ERRCODE = 'P0002', DETAIL = 'No action was ever registered under this name.',
+            HINT = 'See the view pgfence.plan_actions.';
   END IF;
   RETURN false;
 END
@@ -2893,7 +2881,8 @@ $$;
 REVOKE ALL ON FUNCTION pgfence.plan_retire_action(text) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION pgfence.plan_retire_action(text) TO pgfence_admin;
 COMMENT ON FUNCTION pgfence.plan_retire_action(text) IS
-  'Administrators: take an action off the allow-list. New proposals naming it are refused (PF101); an approved plan that reaches a step of it records an error receipt (PF101) instead of running it. Returns false if it was already retired. Errors: P0002 (unknown action).';
+  'Administrators: take an action off the allow-list; approved plans then do not run its steps.
+New proposals naming it are refused (PF101); an approved plan that reaches a step of it records an error receipt (PF101) instead of running it. Returns false if it was already retired. Errors: P0002 (unknown action).';
 
 CREATE OR REPLACE VIEW pgfence.plan_actions AS
 SELECT a.name, a.kind, a.function::text AS function, a.description, a.registered_by,
@@ -2902,10 +2891,25 @@ FROM pgfence.plan_action a;
 REVOKE ALL ON pgfence.plan_actions FROM PUBLIC;
 GRANT SELECT ON pgfence.plan_actions TO pgfence_client, pgfence_executor, pgfence_admin;
 COMMENT ON VIEW pgfence.plan_actions IS
-  'The plan action allow-list: what a proposer may name in a step (retired_at NULL), its kind (sql function or external effect), the function a sql action calls, and the description approvers read.';
+  'The plan action allow-list: what a proposer may name in a step, and what each action does.
+What a proposer may name in a step (retired_at NULL), its kind (sql function or external effect), the function a sql action calls, and the description approvers read.';
+COMMENT ON COLUMN pgfence.plan_actions.name IS
+  'The action''s name, as plan steps write it ({"action": name}); for an external action also the executor''s route.';
+COMMENT ON COLUMN pgfence.plan_actions.kind IS
+  'sql (a function plan_run_step calls in the step''s transaction) or external (an effect the executor performs).';
+COMMENT ON COLUMN pgfence.plan_actions.function IS
+  'For kind sql: the function a step calls with its args, f(args jsonb) RETURNS jsonb; NULL for external.';
+COMMENT ON COLUMN pgfence.plan_actions.description IS
+  'What the action does, in the words of whoever registered it: what approvers read.';
+COMMENT ON COLUMN pgfence.plan_actions.registered_by IS
+  'The database login that registered the action.';
+COMMENT ON COLUMN pgfence.plan_actions.registered_at IS
+  'When the action was first registered.';
+COMMENT ON COLUMN pgfence.plan_actions.retired_at IS
+  'When it was retired (plan_retire_action): no new proposal may name it, approved steps of it fail. NULL = in use.';
 
 -- ---------------------------------------------------------------------------------------------
--- Propose, approve, reject
+-- Propose
 -- ---------------------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION pgfence.plan_propose(
   p_steps           jsonb,
@@ -2926,20 +2930,26 @@ DECLARE
 BEGIN
   PERFORM pgfence._plan_check_name(p_proposed_by, 'proposed_by');
   IF p_ttl IS NULL THEN
-    RAISE EXCEPTION 'plan_propose: ttl is required' USING ERRCODE = '22004', HINT = 'Omit it for the default (1 day).';
+    RAISE EXCEPTION 'plan_propose: ttl is required'
+      USING ERRCODE = '22004', DETAIL = 'ttl is how long the plan may wait for approval.',
+            HINT = 'Omit it for the default (1 day).';
   END IF;
   IF p_ttl <= interval '0' OR p_ttl > interval '366 days' THEN
     RAISE EXCEPTION 'plan_propose: ttl must be positive and at most 366 days, got %', p_ttl
-      USING ERRCODE = '22023', HINT = 'ttl is how long the plan may wait for approval.';
+      USING ERRCODE = '22023', DETAIL = 'A plan that is not approved within its ttl expires and can never run.',
+            HINT = 'ttl is how long the plan may wait for approval.';
   END IF;
   IF p_idempotency_key IS NOT NULL AND (p_idempotency_key = '' OR length(p_idempotency_key) > 255) THEN
-    RAISE EXCEPTION 'plan_propose: idempotency_key must be 1-255 characters or NULL' USING ERRCODE = '22023';
+    RAISE EXCEPTION 'plan_propose: idempotency_key must be 1-255 characters or NULL'
+      USING ERRCODE = '22023', DETAIL = format('Got %s characters.', length(p_idempotency_key)),
+            HINT = 'Use one stable key per proposal (a retry sends the same one), or NULL.';
   END IF;
   IF p_compensates IS NOT NULL THEN
     SELECT p.status INTO v_comp_state FROM pgfence.plan p WHERE p.id = p_compensates;
     IF NOT FOUND THEN
       RAISE EXCEPTION 'plan_propose: no plan % to compensate', p_compensates
-        USING ERRCODE = 'P0002', HINT = 'Check the id of the plan to undo.';
+        USING ERRCODE = 'P0002', DETAIL = 'compensates names the executed or failed plan this one undoes.',
+              HINT = 'Check the id of the plan to undo.';
     END IF;
     IF v_comp_state NOT IN ('executed', 'failed') THEN
       RAISE EXCEPTION 'plan_propose: plan % is %; only an executed or failed plan can be compensated', p_compensates, v_comp_state
@@ -2975,12 +2985,15 @@ BEGIN
   FROM pgfence.plan p WHERE p.idempotency_key = p_idempotency_key;
   IF v_old.id IS NULL THEN
     RAISE EXCEPTION 'plan_propose: idempotency key "%" is held by a transaction this snapshot cannot see', p_idempotency_key
-      USING ERRCODE = '40001', HINT = 'Retry the transaction (this happens only under REPEATABLE READ or SERIALIZABLE).';
+      USING ERRCODE = '40001', DETAIL = 'Under REPEATABLE READ or SERIALIZABLE a plan committed after the snapshot was taken is invisible here.',
+            HINT = 'Retry the transaction (this happens only under REPEATABLE READ or SERIALIZABLE).';
   END IF;
   IF v_old.steps IS DISTINCT FROM v_steps OR v_old.proposed_by IS DISTINCT FROM p_proposed_by
      OR v_old.compensates IS DISTINCT FROM p_compensates THEN
     RAISE EXCEPTION 'plan_propose: idempotency key "%" already names plan %, with other steps or another proposer', p_idempotency_key, v_old.id
-      USING ERRCODE = 'PF003', HINT = 'An idempotency key identifies one proposal; use a new key for a different plan.';
+      USING ERRCODE = 'PF003',
+            DETAIL = format('Plan %s was proposed by %s; this call differs in its steps, proposer or compensated plan.', v_old.id, v_old.proposed_by),
+            HINT = 'An idempotency key identifies one proposal; use a new key for a different plan.';
   END IF;
   PERFORM pgfence._set_actor(NULL);
   RETURN v_old.id;
@@ -2989,7 +3002,8 @@ $$;
 REVOKE ALL ON FUNCTION pgfence.plan_propose(jsonb, text, interval, text, bigint) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION pgfence.plan_propose(jsonb, text, interval, text, bigint) TO pgfence_client, pgfence_admin;
 COMMENT ON FUNCTION pgfence.plan_propose(jsonb, text, interval, text, bigint) IS
-  'Propose a plan: p_steps is a JSON array of {"action", "args", "note"} (1..10000 steps, numbered from 1), every action on the allow-list; all steps are validated up front and frozen (normalised with each action''s kind and function). It waits for approval until now() + ttl. A repeated idempotency key returns the existing plan and inserts nothing. compensates = the executed or failed plan this one undoes (plan_compensate). The proposing database login (session_user) is recorded with the plan: that login cannot approve it (plan_approve). Each sql step records the md5 of its function''s definition (pg_get_functiondef): if the function is replaced before the step runs, the step is not run (PF108). Returns the plan id; NOTIFY pgfence_plan at commit. Errors: 22004 (missing steps/proposer/ttl), 22023 (malformed steps, ttl outside (0, 366 days], bad key), PF101 (an action not on the allow-list), 42883 (a sql action whose function was dropped), P0002 (unknown plan to compensate), PF106 (that plan is not executed or failed), PF003 (key already names another plan), 40001 (key held by an invisible transaction: retry).';
+  'Propose a plan: steps on the allow-list, validated and frozen until a person approves them.
+p_steps is a JSON array of {"action", "args", "note"} (1..10000 steps, numbered from 1), every action on the allow-list; all steps are validated up front and frozen (normalised with each action''s kind and function). It waits for approval until now() + ttl. A repeated idempotency key returns the existing plan and inserts nothing. compensates = the executed or failed plan this one undoes (plan_compensate). The proposing database login (session_user) is recorded with the plan: that login cannot approve it (plan_approve). Each sql step records the md5 of its function''s definition (pg_get_functiondef): if the function is replaced before the step runs, the step is not run (PF108). Returns the plan id; NOTIFY pgfence_plan at commit. Errors: 22004 (missing steps/proposer/ttl), 22023 (malformed steps, ttl outside (0, 366 days], bad key), PF101 (an action not on the allow-list), 42883 (a sql action whose function was dropped), P0002 (unknown plan to compensate), PF106 (that plan is not executed or failed), PF003 (key already names another plan), 40001 (key held by an invisible transaction: retry).';
 
 CREATE OR REPLACE FUNCTION pgfence.plan_compensate(
   p_id              bigint,
@@ -3004,7 +3018,9 @@ SET search_path = pg_catalog, pgfence, pg_temp
 AS $$
 BEGIN
   IF p_id IS NULL THEN
-    RAISE EXCEPTION 'plan_compensate: the id of the plan to undo is required' USING ERRCODE = '22004';
+    RAISE EXCEPTION 'plan_compensate: the id of the plan to undo is required'
+      USING ERRCODE = '22004', DETAIL = 'A compensating plan names the executed or failed plan it undoes.',
+            HINT = 'Pass the id of the plan to undo; a plan that undoes nothing is proposed with pgfence.plan_propose.';
   END IF;
   RETURN pgfence.plan_propose(p_steps, p_by, p_ttl, p_idempotency_key, p_id);
 END
@@ -3012,8 +3028,12 @@ $$;
 REVOKE ALL ON FUNCTION pgfence.plan_compensate(bigint, jsonb, text, interval, text) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION pgfence.plan_compensate(bigint, jsonb, text, interval, text) TO pgfence_client, pgfence_admin;
 COMMENT ON FUNCTION pgfence.plan_compensate(bigint, jsonb, text, interval, text) IS
-  'Propose a compensating plan for plan p_id (executed, or failed after some steps committed): a new plan with its own steps, approval and receipts that references the one it undoes; no step of the original is rolled back. Same rules as plan_propose. Errors: those of plan_propose — 22004 (p_id, steps, proposer or ttl NULL), 22023 (malformed steps, ttl, key), PF101 (an action not on the allow-list), 42883 (a sql action whose function was dropped), P0002 (unknown plan p_id), PF106 (that plan is not executed or failed), PF003 (key already names another plan), 40001 (key held by an invisible transaction: retry).';
+  'Propose a compensating plan that undoes plan p_id (executed or failed); returns its id.
+p_id is executed, or failed after some steps committed: a new plan with its own steps, approval and receipts that references the one it undoes; no step of the original is rolled back. Same rules as plan_propose. Errors: those of plan_propose — 22004 (p_id, steps, proposer or ttl NULL), 22023 (malformed steps, ttl, key), PF101 (an action not on the allow-list), 42883 (a sql action whose function was dropped), P0002 (unknown plan p_id), PF106 (that plan is not executed or failed), PF003 (key already names another plan), 40001 (key held by an invisible transaction: retry).';
 
+-- ---------------------------------------------------------------------------------------------
+-- Approve, reject
+-- ---------------------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION pgfence.plan_approve(p_id bigint, p_by text)
 RETURNS text
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
@@ -3023,7 +3043,7 @@ SET enable_seqscan = off
 SET enable_bitmapscan = off
 AS $$
 DECLARE
-  c_pending CONSTANT text := 'pending';  -- a parameter: see the header, Plans
+  c_pending CONSTANT text := 'pending';  -- a parameter, not a literal: docs/query-plans.md#plan
   v_status   text;
   v_proposer text;
   v_login    text;
@@ -3049,7 +3069,8 @@ BEGIN
   SELECT p.status, p.proposed_by, p.proposed_db_user INTO v_status, v_proposer, v_login FROM pgfence.plan p WHERE p.id = p_id;
   IF v_status = 'pending' AND v_proposer = p_by THEN
     RAISE EXCEPTION 'plan_approve: % proposed plan % and cannot approve it too', p_by, p_id
-      USING ERRCODE = 'PF103', HINT = 'Another person must approve it (four eyes).';
+      USING ERRCODE = 'PF103', DETAIL = 'Four eyes: the approver is another person than the proposer.',
+            HINT = 'Another person must approve it (four eyes).';
   END IF;
   IF v_status = 'pending' AND v_login = session_user::text AND NOT v_super THEN
     RAISE EXCEPTION 'plan_approve: database login % proposed plan % (as %) and cannot approve it too (as %)', v_login, p_id, v_proposer, p_by
@@ -3064,7 +3085,8 @@ $$;
 REVOKE ALL ON FUNCTION pgfence.plan_approve(bigint, text) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION pgfence.plan_approve(bigint, text) TO pgfence_admin;
 COMMENT ON FUNCTION pgfence.plan_approve(bigint, text) IS
-  'Approve a pending plan (one conditional UPDATE): returns ''approved'', or ''expired'' when called after its expires_at (the plan moves to expired and can never run), or NULL when the plan is no longer pending (already decided: a lost race, nothing changed). At commit NOTIFY pgfence_plan wakes executors. Four eyes: refused when the approver name is the proposer name, and when the approving database login (session_user) is the one that proposed (plan.proposed_db_user), whatever names are passed, unless that login is a superuser. Errors: 22004/22023 (approver name), P0002 (unknown plan), PF103 (the approver is the proposer, by name or by login).';
+  'Approve a pending plan (four eyes: not by its proposer''s name or login); returns the new status.
+One conditional UPDATE: returns ''approved'', or ''expired'' when called after its expires_at (the plan moves to expired and can never run), or NULL when the plan is no longer pending (already decided: a lost race, nothing changed). At commit NOTIFY pgfence_plan wakes executors. Four eyes: refused when the approver name is the proposer name, and when the approving database login (session_user) is the one that proposed (plan.proposed_db_user), whatever names are passed, unless that login is a superuser. Errors: 22004/22023 (approver name), P0002 (unknown plan), PF103 (the approver is the proposer, by name or by login).';
 
 CREATE OR REPLACE FUNCTION pgfence.plan_reject(p_id bigint, p_by text, p_reason text)
 RETURNS boolean
@@ -3075,15 +3097,19 @@ SET enable_seqscan = off
 SET enable_bitmapscan = off
 AS $$
 DECLARE
-  c_pending CONSTANT text := 'pending';  -- a parameter: see the header, Plans
+  c_pending CONSTANT text := 'pending';  -- a parameter, not a literal: docs/query-plans.md#plan
   v_status text;
 BEGIN
   PERFORM pgfence._plan_check_name(p_by, 'rejecter');
   IF p_reason IS NULL THEN
-    RAISE EXCEPTION 'plan_reject: a reason is required' USING ERRCODE = '22004', HINT = 'Say why, for the proposer and the audit log.';
+    RAISE EXCEPTION 'plan_reject: a reason is required'
+      USING ERRCODE = '22004', DETAIL = 'The reason is kept with the plan and in its reject event.',
+            HINT = 'Say why, for the proposer and the audit log.';
   END IF;
   IF p_reason = '' OR length(p_reason) > 2000 THEN
-    RAISE EXCEPTION 'plan_reject: reason must be 1-2000 characters' USING ERRCODE = '22023';
+    RAISE EXCEPTION 'plan_reject: reason must be 1-2000 characters'
+      USING ERRCODE = '22023', DETAIL = format('Got %s characters.', length(p_reason)),
+            HINT = 'Say why in at most 2000 characters, for the proposer and the audit log.';
   END IF;
   PERFORM pgfence._set_actor(p_by);
   UPDATE pgfence.plan p
@@ -3104,11 +3130,23 @@ $$;
 REVOKE ALL ON FUNCTION pgfence.plan_reject(bigint, text, text) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION pgfence.plan_reject(bigint, text, text) TO pgfence_admin;
 COMMENT ON FUNCTION pgfence.plan_reject(bigint, text, text) IS
-  'Reject a pending plan with a reason: returns true if this call rejected it; false if it was no longer pending (lost race) or had passed its expires_at (it becomes expired instead). Errors: 22004 (missing approver or reason), 22023 (bad name, reason longer than 2000), P0002 (unknown plan).';
+  'Reject a pending plan with a reason; true if this call rejected it.
+Returns false if it was no longer pending (lost race) or had passed its expires_at (it becomes expired instead). Errors: 22004 (missing approver or reason), 22023 (bad name, reason longer than 2000), P0002 (unknown plan).';
 
--- ---------------------------------------------------------------------------------------------
--- Take a run: start, claim, release, heartbeat
--- ---------------------------------------------------------------------------------------------
+
+-- ==== functions/23_plan_run.sql
+-- pgfence functions/23_plan_run.sql — plans (module 2): taking a run, and keeping it.
+--
+-- Public: plan_start (take one run by id), plan_claim (executors: take the oldest runs),
+-- plan_release (hand a run over between steps), plan_heartbeat (the owner is alive).
+-- A take makes a worker the owner and returns the run's fence token, the run token
+-- (plan.run_token, bumped by every take: a start, a claim, a takeover of a released run, a
+-- re-entry under the owner's own name, which also writes a 'reenter' event). Every owner write
+-- locks the plan row and is refused unless the plan is still executing by that worker, under
+-- that token, with a live heartbeat: a second process under the same name fences the first out.
+-- A lapsed heartbeat fails the plan (interrupted) at the next lock-and-check, read or reaper run,
+-- by the database clock. A released run (worker NULL) must be taken before its heartbeat lapses.
+
 CREATE OR REPLACE FUNCTION pgfence.plan_start(
   p_id        bigint,
   p_worker    text,
@@ -3178,8 +3216,7 @@ SET enable_bitmapscan = off
 AS $$
 #variable_conflict use_column
 DECLARE
-  -- parameters in the UPDATE by id (see the header, Plans); the walks name their status with
-  -- a literal, so that their own partial indexes apply
+  -- parameters in the UPDATE by id, literals in the walks: docs/query-plans.md#plan
   c_approved  CONSTANT text := 'approved';
   c_executing CONSTANT text := 'executing';
 BEGIN
@@ -3187,15 +3224,14 @@ BEGIN
   PERFORM pgfence._plan_check_heartbeat(p_heartbeat);
   IF p_batch IS NULL OR p_batch NOT BETWEEN 1 AND 1000 OR p_external_only IS NULL THEN
     RAISE EXCEPTION 'plan_claim: batch must be between 1 and 1000 and external_only true or false'
-      USING ERRCODE = '22023';
+      USING ERRCODE = '22023', DETAIL = format('Got batch %s, external_only %s.', coalesce(p_batch::text, 'NULL'), coalesce(p_external_only::text, 'NULL')),
+            HINT = 'Claim 1 to 1000 runs at a time; external_only is true only for an executor that runs no SQL actions.';
   END IF;
   PERFORM pgfence._set_actor(p_worker);
-  -- Two walks in id order, each stopping after p_batch rows that it locks: approved plans
-  -- (plan_approved_idx) and runs released by their owner (plan_released_idx); both indexes
-  -- hold only those (migration 0008). The oldest p_batch of both are taken by primary key (an
-  -- id array keeps even a generic plan on the index); the others are unlocked when this
-  -- transaction ends a moment later. The next step's kind is looked up by key, row by row (an
-  -- EXISTS was planned as a hash of every external step of every plan).
+  -- Two walks in id order, each stopping after p_batch rows that it locks: approved plans and
+  -- runs released by their owner. The oldest p_batch of both are taken by primary key; the
+  -- others are unlocked when this transaction ends a moment later. The next step's kind is looked
+  -- up by key, row by row. Query plans: docs/query-plans.md#plan.
   RETURN QUERY
   WITH taken AS (
     UPDATE pgfence.plan p
@@ -3236,7 +3272,8 @@ $$;
 REVOKE ALL ON FUNCTION pgfence.plan_claim(text, integer, boolean, interval) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION pgfence.plan_claim(text, integer, boolean, interval) TO pgfence_executor, pgfence_admin;
 COMMENT ON FUNCTION pgfence.plan_claim(text, integer, boolean, interval) IS
-  'Executors: take up to p_batch runs with FOR UPDATE SKIP LOCKED (oldest plan first), so concurrent executors never take the same one: approved plans, and executing plans released by their owner. p_external_only: take only released runs whose next step is external (an executor that performs external effects but runs no SQL actions). Each taken run is owned by p_worker with a heartbeat as in plan_start, under a new run token. Returns (id, next_step, step_count, next_kind, heartbeat_interval, run_token): pass run_token to plan_run_step and the other owner calls. Errors: 22004/22023 (worker, batch outside 1..1000, heartbeat).';
+  'Executors: take up to p_batch approved or released runs, oldest first, each under a new run token.
+FOR UPDATE SKIP LOCKED (oldest plan first), so concurrent executors never take the same one: approved plans, and executing plans released by their owner. p_external_only: take only released runs whose next step is external (an executor that performs external effects but runs no SQL actions). Each taken run is owned by p_worker with a heartbeat as in plan_start, under a new run token. Returns (id, next_step, step_count, next_kind, heartbeat_interval, run_token): pass run_token to plan_run_step and the other owner calls. Errors: 22004/22023 (worker, batch outside 1..1000, heartbeat).';
 
 CREATE OR REPLACE FUNCTION pgfence.plan_release(p_id bigint, p_worker text, p_token bigint)
 RETURNS boolean
@@ -3291,12 +3328,149 @@ $$;
 REVOKE ALL ON FUNCTION pgfence.plan_heartbeat(bigint, text, bigint) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION pgfence.plan_heartbeat(bigint, text, bigint) TO pgfence_executor, pgfence_admin;
 COMMENT ON FUNCTION pgfence.plan_heartbeat(bigint, text, bigint) IS
-  'The owner of a run (p_worker with run token p_token) says it is alive; false = stop, the run is lost.
+  'The owner of a run (p_worker, run token p_token) says it is alive; false = stop, the run is lost.
 E.g. every third of the heartbeat interval while an external step runs: the deadline moves to now() + the plan''s heartbeat interval. Returns false if p_worker no longer owns a live run under p_token (taken again under a newer token, released, terminal); a lapsed heartbeat is not revived: the plan becomes failed (interrupted) and the worker must stop. Errors: 22004 (worker, token), 22023 (worker, a token below 1), P0002 (unknown plan).';
 
--- ---------------------------------------------------------------------------------------------
--- Run steps
--- ---------------------------------------------------------------------------------------------
+
+-- ==== functions/24_plan_steps.sql
+-- pgfence functions/24_plan_steps.sql — plans (module 2): running steps and writing receipts.
+--
+-- Public: plan_run_step (run the next step of an owned run: a SQL action, or hand out an
+-- external one), plan_record_step (executors: the receipt of an external step), plan_execute
+-- (CALL: every SQL step of a plan, one transaction each). Private, behind plan_run_step:
+-- _plan_step_begin and _plan_step_finish (security definer), _plan_check_approved,
+-- _plan_commit_step. No retries: a failed step is a receipt, a new attempt is a new proposal,
+-- and an undo is a compensating plan (plan_compensate). External steps are performed by the
+-- executor (outbox transports, idempotency key pgfence-plan-<id>-step-<n>) and reported with
+-- plan_record_step. The handshake below is the protocol of a SQL step.
+-- Query plans: docs/query-plans.md#plan.
+
+-- =============================================================================================
+-- The SQL-step receipt handshake: one SQL step is one transaction of the caller, in which
+-- plan_run_step(id, worker, token) — NOT security definer: the action runs with the caller's
+-- privileges — does, in this order:
+--
+--   1. _plan_step_begin(id, worker, token)   security definer. One UPDATE of the plan row, only
+--        if it is executing by `worker` under run `token` (the fence token of plan_start /
+--        plan_claim, migration 0010) with a live heartbeat; otherwise refused (only the status
+--        comes back; _plan_lock fails a lapsed run as interrupted). The row stays locked until
+--        the transaction ends. For a SQL step it stamps step_begun = next_step and step_begun_xact
+--        = this transaction, and returns the step, its function, and what step 2 checks.
+--   2. _plan_check_approved(...)              in a subtransaction: the action is not retired
+--        (PF101), its function exists (42883), its definition's md5 is the one recorded at
+--        proposal (PF108).
+--   3. the action: EXECUTE f(args)            same subtransaction. An error from 2 or 3 rolls
+--        back only the subtransaction (the action's effects) and becomes the error receipt.
+--   4. _plan_step_finish(id, worker, token, step, ok, output, error)   security definer.
+--        Refused (NULL) unless the plan is still executing by worker under token; PF107 unless
+--        this transaction began this step (step_begun, step_begun_xact); refused unless it is
+--        the next step and a SQL one; for an ok receipt check 2 again. Then _plan_commit_step
+--        writes the receipt and moves the plan on: next step, executed, or failed (step_error).
+--   Under every writer: tg_plan_step_guard (a receipt only for the next step of an executing
+--   plan, by its owner, written once) and tg_plan_guard (next_step moves only over an ok
+--   receipt; step_error needs the error receipt; the run token never goes back).
+--
+-- What each check prevents:
+--   * owner, token, heartbeat (1 and 4): an owner fenced out by a newer take (even under its own
+--     name) or a silent one (heartbeat lapsed) runs nothing and writes no receipt.
+--   * the row lock (1): a heartbeat, release, takeover or heal of the run waits for the step.
+--   * approved is what runs (2, and 4 for ok): a retired action or a dropped or replaced function
+--     never runs and never gets an ok receipt, even if it changed between 1 and 4.
+--   * begun in this transaction (4, PF107): no receipt outside the transaction that began the
+--     step, and none for another step than the one begun.
+--   * the guards: hand-written SQL (psql, the owner role) cannot skip a step or forge a receipt.
+-- Who may call what: plan_run_step, _plan_step_begin and _plan_step_finish are granted to
+-- pgfence_executor and pgfence_admin; the tables to nobody. External steps' receipts are written
+-- by plan_record_step (PF105 for a SQL step); plan_execute calls plan_run_step in a loop.
+-- Remaining trust: a role granted both helpers can call 1 and 4 in one transaction without
+-- running the action between them, and write an ok receipt of its choosing for an unchanged,
+-- unretired action: grant pgfence_executor only to executor logins trusted to run what plans say.
+-- Actions run with search_path = pg_catalog, pgfence, pg_temp: write them with qualified names or
+-- give them their own SET search_path.
+-- =============================================================================================
+
+-- Checks 2 and 4 (ok): what was approved is what runs.
+CREATE OR REPLACE FUNCTION pgfence._plan_check_approved(
+  p_action       text,
+  p_retired      boolean,
+  p_function     text,
+  p_md5_approved text,
+  p_md5_now      text
+)
+RETURNS void
+LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, pgfence, pg_temp
+AS $$
+BEGIN
+  IF p_retired THEN
+    RAISE EXCEPTION 'action "%" was retired after the plan was approved', p_action
+      USING ERRCODE = 'PF101', DETAIL = 'A retired action is off the allow-list: an approved step of it records this error instead of running.',
+            HINT = 'Propose a new plan with an action on the allow-list.';
+  END IF;
+  IF p_md5_now IS NULL THEN
+    RAISE EXCEPTION 'the function of action "%" no longer exists', p_action
+      USING ERRCODE = '42883', DETAIL = 'The function the action was registered with was dropped after the plan was proposed; nothing of this step is committed.',
+            HINT = 'An administrator re-registers the action once its function is back.';
+  END IF;
+  IF p_md5_now IS DISTINCT FROM p_md5_approved THEN
+    RAISE EXCEPTION 'the function of action "%" changed since the plan was proposed', p_action
+      USING ERRCODE = 'PF108',
+            DETAIL = format('%s: definition md5 %s at proposal, %s now.', p_function, p_md5_approved, p_md5_now),
+            HINT = 'Nothing of this step is committed. Propose the plan again, so that an approver approves the new definition, or restore the approved definition before running other plans that use it.';
+  END IF;
+END
+$$;
+REVOKE ALL ON FUNCTION pgfence._plan_check_approved(text, boolean, text, text, text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION pgfence._plan_check_approved(text, boolean, text, text, text) TO pgfence_executor, pgfence_admin;
+COMMENT ON FUNCTION pgfence._plan_check_approved(text, boolean, text, text, text) IS
+  'Private: refuses to run or receipt a step whose action was retired, dropped or replaced.
+Raises PF101 (p_retired), 42883 (p_md5_now NULL: the function was dropped) or PF108 (the md5 of the function''s definition differs from the one recorded at proposal; p_function names it in the DETAIL). Called by plan_run_step before the action runs (the error becomes the step''s receipt) and by _plan_step_finish before an ok receipt. Executable by the roles that run steps, since plan_run_step runs with the caller''s privileges.';
+
+-- Write a step's receipt and move the plan on, on a row the caller has locked and checked.
+CREATE OR REPLACE FUNCTION pgfence._plan_commit_step(
+  p_plan    pgfence.plan,
+  p_ok      boolean,
+  p_output  jsonb,
+  p_error   jsonb
+)
+RETURNS text
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pgfence, pg_temp
+AS $$
+DECLARE
+  v_status text;
+BEGIN
+  UPDATE pgfence.plan_step s
+  SET outcome = CASE WHEN p_ok THEN 'ok' ELSE 'error' END,
+      output = CASE WHEN p_ok THEN p_output END,
+      error = CASE WHEN NOT p_ok THEN p_error END,
+      worker = p_plan.worker,
+      started_at = CASE WHEN s.kind = 'external' THEN coalesce(p_plan.external_started_at, now()) ELSE now() END,
+      finished_at = clock_timestamp()
+  WHERE s.plan_id = p_plan.id AND s.step_index = p_plan.next_step;
+  -- The heartbeat is stamped with clock_timestamp(): a long step's transaction started (now())
+  -- long ago, and the next deadline must count from the moment the step ended.
+  UPDATE pgfence.plan p
+  SET status = CASE WHEN NOT p_ok THEN 'failed'
+                    WHEN p.next_step = p.step_count THEN 'executed'
+                    ELSE 'executing' END,
+      failure = CASE WHEN NOT p_ok THEN 'step_error' END,
+      next_step = CASE WHEN p_ok THEN p.next_step + 1 ELSE p.next_step END,
+      external_started_at = NULL,
+      step_begun = NULL, step_begun_xact = NULL,
+      heartbeat_at = clock_timestamp(),
+      heartbeat_expires_at = clock_timestamp() + p.heartbeat_interval,
+      finished_at = CASE WHEN NOT p_ok OR p.next_step = p.step_count THEN clock_timestamp() END
+  WHERE p.id = p_plan.id
+  RETURNING p.status INTO v_status;
+  RETURN v_status;
+END
+$$;
+REVOKE ALL ON FUNCTION pgfence._plan_commit_step(pgfence.plan, boolean, jsonb, jsonb) FROM PUBLIC;
+COMMENT ON FUNCTION pgfence._plan_commit_step(pgfence.plan, boolean, jsonb, jsonb) IS
+  'Private: writes the receipt of the plan''s next step and moves the plan on, in one transaction.
+The receipt is ok with output, or error; the plan goes to its next step with a fresh heartbeat, to executed after the last ok step, or to failed (step_error) after an error. The caller holds the row lock and has checked the owner.';
+
 CREATE OR REPLACE FUNCTION pgfence._plan_step_begin(
   p_id     bigint,
   p_worker text,
@@ -3322,16 +3496,15 @@ AS $$
 DECLARE
   v      pgfence.plan;
   v_step record;
-  c_executing CONSTANT text := 'executing';  -- a parameter: see the header, Plans
+  c_executing CONSTANT text := 'executing';  -- a parameter, not a literal: docs/query-plans.md#plan
 BEGIN
   PERFORM pgfence._plan_check_name(p_worker, 'worker');
   PERFORM pgfence._plan_check_token(p_token);
   PERFORM pgfence._set_actor(p_worker);
-  -- The usual case, in one statement: lock the run if p_worker owns it under p_token with a
-  -- live heartbeat,
-  -- and stamp the step handed out. A SQL step: the step and this transaction (step_begun,
-  -- step_begun_xact), the only receipt _plan_step_finish will write. An external step: in
-  -- flight since (external_started_at), with a fresh heartbeat.
+  -- Handshake step 1, in one statement: lock the run if p_worker owns it under p_token with a
+  -- live heartbeat, and stamp the step handed out. A SQL step: the step and this transaction
+  -- (step_begun, step_begun_xact), the only receipt _plan_step_finish will write. An external
+  -- step: in flight since (external_started_at), with a fresh heartbeat.
   UPDATE pgfence.plan p
   SET step_begun = CASE WHEN s.kind = 'sql' THEN p.next_step END,
       step_begun_xact = CASE WHEN s.kind = 'sql' THEN pg_catalog.pg_current_xact_id() END,
@@ -3347,8 +3520,8 @@ BEGIN
   RETURNING p.status, p.next_step, s.action, s.kind, s.args, s.function_md5 INTO v_step;
   IF NOT FOUND THEN
     -- Refused (step_index NULL): not executing, not by this worker under this token, or its
-    -- heartbeat lapsed.
-    -- _plan_lock raises 22004 / P0002 and marks a lapsed run failed (interrupted).
+    -- heartbeat lapsed. _plan_lock raises 22004 / P0002 and marks a lapsed run failed
+    -- (interrupted).
     v := pgfence._plan_lock(p_id);
     status := v.status;
     PERFORM pgfence._set_actor(NULL);
@@ -3376,7 +3549,8 @@ $$;
 REVOKE ALL ON FUNCTION pgfence._plan_step_begin(bigint, text, bigint) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION pgfence._plan_step_begin(bigint, text, bigint) TO pgfence_executor, pgfence_admin;
 COMMENT ON FUNCTION pgfence._plan_step_begin(bigint, text, bigint) IS
-  'Bookkeeping for plan_run_step (security definer, so that plan_run_step itself need not be): locks the plan row for the rest of the transaction, heals a lapsed heartbeat, and returns the next step (action, kind, the function to call, whether the action was retired, the md5 of the function''s definition at proposal and now, args) if p_worker owns the executing run under run token p_token; otherwise only the status (refused). For an external step it stamps external_started_at; for a SQL step it stamps the step and the current transaction on the plan row (step_begun, step_begun_xact), the only step _plan_step_finish will then receipt. Not for direct use. Trust: granted to pgfence_executor because plan_run_step runs with the caller''s privileges; see _plan_step_finish for what that role is trusted with.';
+  'Handshake step 1, for plan_run_step: lock a run p_worker owns under p_token, hand out its step.
+Security definer, so that plan_run_step itself need not be: locks the plan row for the rest of the transaction, heals a lapsed heartbeat, and returns the next step (action, kind, the function to call, whether the action was retired, the md5 of the function''s definition at proposal and now, args) if p_worker owns the executing run under run token p_token; otherwise only the status (refused). For an external step it stamps external_started_at; for a SQL step it stamps the step and the current transaction on the plan row (step_begun, step_begun_xact), the only step _plan_step_finish will then receipt. Not for direct use. Trust: granted to pgfence_executor because plan_run_step runs with the caller''s privileges; see the handshake in functions/24_plan_steps.sql for what that role is trusted with.';
 
 CREATE OR REPLACE FUNCTION pgfence._plan_step_finish(
   p_id     bigint,
@@ -3397,10 +3571,13 @@ DECLARE
   v_out  text;
 BEGIN
   IF p_ok IS NULL OR p_step IS NULL OR (NOT p_ok AND p_error IS NULL) THEN
-    RAISE EXCEPTION '_plan_step_finish: step, ok and (for an error) error are required' USING ERRCODE = '22004';
+    RAISE EXCEPTION '_plan_step_finish: step, ok and (for an error) error are required'
+      USING ERRCODE = '22004', DETAIL = 'A receipt names the step _plan_step_begin handed out, its outcome, and for an error what happened.',
+            HINT = 'Run SQL steps with pgfence.plan_run_step or CALL pgfence.plan_execute; this helper is not for direct use.';
   END IF;
   PERFORM pgfence._set_actor(p_worker);
-  -- Same transaction as _plan_step_begin: the row lock is ours already, nobody healed it since.
+  -- Handshake step 4. Same transaction as step 1: the row lock is ours already, nobody healed it
+  -- since; the owner check binds the receipt to the worker and token passed here.
   SELECT * INTO v FROM pgfence.plan p WHERE p.id = p_id FOR UPDATE;
   IF v.status IS DISTINCT FROM 'executing' OR v.worker IS DISTINCT FROM p_worker
      OR v.run_token IS DISTINCT FROM p_token THEN
@@ -3428,21 +3605,11 @@ BEGIN
     PERFORM pgfence._set_actor(NULL);
     RETURN NULL;
   END IF;
-  -- An ok receipt only for a step that plan_run_step would have run: checked again here (also
-  -- closes the window between begin and the call, when a function is replaced meanwhile).
-  IF p_ok AND v_step.retired_at IS NOT NULL THEN
-    RAISE EXCEPTION '_plan_step_finish: action "%" is retired: step % cannot succeed', v_step.action, p_step
-      USING ERRCODE = 'PF101', HINT = 'plan_run_step records an error receipt for it.';
-  END IF;
-  IF p_ok AND v_step.md5_now IS NULL THEN
-    RAISE EXCEPTION '_plan_step_finish: the function of action "%" no longer exists: step % cannot succeed', v_step.action, p_step
-      USING ERRCODE = '42883', HINT = 'plan_run_step records an error receipt for it.';
-  END IF;
-  IF p_ok AND v_step.md5_now IS DISTINCT FROM v_step.function_md5 THEN
-    RAISE EXCEPTION '_plan_step_finish: the function of action "%" changed since plan % was proposed: step % cannot succeed', v_step.action, p_id, p_step
-      USING ERRCODE = 'PF108',
-            DETAIL = format('%s: definition md5 %s at proposal, %s now.', v_step.function, v_step.function_md5, v_step.md5_now),
-            HINT = 'Nothing was committed for this step; run it again with plan_run_step, which records the error receipt.';
+  -- An ok receipt only for a step that plan_run_step would have run: check 2 again (it also
+  -- closes the window between steps 1 and 4, when a function is replaced meanwhile).
+  IF p_ok THEN
+    PERFORM pgfence._plan_check_approved(v_step.action, v_step.retired_at IS NOT NULL, v_step.function,
+                                         v_step.function_md5, v_step.md5_now);
   END IF;
   v_out := pgfence._plan_commit_step(v, p_ok, p_output, p_error);
   PERFORM pgfence._set_actor(NULL);
@@ -3452,7 +3619,8 @@ $$;
 REVOKE ALL ON FUNCTION pgfence._plan_step_finish(bigint, text, bigint, integer, boolean, jsonb, jsonb) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION pgfence._plan_step_finish(bigint, text, bigint, integer, boolean, jsonb, jsonb) TO pgfence_executor, pgfence_admin;
 COMMENT ON FUNCTION pgfence._plan_step_finish(bigint, text, bigint, integer, boolean, jsonb, jsonb) IS
-  'Bookkeeping for plan_run_step (security definer): writes the receipt of SQL step p_step in the step''s own transaction and moves the plan on (next step, executed, or failed on an error). Only for the step that _plan_step_begin handed out in this same transaction (PF107 otherwise: no receipt for a step that was not run here). An ok receipt is refused for a step whose action was retired (PF101), whose function was dropped (42883) or whose function''s definition differs from the one fingerprinted at proposal (PF108): the whole transaction, with the step''s effects, rolls back. Returns the plan''s new status, or NULL if p_worker does not own the executing run under run token p_token or the step is not its next SQL step. Not for direct use. Trust level: the action runs inside plan_run_step with the caller''s privileges (it is not security definer, by design), so a role granted both helpers (pgfence_executor, pgfence_admin) can still, in one transaction, call _plan_step_begin and then this function without running the action in between, and write an ok receipt with an output of its choosing for an unchanged, unretired action. Grant pgfence_executor only to executor logins that you trust to run what plans say; what these checks guarantee is that no receipt is written outside the transaction that began the step, for another step, or for a changed action.';
+  'Handshake step 4, for plan_run_step: write the receipt of the SQL step begun in this transaction.
+Security definer: writes the receipt of SQL step p_step in the step''s own transaction and moves the plan on (next step, executed, or failed on an error). Only for the step that _plan_step_begin handed out in this same transaction (PF107 otherwise: no receipt for a step that was not run here). An ok receipt is refused for a step whose action was retired (PF101), whose function was dropped (42883) or whose function''s definition differs from the one fingerprinted at proposal (PF108): the whole transaction, with the step''s effects, rolls back. Returns the plan''s new status, or NULL if p_worker does not own the executing run under run token p_token or the step is not its next SQL step. Not for direct use. Trust level: the action runs inside plan_run_step with the caller''s privileges (it is not security definer, by design), so a role granted both helpers (pgfence_executor, pgfence_admin) can still, in one transaction, call _plan_step_begin and then this function without running the action in between, and write an ok receipt with an output of its choosing for an unchanged, unretired action. Grant pgfence_executor only to executor logins that you trust to run what plans say; what these checks guarantee is that no receipt is written outside the transaction that began the step, for another step, or for a changed action.';
 
 CREATE OR REPLACE FUNCTION pgfence.plan_run_step(
   p_id            bigint,
@@ -3480,7 +3648,7 @@ DECLARE
   v_hint  text;
   v_ctx   text;
 BEGIN
-  v := pgfence._plan_step_begin(p_id, p_worker, p_token);
+  v := pgfence._plan_step_begin(p_id, p_worker, p_token);  -- handshake step 1
   status := v.status;
   IF v.step_index IS NULL THEN
     RETURN;  -- refused: not executing, or not by this worker under this token (lost race / stale worker)
@@ -3499,24 +3667,12 @@ BEGIN
     outcome := 'released';
     RETURN;
   END IF;
-  -- The action runs here, in this function, with the privileges of the role calling it:
-  -- plan_run_step is not security definer. A subtransaction: if the action raises, only its
+  -- Handshake steps 2 and 3, in a subtransaction, with the privileges of the role calling this
+  -- function (it is not security definer): if the check or the action raises, only the action's
   -- effects are rolled back, and the error receipt below commits with the step.
   BEGIN
-    IF v.retired THEN
-      RAISE EXCEPTION 'action "%" was retired after the plan was approved', v.action
-        USING ERRCODE = 'PF101', HINT = 'Propose a new plan with an action on the allow-list.';
-    END IF;
-    IF v.fn_name IS NULL THEN
-      RAISE EXCEPTION 'the function of action "%" no longer exists', v.action
-        USING ERRCODE = '42883', HINT = 'An administrator re-registers the action once its function is back.';
-    END IF;
-    IF v.fn_md5_now IS DISTINCT FROM v.fn_md5 THEN
-      RAISE EXCEPTION 'the function of action "%" changed since the plan was proposed', v.action
-        USING ERRCODE = 'PF108',
-              DETAIL = format('%I.%I: definition md5 %s at proposal, %s now.', v.fn_schema, v.fn_name, v.fn_md5, v.fn_md5_now),
-              HINT = 'Nothing ran. Propose the plan again, so that an approver approves the new definition, or restore the approved definition before running other plans that use it.';
-    END IF;
+    PERFORM pgfence._plan_check_approved(v.action, v.retired, quote_ident(v.fn_schema) || '.' || quote_ident(v.fn_name),
+                                         v.fn_md5, v.fn_md5_now);
     EXECUTE format('SELECT %I.%I($1)', v.fn_schema, v.fn_name) INTO output USING v.args;
     outcome := 'ok';
   EXCEPTION WHEN OTHERS OR query_canceled OR assert_failure THEN
@@ -3529,6 +3685,7 @@ BEGIN
       'sqlstate', v_state, 'message', v_msg, 'detail', nullif(v_det, ''),
       'hint', nullif(v_hint, ''), 'context', nullif(left(v_ctx, 4000), '')));
   END;
+  -- handshake step 4
   status := pgfence._plan_step_finish(p_id, p_worker, p_token, v.step_index, outcome = 'ok', output, error);
 END
 $$;
@@ -3536,7 +3693,7 @@ REVOKE ALL ON FUNCTION pgfence.plan_run_step(bigint, text, bigint, boolean) FROM
 GRANT EXECUTE ON FUNCTION pgfence.plan_run_step(bigint, text, bigint, boolean) TO pgfence_executor, pgfence_admin;
 COMMENT ON FUNCTION pgfence.plan_run_step(bigint, text, bigint, boolean) IS
   'Run the next step of a run p_worker owns under run token p_token (from plan_start / plan_claim).
-In the caller''s transaction (one step per transaction): lock the plan row and refuse unless it is still executing by p_worker under p_token with a live heartbeat (a newer take, even under the same name, fences out the older token); run the SQL action with the privileges of the calling role (this function is NOT security definer) inside a subtransaction; write the receipt in the same transaction — ok with the action''s output, or error with SQLSTATE and message (the action''s effects rolled back, the plan failed, earlier steps stay committed). After the last ok step the plan is executed. A step whose action was retired (PF101), whose function was dropped (42883) or replaced since the proposal (PF108: the md5 of its definition differs) does not run: its receipt is that error. For an external step nothing runs: outcome ''external'' with its args and idempotency key, for the executor to perform and report with plan_record_step. p_external_only (an executor that runs no SQL actions): at a SQL step nothing runs and the run is released for a SQL runner (outcome ''released''). Returns (step_index, action, outcome ok|error|external|released, status, output, error, args, idempotency_key); outcome NULL = refused (lost race, stale worker or token, terminal plan): nothing ran. In psql: SELECT * FROM pgfence.plan_run_step(42, ''me'', 1). Errors: 22004 (worker, token), 22023 (worker, a token below 1), P0002 (unknown plan).';
+In the caller''s transaction (one step per transaction): lock the plan row and refuse unless it is still executing by p_worker under p_token with a live heartbeat (a newer take, even under the same name, fences out the older token); run the SQL action with the privileges of the calling role (this function is NOT security definer) inside a subtransaction; write the receipt in the same transaction — ok with the action''s output, or error with SQLSTATE and message (the action''s effects rolled back, the plan failed, earlier steps stay committed). After the last ok step the plan is executed. A step whose action was retired (PF101), whose function was dropped (42883) or replaced since the proposal (PF108: the md5 of its definition differs) does not run: its receipt is that error. For an external step nothing runs: outcome ''external'' with its args and idempotency key, for the executor to perform and report with plan_record_step. p_external_only (an executor that runs no SQL actions): at a SQL step nothing runs and the run is released for a SQL runner (outcome ''released''). Returns (step_index, action, outcome ok|error|external|released, status, output, error, args, idempotency_key); outcome NULL = refused (lost race, stale worker or token, terminal plan): nothing ran. The protocol: functions/24_plan_steps.sql, the handshake. In psql: SELECT * FROM pgfence.plan_run_step(42, ''me'', 1). Errors: 22004 (worker, token), 22023 (worker, a token below 1), P0002 (unknown plan).';
 
 CREATE OR REPLACE FUNCTION pgfence.plan_record_step(
   p_id         bigint,
@@ -3557,17 +3714,21 @@ BEGIN
   PERFORM pgfence._plan_check_name(p_worker, 'worker');
   PERFORM pgfence._plan_check_token(p_token);
   IF p_step_index IS NULL OR p_ok IS NULL THEN
-    RAISE EXCEPTION 'plan_record_step: step_index and ok are required' USING ERRCODE = '22004';
+    RAISE EXCEPTION 'plan_record_step: step_index and ok are required'
+      USING ERRCODE = '22004', DETAIL = 'A receipt names the step it records and whether it succeeded.',
+            HINT = 'Pass the step_index that plan_run_step handed you, and true or false.';
   END IF;
   IF NOT p_ok AND (p_error IS NULL OR p_error = '') THEN
-    RAISE EXCEPTION 'plan_record_step: a failed step needs its error text' USING ERRCODE = '22004',
-      HINT = 'Pass what the transport reported.';
+    RAISE EXCEPTION 'plan_record_step: a failed step needs its error text'
+      USING ERRCODE = '22004', DETAIL = 'An error receipt keeps what the transport reported, for whoever looks at the failed plan.',
+            HINT = 'Pass what the transport reported.';
   END IF;
   PERFORM pgfence._set_actor(p_worker);
   v := pgfence._plan_lock(p_id);
   IF p_step_index < 1 OR p_step_index > v.step_count THEN
     RAISE EXCEPTION 'plan_record_step: plan % has steps 1..%, not %', p_id, v.step_count, p_step_index
-      USING ERRCODE = '22023';
+      USING ERRCODE = '22023', DETAIL = 'Steps are numbered from 1 to the plan''s step count.',
+            HINT = 'Record the step_index that plan_run_step handed you.';
   END IF;
   IF v.status <> 'executing' OR v.worker IS DISTINCT FROM p_worker OR v.run_token <> p_token
      OR p_step_index < v.next_step THEN
@@ -3576,11 +3737,13 @@ BEGIN
   END IF;
   IF p_step_index > v.next_step THEN
     RAISE EXCEPTION 'plan_record_step: plan % is at step %, not %', p_id, v.next_step, p_step_index
-      USING ERRCODE = 'PF104', HINT = 'Steps run in order; record the step plan_run_step handed you.';
+      USING ERRCODE = 'PF104', DETAIL = 'Steps run, and are recorded, one at a time in order.',
+            HINT = 'Steps run in order; record the step plan_run_step handed you.';
   END IF;
   IF (SELECT s.kind FROM pgfence.plan_step s WHERE s.plan_id = p_id AND s.step_index = p_step_index) <> 'external' THEN
     RAISE EXCEPTION 'plan_record_step: step % of plan % is a SQL action', p_step_index, p_id
-      USING ERRCODE = 'PF105', HINT = 'SQL steps are run, and receipted in their own transaction, by plan_run_step / CALL plan_execute.';
+      USING ERRCODE = 'PF105', DETAIL = 'A SQL step''s receipt is written in the transaction of its effect, which only plan_run_step runs.',
+            HINT = 'SQL steps are run, and receipted in their own transaction, by plan_run_step / CALL plan_execute.';
   END IF;
   PERFORM pgfence._plan_commit_step(v, p_ok, p_output,
     CASE WHEN NOT p_ok THEN jsonb_build_object('message', left(p_error, 8000)) END);
@@ -3632,11 +3795,21 @@ $$;
 REVOKE ALL ON PROCEDURE pgfence.plan_execute(bigint, text, interval, text, jsonb) FROM PUBLIC;
 GRANT EXECUTE ON PROCEDURE pgfence.plan_execute(bigint, text, interval, text, jsonb) TO pgfence_executor, pgfence_admin;
 COMMENT ON PROCEDURE pgfence.plan_execute(bigint, text, interval, text, jsonb) IS
-  'CALL pgfence.plan_execute(id, worker): take the run (plan_start, under a new run token) and run its SQL steps one by one, committing after each, so every committed step has its receipt and a crash loses at most the step in flight (rolled back whole). Stops at an error (plan failed), at the end (executed), when the run is lost (heartbeat lapsed, another owner), or at an external step, which it releases to an executor. A plan that is terminal, or owned by someone else, runs nothing. Returns (status, receipts): the plan''s status and every receipt so far. Must be called outside an explicit transaction block (autocommit), since it commits. Errors: those of plan_start — 22004 (id or worker NULL), 22023 (bad worker, heartbeat outside 1 s..1 day), P0002 (unknown plan) —, 2D000 (inside a transaction block).';
+  'Run a plan''s SQL steps from psql: take the run, then one step per transaction until it stops.
+CALL pgfence.plan_execute(id, worker): take the run (plan_start, under a new run token) and run its SQL steps one by one, committing after each, so every committed step has its receipt and a crash loses at most the step in flight (rolled back whole). Stops at an error (plan failed), at the end (executed), when the run is lost (heartbeat lapsed, another owner), or at an external step, which it releases to an executor. A plan that is terminal, or owned by someone else, runs nothing. Returns (status, receipts): the plan''s status and every receipt so far. Must be called outside an explicit transaction block (autocommit), since it commits. Errors: those of plan_start — 22004 (id or worker NULL), 22023 (bad worker, heartbeat outside 1 s..1 day), P0002 (unknown plan) —, 2D000 (inside a transaction block).';
 
--- ---------------------------------------------------------------------------------------------
--- Read: plan_get (with lazy heal), plan_steps, plan_list, plan_receipts
--- ---------------------------------------------------------------------------------------------
+
+-- ==== functions/25_plan_read.sql
+-- pgfence functions/25_plan_read.sql — plans (module 2): reads and the reaper.
+--
+-- Public: the view plan_receipts (every committed receipt), plan_get (one plan with its frozen
+-- steps), plan_steps (every step with its state), plan_list (the newest plans), plan_reap (the
+-- reaper, on the executors' timer) and plan_reap_stale (its deprecated old name).
+-- The reads heal lazily: a run whose heartbeat lapsed reads as failed (interrupted) and a
+-- proposal past expires_at as expired (_plan_heal), so the answer depends only on the database
+-- clock, whether or not a reaper runs. Rows a live step transaction holds are skipped.
+-- Errors: functions/ERRORS.md. Query plans: docs/query-plans.md#plan.
+
 CREATE OR REPLACE VIEW pgfence.plan_receipts AS
 SELECT s.plan_id, s.step_index, s.action, s.kind, s.outcome, s.output,
        s.error ->> 'sqlstate' AS sqlstate, s.error ->> 'message' AS message, s.error,
@@ -3647,7 +3820,22 @@ WHERE s.outcome IS NOT NULL;
 REVOKE ALL ON pgfence.plan_receipts FROM PUBLIC;
 GRANT SELECT ON pgfence.plan_receipts TO pgfence_client, pgfence_executor, pgfence_admin;
 COMMENT ON VIEW pgfence.plan_receipts IS
-  'Receipts of every plan step that committed an outcome: ok with the action''s output, or error with SQLSTATE and message; who ran it, when, how long, and the step''s idempotency key (pgfence-plan-<id>-step-<n>). A step without a receipt did not commit.';
+  'Receipts of every plan step that committed an outcome: ok with its output, or error.
+Ok with the action''s output, or error with SQLSTATE and message; who ran it, when, how long, and the step''s idempotency key (pgfence-plan-<id>-step-<n>). A step without a receipt did not commit.';
+COMMENT ON COLUMN pgfence.plan_receipts.plan_id IS 'The plan.';
+COMMENT ON COLUMN pgfence.plan_receipts.step_index IS 'The step, numbered from 1.';
+COMMENT ON COLUMN pgfence.plan_receipts.action IS 'The action the step named (pgfence.plan_actions).';
+COMMENT ON COLUMN pgfence.plan_receipts.kind IS 'sql (run by plan_run_step) or external (performed by an executor, recorded by plan_record_step).';
+COMMENT ON COLUMN pgfence.plan_receipts.outcome IS 'ok or error; committed in the step''s own transaction (sql) or with the executor''s report (external).';
+COMMENT ON COLUMN pgfence.plan_receipts.output IS 'For ok: what the action returned (sql) or what the executor reported (external).';
+COMMENT ON COLUMN pgfence.plan_receipts.sqlstate IS 'For an error of a sql step: its SQLSTATE (e.g. PF108, 23514); NULL for an external step''s error.';
+COMMENT ON COLUMN pgfence.plan_receipts.message IS 'For an error: its message (the transport''s for an external step).';
+COMMENT ON COLUMN pgfence.plan_receipts.error IS 'For an error: the whole error as JSON (sqlstate, message, detail, hint, context).';
+COMMENT ON COLUMN pgfence.plan_receipts.worker IS 'The owner that ran (sql) or recorded (external) the step.';
+COMMENT ON COLUMN pgfence.plan_receipts.started_at IS 'When the step began (an external step: when it was handed to its executor).';
+COMMENT ON COLUMN pgfence.plan_receipts.finished_at IS 'When the receipt was written (clock time of the step''s end).';
+COMMENT ON COLUMN pgfence.plan_receipts.duration IS 'finished_at - started_at.';
+COMMENT ON COLUMN pgfence.plan_receipts.idempotency_key IS 'pgfence-plan-<plan id>-step-<step index>: the key every delivery of the step carries.';
 
 CREATE OR REPLACE FUNCTION pgfence.plan_get(p_id bigint)
 RETURNS TABLE (
@@ -3679,7 +3867,8 @@ $$;
 REVOKE ALL ON FUNCTION pgfence.plan_get(bigint) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION pgfence.plan_get(bigint) TO pgfence_client, pgfence_executor, pgfence_admin;
 COMMENT ON FUNCTION pgfence.plan_get(bigint) IS
-  'One plan: status (failure reason if failed), progress, who proposed / approved / rejected it and when, the owner and its heartbeat, the compensating plans, and the frozen steps. Heals lazily: a run whose heartbeat lapsed is marked failed (interrupted) and a pending plan past expires_at expired before it is read (unless a live step transaction holds the row). Errors: 22004 (id NULL), P0002 (unknown plan).';
+  'One plan: status, progress, who proposed, approved or owns it, and its frozen steps.
+Status (failure reason if failed), progress, who proposed / approved / rejected it and when, the owner and its heartbeat, the compensating plans, and the frozen steps. Heals lazily: a run whose heartbeat lapsed is marked failed (interrupted) and a pending plan past expires_at expired before it is read (unless a live step transaction holds the row). Errors: 22004 (id NULL), P0002 (unknown plan).';
 
 CREATE OR REPLACE FUNCTION pgfence.plan_steps(p_id bigint)
 RETURNS TABLE (
@@ -3716,7 +3905,8 @@ $$;
 REVOKE ALL ON FUNCTION pgfence.plan_steps(bigint) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION pgfence.plan_steps(bigint) TO pgfence_client, pgfence_executor, pgfence_admin;
 COMMENT ON FUNCTION pgfence.plan_steps(bigint) IS
-  'Every step of a plan with its receipt: state ok | error (committed receipts), next (the step an executing run does next), running (an external step handed to its executor), waiting (not reached yet), unknown (an external step in flight when the run was interrupted: it may have happened), not_run (the plan ended before it). Heals lazily like plan_get. Errors: 22004 (id NULL), P0002 (unknown plan).';
+  'Every step of a plan with its receipt and its state (ok, error, next, running, waiting, ...).
+state ok | error (committed receipts), next (the step an executing run does next), running (an external step handed to its executor), waiting (not reached yet), unknown (an external step in flight when the run was interrupted: it may have happened), not_run (the plan ended before it). Heals lazily like plan_get. Errors: 22004 (id NULL), P0002 (unknown plan).';
 
 CREATE OR REPLACE FUNCTION pgfence.plan_list(
   p_status text DEFAULT NULL,
@@ -3734,10 +3924,13 @@ AS $$
 BEGIN
   IF p_status IS NOT NULL AND p_status NOT IN ('pending', 'approved', 'rejected', 'expired', 'executing', 'executed', 'failed') THEN
     RAISE EXCEPTION 'plan_list: unknown status "%"', p_status
-      USING ERRCODE = '22023', HINT = 'One of pending, approved, rejected, expired, executing, executed, failed.';
+      USING ERRCODE = '22023', DETAIL = 'p_status keeps the plans of one status; NULL lists them all.',
+            HINT = 'One of pending, approved, rejected, expired, executing, executed, failed.';
   END IF;
   IF p_limit IS NULL OR p_limit NOT BETWEEN 1 AND 10000 THEN
-    RAISE EXCEPTION 'plan_list: limit must be between 1 and 10000' USING ERRCODE = '22023';
+    RAISE EXCEPTION 'plan_list: limit must be between 1 and 10000'
+      USING ERRCODE = '22023', DETAIL = format('Got %s.', coalesce(p_limit::text, 'NULL')),
+            HINT = 'Pass 1 to 10000 (the default is 100), or narrow the list by status.';
   END IF;
   PERFORM pgfence._plan_heal(NULL, 1000);
   RETURN QUERY
@@ -3756,12 +3949,13 @@ $$;
 REVOKE ALL ON FUNCTION pgfence.plan_list(text, integer) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION pgfence.plan_list(text, integer) TO pgfence_client, pgfence_executor, pgfence_admin;
 COMMENT ON FUNCTION pgfence.plan_list(text, integer) IS
-  'The newest plans (highest id first), optionally of one status, without their steps: progress (steps_done = ok receipts), proposer, approver, owner and heartbeat deadline. Heals lapsed runs and expired proposals first, like plan_get. Errors: 22023 (unknown status, limit outside 1..10000).';
+  'The newest plans (highest id first), optionally of one status, without their steps.
+Progress (steps_done = ok receipts), proposer, approver, owner and heartbeat deadline. Heals lapsed runs and expired proposals first, like plan_get. Errors: 22023 (unknown status, limit outside 1..10000).';
 
 -- ---------------------------------------------------------------------------------------------
--- Reaper
+-- The reaper (<module>_reap, like outbox_reap and operation_reap)
 -- ---------------------------------------------------------------------------------------------
-CREATE OR REPLACE FUNCTION pgfence.plan_reap_stale(p_max_rows integer DEFAULT 1000)
+CREATE OR REPLACE FUNCTION pgfence.plan_reap(p_max_rows integer DEFAULT 1000)
 RETURNS integer
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pgfence, pg_temp
@@ -3770,8 +3964,9 @@ DECLARE
   v_count integer;
 BEGIN
   IF p_max_rows IS NULL OR p_max_rows < 1 THEN
-    RAISE EXCEPTION 'plan_reap_stale: max_rows must be positive, got %', p_max_rows
-      USING ERRCODE = '22023';
+    RAISE EXCEPTION 'plan_reap: max_rows must be positive, got %', p_max_rows
+      USING ERRCODE = '22023', DETAIL = 'max_rows is how many plans one call may change.',
+            HINT = 'Pass a positive number, or omit it for 1000.';
   END IF;
   PERFORM pgfence._set_actor('reaper');
   v_count := pgfence._plan_heal(NULL, p_max_rows);
@@ -3779,62 +3974,51 @@ BEGIN
   RETURN v_count;
 END
 $$;
+REVOKE ALL ON FUNCTION pgfence.plan_reap(integer) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION pgfence.plan_reap(integer) TO pgfence_executor, pgfence_admin;
+COMMENT ON FUNCTION pgfence.plan_reap(integer) IS
+  'Reaper: lapsed runs become failed (interrupted), overdue proposals expired; returns how many.
+Executing plans whose heartbeat lapsed (database clock) become failed with reason interrupted — their committed steps keep their receipts, nothing is retried, and the old owner is refused from then on — and pending plans past expires_at become expired. At most max_rows; skips rows a live transaction holds. Run by executors on a timer; safe for a DBA to call. Errors: 22023 (max_rows < 1).';
+
+CREATE OR REPLACE FUNCTION pgfence.plan_reap_stale(p_max_rows integer DEFAULT 1000)
+RETURNS integer
+LANGUAGE sql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pgfence, pg_temp
+AS $$
+  SELECT pgfence.plan_reap(p_max_rows);
+$$;
 REVOKE ALL ON FUNCTION pgfence.plan_reap_stale(integer) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION pgfence.plan_reap_stale(integer) TO pgfence_executor, pgfence_admin;
 COMMENT ON FUNCTION pgfence.plan_reap_stale(integer) IS
-  'Reaper: executing plans whose heartbeat lapsed (database clock) become failed with reason interrupted — their committed steps keep their receipts, nothing is retried, and the old owner is refused from then on — and pending plans past expires_at become expired. At most max_rows; skips rows a live transaction holds. Returns how many it changed. Run by executors on a timer; safe for a DBA to call. Errors: 22023 (max_rows < 1).';
+  'Deprecated: use pgfence.plan_reap. The plan reaper under its old name (issue 13 renamed it).
+Calls pgfence.plan_reap(p_max_rows) and returns its count; kept so that executors and scripts of earlier releases keep working. Errors: 22023 (max_rows < 1).';
 
 
--- ==== functions/30_operation.sql
--- pgfence functions/30_operation.sql — Module 3: long external operations.
+-- ==== functions/30_operation_guards.sql
+-- pgfence functions/30_operation_guards.sql — operations (module 3): guards, events, helpers.
 --
 -- An application asks for something slow in another system (reset a database branch, provision
 -- a resource, run an export). pgfence makes sure the external call is made once, that at most
--- one operation per (kind, target) is in flight, and that a crashed owner is replaced by one
--- that only polls. Status machine (enforced by tg_operation_guard, not only by these functions):
+-- one operation per (kind, target) is in flight, and that a crashed owner is replaced by one that
+-- only polls. Files: 30 guards, events and helpers, 31 request and cancel (clients), 32 claim and
+-- reap (executors), 33 the issue protocol (the owner), 34 reads.
+-- Here: tg_operation_guard (PF001/PF002, for hand-written SQL too), the purge-only delete,
+-- tg_operation_event (the event log), the private helpers, the table's comment. No public
+-- functions. Time: leases from now(); JSON timestamps in UTC. Errors: functions/ERRORS.md (PF2xx).
+
+-- The table (created by migration 0004; its comment lives here, re-applied by every migrate).
+COMMENT ON TABLE pgfence.operation IS
+  'Long external operations: one row per request, its status, owner, fence, intent and reference.
+E.g. reset a database branch. Status machine queued -> running -> succeeded | failed | canceled (queued -> canceled; running -> queued only by the reaper, when no external call was started). At most one queued/running operation per (kind, target). fence is the owner''s token. The external call is recorded as an intent (issue_*) before it is made and by its reference (external_ref) right after; a new owner that finds a reference only polls it. Not an API: use the pgfence.operation_* functions.';
+
+-- ---------------------------------------------------------------------------------------------
+-- The operation machine, held by tg_operation_guard against any UPDATE (psql included):
 --
 --   queued --claim--> running --finish--> succeeded | failed | canceled      (terminal)
 --   queued | running with no external call issued yet --cancel--> canceled
 --   running with the call issued --cancel--> cancel requested, honoured by the owner's next poll
 --   running --claim after the lease lapsed--> running (new owner, fence + 1)
 --   running --reap, lease lapsed, no external call started--> queued
---
--- The issue protocol, all under the owner's fence:
---   1. operation_begin_issue(id, fence, idempotent)  records the INTENT before calling out;
---   2. the owner calls the external API (passing the idempotency key if it can);
---   3. operation_record_external(id, fence, ref)     records the REFERENCE right after;
---   4. operation_poll(id, fence, state)              on an interval: extends the lease, keeps
---                                                    the polled state, reports a cancel request;
---   5. operation_finish(id, fence, succeeded, ...)   when the external side is done.
--- A new owner that finds a reference only polls (begin_issue answers 'poll'). One that finds an
--- intent without a reference re-issues only if both the first call and its own pass the
--- idempotency key; otherwise the operation fails as "outcome unknown" for a person to check.
--- A pending cancel request does not change that rule (the key finds what the first call may
--- have started, and its reference is what lets the owner cancel it), but the reissue event and
--- the outcome-unknown result say cancel_pending. With a cancel request and no call ever started,
--- begin_issue cancels the operation ('canceled') and nothing is called.
--- Rows: a hand-written INSERT must be a fresh request (PF001); operations are deleted only by the
--- purge (PF002 otherwise, see tg_purge_only).
---
--- Fence: `fence` is bumped by every claim; owner writes match `fence = p_fence AND status =
--- 'running'` under a row lock, so an owner that was replaced changes nothing (NULL / false).
--- Time: leases from now(), the database clock; JSON timestamps are written in UTC.
--- Plans (tests/test_module_plans.py reads them through auto_explain): operation_claim and
--- operation_reap are pinned to one generic plan with index access only (SET plan_cache_mode =
--- force_generic_plan, enable_seqscan / enable_bitmapscan off, like the outbox's claim), so a
--- plan made on an empty table is not a sequential scan kept for the executor's life. Their
--- lapsed-lease walks state lease_expires_at < now() and not the status: a lease is set exactly
--- while running (CHECK operation_lease_iff_running), operation_lease_idx is on that (migration
--- 0008), and operation_one_in_flight (status IN ('queued', 'running')) cannot be proven from
--- it. With status = 'running' it could, and analysed with nothing in flight the planner walked
--- all of it — every queued and running operation — on every claim. The queue walk of a claim
--- for some kinds reads each kind's queue only (operation_kind_queued_idx, migration 0009), so a
--- backlog of a kind no running executor serves is not read by every claim; the all-kinds walk
--- states lease_expires_at IS NULL, which only operation_queued_idx's predicate asks for.
--- Errors: functions/ERRORS.md (this module: PF201, PF202).
-
--- ---------------------------------------------------------------------------------------------
--- Status machine guard
 -- ---------------------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION pgfence.tg_operation_guard()
 RETURNS trigger
@@ -3845,7 +4029,9 @@ BEGIN
   IF TG_OP = 'INSERT' THEN
     -- Reached only through the WHEN condition of operation_insert_guard: not a fresh request.
     RAISE EXCEPTION 'operation: a new operation starts queued with fence 0, no owner, no lease, nothing issued, polled, canceled or finished'
-      USING ERRCODE = 'PF001', HINT = 'Use pgfence.operation_request(); an operation reaches any other state only through the operation_* functions.';
+      USING ERRCODE = 'PF001',
+            DETAIL = format('The new row has status %s, fence %s, owner %s.', NEW.status, NEW.fence, coalesce(NEW.locked_by, 'none')),
+            HINT = 'Use pgfence.operation_request(); an operation reaches any other state only through the operation_* functions.';
   END IF;
   IF NEW.id IS DISTINCT FROM OLD.id
      OR NEW.kind IS DISTINCT FROM OLD.kind
@@ -3855,11 +4041,15 @@ BEGIN
      OR NEW.requested_by IS DISTINCT FROM OLD.requested_by
      OR NEW.created_at IS DISTINCT FROM OLD.created_at THEN
     RAISE EXCEPTION 'operation %: kind, target, params, idempotency_key, requested_by and created_at never change', OLD.id
-      USING ERRCODE = 'PF002', HINT = 'Request a new operation instead.';
+      USING ERRCODE = 'PF002', DETAIL = 'They are the request: what the client asked for, and what its idempotency key names.',
+            HINT = 'Request a new operation instead.';
   END IF;
   IF NEW.fence < OLD.fence OR NEW.issue_count < OLD.issue_count OR NEW.poll_count < OLD.poll_count THEN
     RAISE EXCEPTION 'operation %: fence, issue_count and poll_count never decrease', OLD.id
-      USING ERRCODE = 'PF002', HINT = 'A fence token that went down would let a replaced owner write again.';
+      USING ERRCODE = 'PF002',
+            DETAIL = format('fence %s -> %s, issue_count %s -> %s, poll_count %s -> %s.',
+                            OLD.fence, NEW.fence, OLD.issue_count, NEW.issue_count, OLD.poll_count, NEW.poll_count),
+            HINT = 'A fence token that went down would let a replaced owner write again.';
   END IF;
   IF (OLD.issue_started_at IS NOT NULL AND (NEW.issue_started_at IS DISTINCT FROM OLD.issue_started_at
                                             OR NEW.issued_by IS DISTINCT FROM OLD.issued_by
@@ -3896,7 +4086,8 @@ END
 $$;
 REVOKE ALL ON FUNCTION pgfence.tg_operation_guard() FROM PUBLIC;
 COMMENT ON FUNCTION pgfence.tg_operation_guard() IS
-  'BEFORE UPDATE trigger on pgfence.operation: refuses any status move outside the operation machine (PF001) and any change to the request, a lowered fence, or a rewritten intent / external reference / cancel request (PF002), even from a hand-written UPDATE. Also BEFORE INSERT, filtered by a WHEN condition: a new row that is not a fresh request (queued, fence 0, no owner, lease, intent, reference, polled state, cancel request, result, error, start or finish) is refused (PF001).';
+  'Trigger: holds the operation state machine and the frozen request, for any writer.
+BEFORE UPDATE trigger on pgfence.operation: refuses any status move outside the operation machine (PF001) and any change to the request, a lowered fence, or a rewritten intent / external reference / cancel request (PF002), even from a hand-written UPDATE. Also BEFORE INSERT, filtered by a WHEN condition: a new row that is not a fresh request (queued, fence 0, no owner, lease, intent, reference, polled state, cancel request, result, error, start or finish) is refused (PF001).';
 
 CREATE OR REPLACE TRIGGER operation_guard
   BEFORE UPDATE ON pgfence.operation
@@ -3935,9 +4126,12 @@ AS $$
 $$;
 REVOKE ALL ON FUNCTION pgfence._operation_ts(timestamptz) FROM PUBLIC;
 COMMENT ON FUNCTION pgfence._operation_ts(timestamptz) IS
-  'Private: an instant as ISO-8601 text in UTC (independent of the session TimeZone), for JSON written by the operation module.';
+  'Private: an instant as ISO-8601 text in UTC, for JSON written by the operation module.
+Independent of the session TimeZone.';
 
+-- ---------------------------------------------------------------------------------------------
 -- Event log: operations are few and slow, so one row trigger writes each change it sees.
+-- ---------------------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION pgfence.tg_operation_event()
 RETURNS trigger
 LANGUAGE plpgsql
@@ -4005,7 +4199,8 @@ END
 $$;
 REVOKE ALL ON FUNCTION pgfence.tg_operation_event() FROM PUBLIC;
 COMMENT ON FUNCTION pgfence.tg_operation_event() IS
-  'AFTER INSERT/UPDATE row trigger on pgfence.operation: writes the event log in the same transaction: request, claim, takeover, issue, reissue, external_ref, poll (only when the polled state changed), cancel_request, requeue, cancel, finish (operation_release logs its own ''release''); with actor, fence and details (UTC timestamps).';
+  'Trigger: writes the operation event log (request, claim, issue, poll, finish, ...) as rows change.
+AFTER INSERT/UPDATE row trigger on pgfence.operation: writes the event log in the same transaction: request, claim, takeover, issue, reissue, external_ref, poll (only when the polled state changed), cancel_request, requeue, cancel, finish (operation_release logs its own ''release''); with actor, fence and details (UTC timestamps).';
 
 CREATE OR REPLACE TRIGGER operation_event
   AFTER INSERT OR UPDATE ON pgfence.operation
@@ -4023,19 +4218,23 @@ DECLARE
   v_row pgfence.operation;
 BEGIN
   IF p_id IS NULL THEN
-    RAISE EXCEPTION 'operation: id is required' USING ERRCODE = '22004';
+    RAISE EXCEPTION 'operation: id is required'
+      USING ERRCODE = '22004', DETAIL = 'Every operation call names the operation it acts on.',
+            HINT = 'Pass the id that pgfence.operation_request returned (operation_claim hands it to executors).';
   END IF;
   SELECT o.* INTO v_row FROM pgfence.operation o WHERE o.id = p_id FOR UPDATE;
   IF NOT FOUND THEN
     RAISE EXCEPTION 'operation: no operation with id %', p_id
-      USING ERRCODE = 'P0002', HINT = 'Check the id; purged operations are gone.';
+      USING ERRCODE = 'P0002', DETAIL = 'No operation has this id: it was never requested, or it was purged.',
+            HINT = 'Check the id; purged operations are gone.';
   END IF;
   RETURN v_row;
 END
 $$;
 REVOKE ALL ON FUNCTION pgfence._operation_lock(bigint) FROM PUBLIC;
 COMMENT ON FUNCTION pgfence._operation_lock(bigint) IS
-  'Private: lock one operation row (FOR UPDATE) and return it; 22004 for a NULL id, P0002 for an unknown one. Every owner write starts here, so fence, status and lease are checked under the lock.';
+  'Private: locks one operation row (FOR UPDATE) and returns it; 22004 / P0002 for a bad id.
+22004 for a NULL id, P0002 for an unknown one. Every owner write starts here, so fence, status and lease are checked under the lock.';
 
 CREATE OR REPLACE FUNCTION pgfence._operation_check_lease(p_lease interval)
 RETURNS void
@@ -4045,7 +4244,8 @@ AS $$
 BEGIN
   IF p_lease IS NOT NULL AND (p_lease <= interval '0' OR p_lease > interval '1 day') THEN
     RAISE EXCEPTION 'operation: lease must be positive and at most 1 day, got %', p_lease
-      USING ERRCODE = '22023', HINT = 'Pass e.g. interval ''2 minutes'' (longer than your poll interval and your external call timeout), or NULL for the current one.';
+      USING ERRCODE = '22023', DETAIL = 'The lease is how long the owner may stay silent before another executor takes the operation over.',
+            HINT = 'Pass e.g. interval ''2 minutes'' (longer than your poll interval and your external call timeout), or NULL for the current one.';
   END IF;
 END
 $$;
@@ -4061,7 +4261,8 @@ AS $$
 BEGIN
   IF p_fence IS NULL THEN
     RAISE EXCEPTION 'operation %: fence (the token from operation_claim) is required', p_row.id
-      USING ERRCODE = '22004';
+      USING ERRCODE = '22004', DETAIL = 'Owner calls are fenced by the token of the claim that made the caller the owner.',
+            HINT = 'Pass the fence that pgfence.operation_claim returned with the operation.';
   END IF;
   RETURN p_row.status = 'running' AND p_row.fence = p_fence
          AND (NOT p_check_lease OR p_row.lease_expires_at >= now());
@@ -4069,11 +4270,22 @@ END
 $$;
 REVOKE ALL ON FUNCTION pgfence._operation_owned(pgfence.operation, integer, boolean) FROM PUBLIC;
 COMMENT ON FUNCTION pgfence._operation_owned(pgfence.operation, integer, boolean) IS
-  'Private: is the caller holding this fence still the owner (running, same fence, and with p_check_lease a lease that has not lapsed by the database clock)? 22004 for a NULL fence.';
+  'Private: is the holder of fence p_fence still the owner (running, same fence, lease not lapsed)?
+The lease is checked only with p_check_lease, by the database clock. 22004 for a NULL fence.';
 
--- ---------------------------------------------------------------------------------------------
--- Request (client)
--- ---------------------------------------------------------------------------------------------
+
+-- ==== functions/31_operation_request.sql
+-- pgfence functions/31_operation_request.sql — operations (module 3): what clients call.
+--
+-- Public: operation_request (ask for an operation of a kind on a target; a repeated
+-- idempotency key answers with the same operation; PF201 while the target is busy) and
+-- operation_cancel (cancel at once if no external call was made, else a request the owner
+-- honours at its next poll). At most one operation per (kind, target) is queued or running
+-- (the unique index operation_one_in_flight, migration 0004). Every write logs its event
+-- (tg_operation_event) and NOTIFY pgfence_operation {"kind","id"} wakes executors at commit.
+-- Call these in autocommit / READ COMMITTED: under REPEATABLE READ a conflict with an
+-- invisible transaction raises 40001. Errors: functions/ERRORS.md (PF201, PF003).
+
 CREATE OR REPLACE FUNCTION pgfence.operation_request(
   p_kind            text,
   p_target          text,
@@ -4093,11 +4305,13 @@ DECLARE
 BEGIN
   IF p_kind IS NULL OR p_target IS NULL OR p_params IS NULL THEN
     RAISE EXCEPTION 'operation_request: kind, target and params are required'
-      USING ERRCODE = '22004', HINT = 'Pass a kind (e.g. ''branch.reset''), a target (e.g. the branch name) and a JSON object of params.';
+      USING ERRCODE = '22004', DETAIL = 'An operation is work of a kind on a target, with its parameters.',
+            HINT = 'Pass a kind (e.g. ''branch.reset''), a target (e.g. the branch name) and a JSON object of params.';
   END IF;
   IF p_kind !~ '^[a-z0-9][a-z0-9_.-]{0,62}$' THEN
     RAISE EXCEPTION 'operation_request: invalid kind "%"', p_kind
-      USING ERRCODE = '22023', HINT = 'Kinds are 1-63 characters of a-z, 0-9, _ . - starting with a letter or digit; the executor maps each kind to a handler.';
+      USING ERRCODE = '22023', DETAIL = 'The kind names the handler an executor routes the operation to; nothing was requested.',
+            HINT = 'Kinds are 1-63 characters of a-z, 0-9, _ . - starting with a letter or digit; the executor maps each kind to a handler.';
   END IF;
   -- Bytes too: (kind, target) is a btree key (operation_one_in_flight, operation_target_idx),
   -- whose entries hold at most ~2700 bytes; 1024 characters of CJK text are 3072 bytes (54000).
@@ -4109,14 +4323,18 @@ BEGIN
   END IF;
   IF jsonb_typeof(p_params) <> 'object' THEN
     RAISE EXCEPTION 'operation_request: params must be a JSON object, got %', jsonb_typeof(p_params)
-      USING ERRCODE = '22023', HINT = 'Wrap the value: jsonb_build_object(''value'', ...).';
+      USING ERRCODE = '22023', DETAIL = 'The params are handed to the kind''s handler as one JSON object.',
+            HINT = 'Wrap the value: jsonb_build_object(''value'', ...).';
   END IF;
   IF p_idempotency_key IS NOT NULL AND (p_idempotency_key = '' OR length(p_idempotency_key) > 255) THEN
     RAISE EXCEPTION 'operation_request: idempotency_key must be 1-255 characters or NULL'
-      USING ERRCODE = '22023', HINT = 'Use a stable key for this one request, e.g. ''reset-dev-42-2024-05-01T10:00Z''.';
+      USING ERRCODE = '22023', DETAIL = format('Got %s characters.', length(p_idempotency_key)),
+            HINT = 'Use a stable key for this one request, e.g. ''reset-dev-42-2024-05-01T10:00Z''.';
   END IF;
   IF length(v_by) > 200 THEN
-    RAISE EXCEPTION 'operation_request: requested_by must be at most 200 characters' USING ERRCODE = '22023';
+    RAISE EXCEPTION 'operation_request: requested_by must be at most 200 characters'
+      USING ERRCODE = '22023', DETAIL = format('Got %s characters.', length(v_by)),
+            HINT = 'Name who asks (a user, a service); NULL records the database login.';
   END IF;
   PERFORM pgfence._set_actor(v_by);
 
@@ -4167,17 +4385,73 @@ BEGIN
     END IF;
   END LOOP;
   RAISE EXCEPTION 'operation_request: % % conflicts with an operation this snapshot cannot see', p_kind, p_target
-    USING ERRCODE = '40001', HINT = 'Retry the transaction (this happens under REPEATABLE READ / SERIALIZABLE, or when the target is released and taken again repeatedly).';
+    USING ERRCODE = '40001', DETAIL = 'The operation holding the key or the target was committed, or ended, by a transaction this snapshot cannot see.',
+          HINT = 'Retry the transaction (this happens under REPEATABLE READ / SERIALIZABLE, or when the target is released and taken again repeatedly).';
 END
 $$;
 REVOKE ALL ON FUNCTION pgfence.operation_request(text, text, jsonb, text, text) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION pgfence.operation_request(text, text, jsonb, text, text) TO pgfence_client, pgfence_admin;
 COMMENT ON FUNCTION pgfence.operation_request(text, text, jsonb, text, text) IS
-  'Request a long external operation of p_kind on p_target (e.g. ''branch.reset'', ''dev-42''); returns (id, status, created, result, error). A repeated idempotency key — also from a concurrent transaction — returns the existing operation with created = false, a finished one answering from its row, and starts nothing. At most one operation per (kind, target) is queued or running: a different request for a busy target raises PF201, whose DETAIL starts with "Operation <id>" (the one in flight). requested_by NULL = session_user. At commit, NOTIFY pgfence_operation carries {"kind","id"}. Errors: 22004 (kind/target/params NULL), 22023 (bad kind, target — 1-1024 characters, at most 2048 bytes —, params, key), PF003 (key already names a different request), PF201 (target busy), 40001 (conflict invisible to a REPEATABLE READ snapshot: retry).';
+  'Request a long external operation of p_kind on p_target; returns (id, status, created, ...).
+E.g. (''branch.reset'', ''dev-42''); returns (id, status, created, result, error). A repeated idempotency key — also from a concurrent transaction — returns the existing operation with created = false, a finished one answering from its row, and starts nothing. At most one operation per (kind, target) is queued or running: a different request for a busy target raises PF201, whose DETAIL starts with "Operation <id>" (the one in flight). requested_by NULL = session_user. At commit, NOTIFY pgfence_operation carries {"kind","id"}. Errors: 22004 (kind/target/params NULL), 22023 (bad kind, target — 1-1024 characters, at most 2048 bytes —, params, key), PF003 (key already names a different request), PF201 (target busy), 40001 (conflict invisible to a REPEATABLE READ snapshot: retry).';
 
--- ---------------------------------------------------------------------------------------------
--- Claim (executor)
--- ---------------------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION pgfence.operation_cancel(p_id bigint, p_by text DEFAULT NULL)
+RETURNS text
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pgfence, pg_temp
+AS $$
+DECLARE
+  v_by  text := coalesce(nullif(p_by, ''), session_user::text);
+  v_row pgfence.operation;
+BEGIN
+  IF length(v_by) > 200 THEN
+    RAISE EXCEPTION 'operation_cancel: by must be at most 200 characters'
+      USING ERRCODE = '22023', DETAIL = format('Got %s characters.', length(v_by)),
+            HINT = 'Name who cancels (a user, a service); NULL records the database login.';
+  END IF;
+  v_row := pgfence._operation_lock(p_id);
+  PERFORM pgfence._set_actor(v_by);
+  IF v_row.status = 'queued' OR (v_row.status = 'running' AND v_row.issue_started_at IS NULL) THEN
+    -- Nothing was started outside: cancel at once (an owner about to issue finds it canceled).
+    UPDATE pgfence.operation o
+    SET status = 'canceled', finished_at = now(), lease_expires_at = NULL,
+        cancel_requested_at = now(), cancel_requested_by = v_by,
+        error = format('canceled by %s before the external call was issued', v_by)
+    WHERE o.id = p_id;
+    PERFORM pgfence._set_actor(NULL);
+    RETURN 'canceled';
+  END IF;
+  IF v_row.status = 'running' THEN
+    IF v_row.cancel_requested_at IS NULL THEN
+      UPDATE pgfence.operation o SET cancel_requested_at = now(), cancel_requested_by = v_by WHERE o.id = p_id;
+    END IF;
+    PERFORM pgfence._set_actor(NULL);
+    RETURN 'cancel_requested';
+  END IF;
+  PERFORM pgfence._set_actor(NULL);
+  RETURN NULL;  -- already finished
+END
+$$;
+REVOKE ALL ON FUNCTION pgfence.operation_cancel(bigint, text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION pgfence.operation_cancel(bigint, text) TO pgfence_client, pgfence_admin;
+COMMENT ON FUNCTION pgfence.operation_cancel(bigint, text) IS
+  'Cancel an operation: at once if no external call was made, else by a request to its owner.
+Queued, or running with no external call issued yet: canceled at once (returns ''canceled''). Running with the external call issued: a cancel request the owner honours on its next poll (returns ''cancel_requested''; repeating it is harmless); the operation ends as canceled unless the external side had already succeeded. Already finished: returns NULL and changes nothing. p_by NULL = session_user. Errors: 22004 (id NULL), 22023 (by too long), P0002 (unknown id).';
+
+
+-- ==== functions/32_operation_claim.sql
+-- pgfence functions/32_operation_claim.sql — operations (module 3): claim and reap (executors).
+--
+-- Public: operation_claim (take the orphans whose lease lapsed, then the queue, bumping each
+-- one's fence token) and operation_reap (settle lapsed leases that need no owner: requeue, or
+-- fail as "outcome unknown"). Both run on the executors' timer; the reaper is safe for a DBA.
+-- Fence: `fence` is bumped by every claim; owner writes (33_operation_issue.sql) match
+-- `fence = p_fence AND status = 'running'` under a row lock, so a replaced owner changes nothing.
+-- Parameter order: operation_claim(p_worker, p_kinds, p_lease, p_batch) is the one claim not in
+-- the (worker, batch, filter, lease) order of outbox_claim and plan_claim; an overload in that
+-- order would make named calls ambiguous (42725, tests/pgtap/30_operation.sql), so it stays.
+-- Both are pinned to one generic plan with index access only: docs/query-plans.md#operation.
+
 CREATE OR REPLACE FUNCTION pgfence.operation_claim(
   p_worker text,
   p_kinds  text[] DEFAULT NULL,
@@ -4215,17 +4489,20 @@ DECLARE
 BEGIN
   IF p_worker IS NULL OR p_worker = '' OR length(p_worker) > 200 THEN
     RAISE EXCEPTION 'operation_claim: worker must be a non-empty name of at most 200 characters'
-      USING ERRCODE = '22023', HINT = 'Use something an operator can trace, e.g. host:pid.';
+      USING ERRCODE = '22023', DETAIL = 'The worker''s name is recorded as the owner (locked_by) and in the event log.',
+            HINT = 'Use something an operator can trace, e.g. host:pid.';
   END IF;
   PERFORM pgfence._operation_check_lease(p_lease);
   IF p_batch IS NULL OR p_batch NOT BETWEEN 1 AND 1000 THEN
-    RAISE EXCEPTION 'operation_claim: batch must be between 1 and 1000, got %', p_batch USING ERRCODE = '22023';
+    RAISE EXCEPTION 'operation_claim: batch must be between 1 and 1000, got %', p_batch
+      USING ERRCODE = '22023', DETAIL = 'One claim takes 1 to 1000 operations.',
+            HINT = 'Pass a batch between 1 and 1000, or omit it for 1.';
   END IF;
   PERFORM pgfence._set_actor(p_worker);
 
   -- First the orphans (running, lease lapsed: their external call may be in flight, resume
   -- them), then the queue in request order. SKIP LOCKED: concurrent claimers never collide.
-  -- Plans: see the header.
+  -- query plans: docs/query-plans.md#operation
   RETURN QUERY
   WITH cand AS (
     SELECT o.id, o.locked_by AS prev_owner FROM pgfence.operation o
@@ -4235,12 +4512,10 @@ BEGIN
     LIMIT p_batch
     FOR UPDATE SKIP LOCKED
   ), upd AS (
-    -- by primary key: an id array keeps even a generic plan on the index (a join with cand was
-    -- planned as a walk of the whole primary key)
     UPDATE pgfence.operation o
     SET fence = o.fence + 1, locked_by = p_worker, claimed_at = now(), lease = v_lease,
         lease_expires_at = now() + v_lease
-    WHERE o.id = ANY (ARRAY(SELECT c.id FROM cand c))
+    WHERE o.id = ANY (ARRAY(SELECT c.id FROM cand c))  -- by primary key
     RETURNING o.*, (SELECT c.prev_owner FROM cand c WHERE c.id = o.id) AS prev_owner
   )
   SELECT u.id, u.kind, u.target, u.params, coalesce(u.idempotency_key, 'pgfence-operation-' || u.id),
@@ -4253,18 +4528,16 @@ BEGIN
     RETURN;
   END IF;
 
-  -- The queue, oldest first, locked here and claimed by primary key below. All kinds:
-  -- operation_queued_idx in id order. Some kinds: each kind's own queue
-  -- (operation_kind_queued_idx, migration 0009), walked once per distinct kind up to the batch,
-  -- then the oldest of those, so a backlog of a kind this executor does not serve is never read
-  -- (the per-kind walks cannot use operation_queued_idx: its predicate, 0009). At most p_batch
-  -- rows are locked per kind; those not claimed are released when this transaction ends (a
-  -- moment later: executors claim in autocommit).
+  -- The queue, oldest first, locked here and claimed by primary key below: all kinds in id
+  -- order, or each kind's own queue walked once per distinct kind up to the batch, then the
+  -- oldest of those, so a backlog of a kind this executor does not serve is never read. At most
+  -- p_batch rows are locked per kind; those not claimed are released when this transaction ends
+  -- (a moment later: executors claim in autocommit). Query plans: docs/query-plans.md#operation
   IF p_kinds IS NULL THEN
     v_ids := ARRAY(
       SELECT o.id FROM pgfence.operation o
-      -- no lease: true of every queued operation (CHECK operation_lease_iff_running); stating
-      -- it lets this walk, and only this one, use operation_queued_idx (migration 0009)
+      -- no lease: true of every queued operation (CHECK operation_lease_iff_running); stated
+      -- for the index (operation_queued_idx)
       WHERE o.status = 'queued' AND o.lease_expires_at IS NULL
       ORDER BY o.id
       LIMIT p_batch - v_got
@@ -4274,11 +4547,8 @@ BEGIN
       SELECT b.id
       FROM (SELECT DISTINCT u.k FROM unnest(p_kinds) AS u(k)) ks
       CROSS JOIN LATERAL (
-        -- the rows and order of "kind = ks.k ORDER BY id", written so that only
-        -- operation_kind_queued_idx gives the order: the planner folds a kind fixed by "=" out
-        -- of the ORDER BY, and the primary key then gives id order as well; priced as
-        -- sequential reads, it was chosen whenever the statistics said most operations were
-        -- queued (analysed while busy), and every claim walked the history filtering on kind
+        -- "kind = ks.k ORDER BY id", written so that only operation_kind_queued_idx gives
+        -- the order (docs/query-plans.md#operation)
         SELECT o.id FROM pgfence.operation o
         WHERE o.kind = ANY (ARRAY[ks.k]) AND o.status = 'queued'
         ORDER BY o.kind, o.id
@@ -4309,327 +4579,11 @@ $$;
 REVOKE ALL ON FUNCTION pgfence.operation_claim(text, text[], interval, integer) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION pgfence.operation_claim(text, text[], interval, integer) TO pgfence_executor, pgfence_admin;
 COMMENT ON FUNCTION pgfence.operation_claim(text, text[], interval, integer) IS
-  'Claim up to p_batch operations of p_kinds (NULL = all): first running ones whose lease lapsed by the database clock (a takeover: taken_over_from names the old owner), then queued ones in request order; FOR UPDATE SKIP LOCKED, so concurrent claimers never share one. Bumps the fence and returns it: the token for begin_issue / record_external / poll / finish / release. issue_started and external_ref say whether the external call was already made: with a reference, only poll it; otherwise call operation_begin_issue, which decides. idempotency_key is the one to pass to the external API (pgfence-operation-<id> when the request had none). Errors: 22023 (empty worker, lease outside (0, 1 day], batch outside 1..1000).';
+  'Claim up to p_batch operations of p_kinds (NULL = all): lapsed leases first, then the queue.
+First running ones whose lease lapsed by the database clock (a takeover: taken_over_from names the old owner), then queued ones in request order; FOR UPDATE SKIP LOCKED, so concurrent claimers never share one. Bumps the fence and returns it: the token for begin_issue / record_external / poll / finish / release. issue_started and external_ref say whether the external call was already made: with a reference, only poll it; otherwise call operation_begin_issue, which decides. idempotency_key is the one to pass to the external API (pgfence-operation-<id> when the request had none). Parameter order (worker, kinds, lease, batch), unlike outbox_claim and plan_claim (worker, batch, filter, lease): kept, since an overload in their order would make named calls ambiguous. Errors: 22023 (empty worker, lease outside (0, 1 day], batch outside 1..1000).';
 
 -- ---------------------------------------------------------------------------------------------
--- The issue protocol (owner), fenced
--- ---------------------------------------------------------------------------------------------
-CREATE OR REPLACE FUNCTION pgfence.operation_begin_issue(
-  p_id         bigint,
-  p_fence      integer,
-  p_idempotent boolean,
-  p_lease      interval DEFAULT NULL
-)
-RETURNS text
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-SET search_path = pg_catalog, pgfence, pg_temp
-AS $$
-DECLARE
-  -- A transport that passes the key may re-issue, but not forever.
-  c_max_issues constant integer := 10;
-  v_row    pgfence.operation;
-  v_reason text;
-BEGIN
-  IF p_idempotent IS NULL THEN
-    RAISE EXCEPTION 'operation_begin_issue: idempotent is required'
-      USING ERRCODE = '22004', HINT = 'Pass true only if your call hands the operation''s idempotency key to the external API, which then starts at most one operation per key.';
-  END IF;
-  PERFORM pgfence._operation_check_lease(p_lease);
-  v_row := pgfence._operation_lock(p_id);
-  IF NOT pgfence._operation_owned(v_row, p_fence, true) THEN
-    RETURN NULL;  -- replaced, finished, or the lease lapsed: do not call out
-  END IF;
-
-  IF v_row.external_ref IS NOT NULL THEN
-    UPDATE pgfence.operation o
-    SET lease = coalesce(p_lease, o.lease), lease_expires_at = now() + coalesce(p_lease, o.lease)
-    WHERE o.id = p_id;
-    RETURN 'poll';
-  END IF;
-
-  IF v_row.issue_started_at IS NULL AND v_row.cancel_requested_at IS NOT NULL THEN
-    -- A cancel request and no call ever started: cancel, do not call. (operation_cancel itself
-    -- cancels such an operation at once; this covers a request recorded any other way.)
-    UPDATE pgfence.operation o
-    SET status = 'canceled', finished_at = now(), lease_expires_at = NULL,
-        error = format('canceled at the request of %s before the external call was issued', o.cancel_requested_by)
-    WHERE o.id = p_id;
-    RETURN 'canceled';
-  END IF;
-
-  IF v_row.issue_started_at IS NULL THEN
-    -- (A cancel before any call ends the operation at once, see operation_cancel.)
-    UPDATE pgfence.operation o
-    SET issue_started_at = now(), last_issue_at = now(), issued_by = o.locked_by, issue_count = 1,
-        issue_idempotent = p_idempotent,
-        lease = coalesce(p_lease, o.lease), lease_expires_at = now() + coalesce(p_lease, o.lease)
-    WHERE o.id = p_id;
-    RETURN 'issue';
-  END IF;
-
-  -- An intent without a reference: an earlier call may or may not have started the operation.
-  -- The same rule with a cancel request pending: a re-issue with the key only finds the
-  -- operation the first call may have started, and its reference is what lets the owner poll it
-  -- and cancel it; without the key the outcome is unknown either way. The event log and the
-  -- result record that a cancel was pending (tg_operation_event, below).
-  IF p_idempotent AND v_row.issue_idempotent AND v_row.issue_count < c_max_issues THEN
-    UPDATE pgfence.operation o
-    SET issue_count = o.issue_count + 1, last_issue_at = now(),
-        lease = coalesce(p_lease, o.lease), lease_expires_at = now() + coalesce(p_lease, o.lease)
-    WHERE o.id = p_id;
-    RETURN 'reissue';
-  END IF;
-  v_reason := CASE
-    WHEN NOT v_row.issue_idempotent THEN 'the call that was made did not pass the idempotency key'
-    WHEN NOT p_idempotent THEN 'this owner''s transport does not pass the idempotency key'
-    ELSE format('it was issued %s times without a reference being recorded', v_row.issue_count) END;
-  UPDATE pgfence.operation o
-  SET status = 'failed', finished_at = now(), lease_expires_at = NULL,
-      result = jsonb_strip_nulls(jsonb_build_object(
-                 'reason', 'outcome_unknown', 'intent_at', pgfence._operation_ts(o.issue_started_at),
-                 'issued_by', o.issued_by, 'issues', o.issue_count,
-                 'cancel_pending', CASE WHEN o.cancel_requested_at IS NOT NULL THEN true END,
-                 'cancel_requested_by', o.cancel_requested_by)),
-      error = format('outcome unknown: %s started the external %s call for %s at %s, but no external reference was recorded; %s, so calling again could start a second operation.%s Check %s in the external system by hand.',
-                     o.issued_by, o.kind, o.target, pgfence._operation_ts(o.last_issue_at), v_reason,
-                     CASE WHEN o.cancel_requested_at IS NOT NULL
-                          THEN format(' %s had asked to cancel it; cancel it there if it exists.', o.cancel_requested_by) ELSE '' END,
-                     o.target)
-  WHERE o.id = p_id;
-  RETURN 'failed';
-END
-$$;
-REVOKE ALL ON FUNCTION pgfence.operation_begin_issue(bigint, integer, boolean, interval) FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION pgfence.operation_begin_issue(bigint, integer, boolean, interval) TO pgfence_executor, pgfence_admin;
-COMMENT ON FUNCTION pgfence.operation_begin_issue(bigint, integer, boolean, interval) IS
-  'Owner, before calling the external API: record the intent and decide whether to call. Returns ''issue'' (first call: go ahead), ''reissue'' (an earlier call left no reference; both it and yours pass the idempotency key, so calling again is safe — also when a cancel was requested meanwhile: the key finds the operation the first call may have started, the reissue event says cancel_pending, and the next poll answers ''cancel''), ''poll'' (a reference exists: do not call, poll it), ''canceled'' (a cancel was requested and no call was ever started: the operation is now canceled; do not call), ''failed'' (an earlier call left no reference and a repeat could start a second operation: the operation is now failed as "outcome unknown" for a person to check; its result says cancel_pending if a cancel had been requested), or NULL (you are not the owner any more, or your lease lapsed: do not call). p_idempotent: your call passes the idempotency key and the API starts at most one operation per key. Extends the lease (p_lease, NULL = the current lease length). Errors: 22004 (id/fence/idempotent NULL), 22023 (bad lease), P0002 (unknown id).';
-
-CREATE OR REPLACE FUNCTION pgfence.operation_record_external(
-  p_id           bigint,
-  p_fence        integer,
-  p_external_ref text,
-  p_detail       jsonb DEFAULT NULL
-)
-RETURNS boolean
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-SET search_path = pg_catalog, pgfence, pg_temp
-AS $$
-DECLARE
-  v_row pgfence.operation;
-BEGIN
-  IF p_external_ref IS NULL THEN
-    RAISE EXCEPTION 'operation_record_external: external_ref is required' USING ERRCODE = '22004';
-  END IF;
-  IF p_external_ref = '' OR length(p_external_ref) > 1024 THEN
-    RAISE EXCEPTION 'operation_record_external: external_ref must be 1-1024 characters' USING ERRCODE = '22023';
-  END IF;
-  v_row := pgfence._operation_lock(p_id);
-  -- A lapsed lease is accepted while nobody took over: the call did happen, and its reference
-  -- is what keeps a successor from calling again.
-  IF NOT pgfence._operation_owned(v_row, p_fence, false) THEN
-    RETURN false;
-  END IF;
-  IF v_row.issue_started_at IS NULL THEN
-    RAISE EXCEPTION 'operation_record_external: operation % has no recorded intent', p_id
-      USING ERRCODE = 'PF202',
-            HINT = 'Call pgfence.operation_begin_issue before calling the external API, then record its reference.';
-  END IF;
-  IF v_row.external_ref IS NOT NULL THEN
-    IF v_row.external_ref = p_external_ref THEN
-      RETURN true;  -- a repeat of the same recording
-    END IF;
-    RAISE EXCEPTION 'operation_record_external: operation % already has external reference %', p_id, v_row.external_ref
-      USING ERRCODE = 'PF002', DETAIL = format('This call tried to record %s.', p_external_ref),
-            HINT = 'The external call was made once; poll the recorded reference.';
-  END IF;
-  UPDATE pgfence.operation o
-  SET external_ref = p_external_ref, external_recorded_at = now(), external_detail = p_detail
-  WHERE o.id = p_id;
-  RETURN true;
-END
-$$;
-REVOKE ALL ON FUNCTION pgfence.operation_record_external(bigint, integer, text, jsonb) FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION pgfence.operation_record_external(bigint, integer, text, jsonb) TO pgfence_executor, pgfence_admin;
-COMMENT ON FUNCTION pgfence.operation_record_external(bigint, integer, text, jsonb) IS
-  'Owner, right after the external API accepted the call: record its reference (and optionally its answer, p_detail). From now on every owner only polls. Returns true (recorded, or the same reference again) or false (not the owner any more: the fence is stale or the operation ended). A lapsed lease is accepted while nobody took over. Errors: 22004 (id/fence/ref NULL), 22023 (ref not 1-1024 chars), P0002 (unknown id), PF202 (no intent recorded: call operation_begin_issue first), PF002 (a different reference is already recorded).';
-
-CREATE OR REPLACE FUNCTION pgfence.operation_poll(
-  p_id             bigint,
-  p_fence          integer,
-  p_external_state jsonb,
-  p_lease          interval DEFAULT NULL
-)
-RETURNS text
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-SET search_path = pg_catalog, pgfence, pg_temp
-AS $$
-DECLARE
-  c_history constant integer := 50;
-  v_row  pgfence.operation;
-  v_hist jsonb;
-  v_last jsonb;
-BEGIN
-  PERFORM pgfence._operation_check_lease(p_lease);
-  IF p_external_state IS NOT NULL AND octet_length(p_external_state::text) > 65536 THEN
-    RAISE EXCEPTION 'operation_poll: external_state is larger than 64 kB' USING ERRCODE = '22023',
-      HINT = 'Store the external status and a few fields, not whole documents.';
-  END IF;
-  v_row := pgfence._operation_lock(p_id);
-  IF NOT pgfence._operation_owned(v_row, p_fence, true) THEN
-    RETURN NULL;  -- replaced, finished, or the lease lapsed: stop; a new claim resumes polling
-  END IF;
-  IF v_row.external_ref IS NULL THEN
-    RAISE EXCEPTION 'operation_poll: operation % has no external reference to poll', p_id
-      USING ERRCODE = 'PF202',
-            HINT = 'Issue first: operation_begin_issue, call the external API, operation_record_external.';
-  END IF;
-
-  v_hist := v_row.poll_history;
-  IF p_external_state IS NOT NULL THEN
-    v_last := v_hist -> -1;
-    IF v_last IS NOT NULL AND v_last -> 'state' = p_external_state THEN
-      v_hist := jsonb_set(v_hist, '{-1}', v_last || jsonb_build_object(
-        'last_at', pgfence._operation_ts(now()), 'polls', (v_last ->> 'polls')::integer + 1));
-    ELSE
-      v_hist := v_hist || jsonb_build_array(jsonb_build_object(
-        'state', p_external_state, 'first_at', pgfence._operation_ts(now()),
-        'last_at', pgfence._operation_ts(now()), 'polls', 1, 'fence', p_fence));
-      IF jsonb_array_length(v_hist) > c_history THEN
-        v_hist := v_hist - 0;
-      END IF;
-    END IF;
-  END IF;
-  UPDATE pgfence.operation o
-  SET external_state = coalesce(p_external_state, o.external_state),
-      polled_at = CASE WHEN p_external_state IS NOT NULL THEN now() ELSE o.polled_at END,
-      poll_count = o.poll_count + (p_external_state IS NOT NULL)::integer,
-      poll_history = v_hist,
-      lease = coalesce(p_lease, o.lease),
-      lease_expires_at = now() + coalesce(p_lease, o.lease)
-  WHERE o.id = p_id;
-  RETURN CASE WHEN v_row.cancel_requested_at IS NOT NULL THEN 'cancel' ELSE 'continue' END;
-END
-$$;
-REVOKE ALL ON FUNCTION pgfence.operation_poll(bigint, integer, jsonb, interval) FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION pgfence.operation_poll(bigint, integer, jsonb, interval) TO pgfence_executor, pgfence_admin;
-COMMENT ON FUNCTION pgfence.operation_poll(bigint, integer, jsonb, interval) IS
-  'Owner, after each poll of the external API: check and extend the lease (p_lease, NULL = the current lease length), store the polled external state on the row (history of the last 50 distinct states; the event log gets one row per change), and learn whether a cancel was requested. p_external_state NULL = a heartbeat only (the external API could not be reached). Returns ''continue'', ''cancel'' (a cancel was requested: cancel externally if you can, keep polling, and finish) or NULL (stop: the fence is stale, the operation ended, or your lease lapsed; a new claim resumes polling without calling again). Errors: 22004 (id/fence NULL), 22023 (bad lease, state over 64 kB), P0002 (unknown id), PF202 (no external reference recorded yet).';
-
-CREATE OR REPLACE FUNCTION pgfence.operation_finish(
-  p_id        bigint,
-  p_fence     integer,
-  p_succeeded boolean,
-  p_detail    jsonb DEFAULT NULL,
-  p_error     text DEFAULT NULL
-)
-RETURNS text
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-SET search_path = pg_catalog, pgfence, pg_temp
-AS $$
-DECLARE
-  v_row    pgfence.operation;
-  v_status text;
-BEGIN
-  IF p_succeeded IS NULL THEN
-    RAISE EXCEPTION 'operation_finish: succeeded is required' USING ERRCODE = '22004';
-  END IF;
-  v_row := pgfence._operation_lock(p_id);
-  -- Like record_external, a lapsed lease is accepted while nobody took over: the outcome is real.
-  IF NOT pgfence._operation_owned(v_row, p_fence, false) THEN
-    RETURN NULL;
-  END IF;
-  IF p_succeeded AND v_row.external_ref IS NULL THEN
-    RAISE EXCEPTION 'operation_finish: operation % cannot succeed without an external reference', p_id
-      USING ERRCODE = 'PF202',
-            HINT = 'Record the reference of the external call (operation_record_external) before reporting its success.';
-  END IF;
-  v_status := CASE WHEN p_succeeded THEN 'succeeded'
-                   WHEN v_row.cancel_requested_at IS NOT NULL THEN 'canceled'
-                   ELSE 'failed' END;
-  UPDATE pgfence.operation o
-  SET status = v_status, finished_at = now(), lease_expires_at = NULL, result = p_detail,
-      error = left(CASE v_status
-                     WHEN 'succeeded' THEN NULL
-                     WHEN 'canceled' THEN format('canceled at the request of %s', o.cancel_requested_by) || coalesce(': ' || p_error, '')
-                     ELSE coalesce(p_error, 'failed (no error given)') END, 8000)
-  WHERE o.id = p_id;
-  RETURN v_status;
-END
-$$;
-REVOKE ALL ON FUNCTION pgfence.operation_finish(bigint, integer, boolean, jsonb, text) FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION pgfence.operation_finish(bigint, integer, boolean, jsonb, text) TO pgfence_executor, pgfence_admin;
-COMMENT ON FUNCTION pgfence.operation_finish(bigint, integer, boolean, jsonb, text) IS
-  'Owner, when the external operation ended: running -> succeeded (p_succeeded), or canceled (not succeeded after a cancel request), or failed. p_detail is stored as the result, p_error as the error (after a cancel: "canceled at the request of <who>: <p_error>"). Returns the new status, or NULL when the fence is stale or the operation already ended (a lost race: nothing changed). A lapsed lease is accepted while nobody took over. Errors: 22004 (id/fence/succeeded NULL), P0002 (unknown id), PF202 (success reported without an external reference).';
-
-CREATE OR REPLACE FUNCTION pgfence.operation_release(p_id bigint, p_fence integer)
-RETURNS boolean
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-SET search_path = pg_catalog, pgfence, pg_temp
-AS $$
-DECLARE
-  v_row pgfence.operation;
-BEGIN
-  v_row := pgfence._operation_lock(p_id);
-  IF NOT pgfence._operation_owned(v_row, p_fence, false) THEN
-    RETURN false;
-  END IF;
-  UPDATE pgfence.operation o SET lease_expires_at = now() - interval '1 millisecond' WHERE o.id = p_id;
-  PERFORM pgfence._event('operation', p_id, 'release', 'running', 'running', p_fence,
-    jsonb_build_object('lease_was_until', pgfence._operation_ts(v_row.lease_expires_at)), v_row.locked_by);
-  PERFORM pg_notify('pgfence_operation', json_build_object('kind', v_row.kind, 'id', p_id)::text);
-  RETURN true;
-END
-$$;
-REVOKE ALL ON FUNCTION pgfence.operation_release(bigint, integer) FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION pgfence.operation_release(bigint, integer) TO pgfence_executor, pgfence_admin;
-COMMENT ON FUNCTION pgfence.operation_release(bigint, integer) IS
-  'Owner, at a graceful shutdown: end your lease now so that another executor takes the operation over at once (it resumes from the recorded intent / reference, exactly as after a crash) instead of after the lease. Returns false when the fence is stale or the operation ended. Errors: 22004 (id/fence NULL), P0002 (unknown id).';
-
--- ---------------------------------------------------------------------------------------------
--- Cancel (client / operator)
--- ---------------------------------------------------------------------------------------------
-CREATE OR REPLACE FUNCTION pgfence.operation_cancel(p_id bigint, p_by text DEFAULT NULL)
-RETURNS text
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-SET search_path = pg_catalog, pgfence, pg_temp
-AS $$
-DECLARE
-  v_by  text := coalesce(nullif(p_by, ''), session_user::text);
-  v_row pgfence.operation;
-BEGIN
-  IF length(v_by) > 200 THEN
-    RAISE EXCEPTION 'operation_cancel: by must be at most 200 characters' USING ERRCODE = '22023';
-  END IF;
-  v_row := pgfence._operation_lock(p_id);
-  PERFORM pgfence._set_actor(v_by);
-  IF v_row.status = 'queued' OR (v_row.status = 'running' AND v_row.issue_started_at IS NULL) THEN
-    -- Nothing was started outside: cancel at once (an owner about to issue finds it canceled).
-    UPDATE pgfence.operation o
-    SET status = 'canceled', finished_at = now(), lease_expires_at = NULL,
-        cancel_requested_at = now(), cancel_requested_by = v_by,
-        error = format('canceled by %s before the external call was issued', v_by)
-    WHERE o.id = p_id;
-    PERFORM pgfence._set_actor(NULL);
-    RETURN 'canceled';
-  END IF;
-  IF v_row.status = 'running' THEN
-    IF v_row.cancel_requested_at IS NULL THEN
-      UPDATE pgfence.operation o SET cancel_requested_at = now(), cancel_requested_by = v_by WHERE o.id = p_id;
-    END IF;
-    PERFORM pgfence._set_actor(NULL);
-    RETURN 'cancel_requested';
-  END IF;
-  PERFORM pgfence._set_actor(NULL);
-  RETURN NULL;  -- already finished
-END
-$$;
-REVOKE ALL ON FUNCTION pgfence.operation_cancel(bigint, text) FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION pgfence.operation_cancel(bigint, text) TO pgfence_client, pgfence_admin;
-COMMENT ON FUNCTION pgfence.operation_cancel(bigint, text) IS
-  'Cancel an operation. Queued, or running with no external call issued yet: canceled at once (returns ''canceled''). Running with the external call issued: a cancel request the owner honours on its next poll (returns ''cancel_requested''; repeating it is harmless); the operation ends as canceled unless the external side had already succeeded. Already finished: returns NULL and changes nothing. p_by NULL = session_user. Errors: 22004 (id NULL), 22023 (by too long), P0002 (unknown id).';
-
--- ---------------------------------------------------------------------------------------------
--- Reaper
+-- The reaper (<module>_reap, like outbox_reap and plan_reap)
 -- ---------------------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION pgfence.operation_reap(p_max_rows integer DEFAULT 1000)
 RETURNS integer
@@ -4641,10 +4595,12 @@ SET enable_bitmapscan = off
 AS $$
 DECLARE
   v_count integer;
-  c_running CONSTANT text := 'running';  -- a parameter: see the header, Plans
+  c_running CONSTANT text := 'running';  -- a parameter, not a literal: docs/query-plans.md#operation
 BEGIN
   IF p_max_rows IS NULL OR p_max_rows < 1 THEN
-    RAISE EXCEPTION 'operation_reap: max_rows must be positive, got %', p_max_rows USING ERRCODE = '22023';
+    RAISE EXCEPTION 'operation_reap: max_rows must be positive, got %', p_max_rows
+      USING ERRCODE = '22023', DETAIL = 'max_rows is how many operations one call may change.',
+            HINT = 'Pass a positive number, or omit it for 1000.';
   END IF;
   PERFORM pgfence._set_actor('reaper');
   -- Lapsed leases the reaper can settle without an owner. With an external reference, or an
@@ -4685,11 +4641,320 @@ $$;
 REVOKE ALL ON FUNCTION pgfence.operation_reap(integer) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION pgfence.operation_reap(integer) TO pgfence_executor, pgfence_admin;
 COMMENT ON FUNCTION pgfence.operation_reap(integer) IS
-  'Reaper for operations whose lease lapsed by the database clock: one whose external call was never issued goes back to queued; one whose call was issued without the idempotency key and left no reference fails as "outcome unknown" (a repeat could start a second operation). Others (a reference, or an intent whose call passed the key) stay running for the next operation_claim, which resumes them. Skips rows locked by an owner''s write; takes at most max_rows. Returns how many it changed. Run by executors on a timer; safe for a DBA to call. Errors: 22023 (max_rows < 1).';
+  'Reaper: settles lapsed leases that need no owner (requeue, or fail as outcome unknown).
+For operations whose lease lapsed by the database clock: one whose external call was never issued goes back to queued; one whose call was issued without the idempotency key and left no reference fails as "outcome unknown" (a repeat could start a second operation). Others (a reference, or an intent whose call passed the key) stay running for the next operation_claim, which resumes them. Skips rows locked by an owner''s write; takes at most max_rows. Returns how many it changed. Run by executors on a timer; safe for a DBA to call. Errors: 22023 (max_rows < 1).';
 
--- ---------------------------------------------------------------------------------------------
--- Reading
--- ---------------------------------------------------------------------------------------------
+
+-- ==== functions/33_operation_issue.sql
+-- pgfence functions/33_operation_issue.sql — operations (module 3): the owner's issue protocol.
+--
+-- All under the fence token that operation_claim returned (a replaced owner gets NULL / false):
+--   1. operation_begin_issue(id, fence, idempotent)  records the INTENT before calling out;
+--   2. the owner calls the external API (passing the idempotency key if it can);
+--   3. operation_record_external(id, fence, ref)     records the REFERENCE right after;
+--   4. operation_poll(id, fence, state)              on an interval: extends the lease, keeps the
+--                                                    polled state, reports a cancel request;
+--   5. operation_finish(id, fence, succeeded, ...)   when the external side is done.
+-- operation_release ends the lease at a graceful shutdown. A new owner that finds a reference
+-- only polls; one that finds an intent without a reference re-issues only if both calls pass the
+-- key, else the operation fails as "outcome unknown" (see operation_begin_issue).
+
+CREATE OR REPLACE FUNCTION pgfence.operation_begin_issue(
+  p_id         bigint,
+  p_fence      integer,
+  p_idempotent boolean,
+  p_lease      interval DEFAULT NULL
+)
+RETURNS text
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pgfence, pg_temp
+AS $$
+DECLARE
+  -- A transport that passes the key may re-issue, but not forever.
+  c_max_issues constant integer := 10;
+  v_row    pgfence.operation;
+  v_reason text;
+BEGIN
+  IF p_idempotent IS NULL THEN
+    RAISE EXCEPTION 'operation_begin_issue: idempotent is required'
+      USING ERRCODE = '22004', DETAIL = 'Whether a lost call may be made again depends on whether your call and the first one pass the idempotency key.',
+            HINT = 'Pass true only if your call hands the operation''s idempotency key to the external API, which then starts at most one operation per key.';
+  END IF;
+  PERFORM pgfence._operation_check_lease(p_lease);
+  v_row := pgfence._operation_lock(p_id);
+  IF NOT pgfence._operation_owned(v_row, p_fence, true) THEN
+    RETURN NULL;  -- replaced, finished, or the lease lapsed: do not call out
+  END IF;
+
+  IF v_row.external_ref IS NOT NULL THEN
+    UPDATE pgfence.operation o
+    SET lease = coalesce(p_lease, o.lease), lease_expires_at = now() + coalesce(p_lease, o.lease)
+    WHERE o.id = p_id;
+    RETURN 'poll';
+  END IF;
+
+  IF v_row.issue_started_at IS NULL AND v_row.cancel_requested_at IS NOT NULL THEN
+    -- A cancel request and no call ever started: cancel, do not call. (operation_cancel itself
+    -- cancels such an operation at once; this covers a request recorded any other way.)
+    UPDATE pgfence.operation o
+    SET status = 'canceled', finished_at = now(), lease_expires_at = NULL,
+        error = format('canceled at the request of %s before the external call was issued', o.cancel_requested_by)
+    WHERE o.id = p_id;
+    RETURN 'canceled';
+  END IF;
+
+  IF v_row.issue_started_at IS NULL THEN
+    -- (A cancel before any call ends the operation at once, see operation_cancel.)
+    UPDATE pgfence.operation o
+    SET issue_started_at = now(), last_issue_at = now(), issued_by = o.locked_by, issue_count = 1,
+        issue_idempotent = p_idempotent,
+        lease = coalesce(p_lease, o.lease), lease_expires_at = now() + coalesce(p_lease, o.lease)
+    WHERE o.id = p_id;
+    RETURN 'issue';
+  END IF;
+
+  -- An intent without a reference: an earlier call may or may not have started the operation.
+  -- The same rule with a cancel request pending: a re-issue with the key only finds the
+  -- operation the first call may have started, and its reference is what lets the owner poll it
+  -- and cancel it; without the key the outcome is unknown either way. The event log and the
+  -- result record that a cancel was pending (tg_operation_event).
+  IF p_idempotent AND v_row.issue_idempotent AND v_row.issue_count < c_max_issues THEN
+    UPDATE pgfence.operation o
+    SET issue_count = o.issue_count + 1, last_issue_at = now(),
+        lease = coalesce(p_lease, o.lease), lease_expires_at = now() + coalesce(p_lease, o.lease)
+    WHERE o.id = p_id;
+    RETURN 'reissue';
+  END IF;
+  v_reason := CASE
+    WHEN NOT v_row.issue_idempotent THEN 'the call that was made did not pass the idempotency key'
+    WHEN NOT p_idempotent THEN 'this owner''s transport does not pass the idempotency key'
+    ELSE format('it was issued %s times without a reference being recorded', v_row.issue_count) END;
+  UPDATE pgfence.operation o
+  SET status = 'failed', finished_at = now(), lease_expires_at = NULL,
+      result = jsonb_strip_nulls(jsonb_build_object(
+                 'reason', 'outcome_unknown', 'intent_at', pgfence._operation_ts(o.issue_started_at),
+                 'issued_by', o.issued_by, 'issues', o.issue_count,
+                 'cancel_pending', CASE WHEN o.cancel_requested_at IS NOT NULL THEN true END,
+                 'cancel_requested_by', o.cancel_requested_by)),
+      error = format('outcome unknown: %s started the external %s call for %s at %s, but no external reference was recorded; %s, so calling again could start a second operation.%s Check %s in the external system by hand.',
+                     o.issued_by, o.kind, o.target, pgfence._operation_ts(o.last_issue_at), v_reason,
+                     CASE WHEN o.cancel_requested_at IS NOT NULL
+                          THEN format(' %s had asked to cancel it; cancel it there if it exists.', o.cancel_requested_by) ELSE '' END,
+                     o.target)
+  WHERE o.id = p_id;
+  RETURN 'failed';
+END
+$$;
+REVOKE ALL ON FUNCTION pgfence.operation_begin_issue(bigint, integer, boolean, interval) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION pgfence.operation_begin_issue(bigint, integer, boolean, interval) TO pgfence_executor, pgfence_admin;
+COMMENT ON FUNCTION pgfence.operation_begin_issue(bigint, integer, boolean, interval) IS
+  'Owner, before calling the external API: record the intent and learn whether to call at all.
+Returns ''issue'' (first call: go ahead), ''reissue'' (an earlier call left no reference; both it and yours pass the idempotency key, so calling again is safe — also when a cancel was requested meanwhile: the key finds the operation the first call may have started, the reissue event says cancel_pending, and the next poll answers ''cancel''), ''poll'' (a reference exists: do not call, poll it), ''canceled'' (a cancel was requested and no call was ever started: the operation is now canceled; do not call), ''failed'' (an earlier call left no reference and a repeat could start a second operation: the operation is now failed as "outcome unknown" for a person to check; its result says cancel_pending if a cancel had been requested), or NULL (you are not the owner any more, or your lease lapsed: do not call). p_idempotent: your call passes the idempotency key and the API starts at most one operation per key. Extends the lease (p_lease, NULL = the current lease length). Errors: 22004 (id/fence/idempotent NULL), 22023 (bad lease), P0002 (unknown id).';
+
+CREATE OR REPLACE FUNCTION pgfence.operation_record_external(
+  p_id           bigint,
+  p_fence        integer,
+  p_external_ref text,
+  p_detail       jsonb DEFAULT NULL
+)
+RETURNS boolean
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pgfence, pg_temp
+AS $$
+DECLARE
+  v_row pgfence.operation;
+BEGIN
+  IF p_external_ref IS NULL THEN
+    RAISE EXCEPTION 'operation_record_external: external_ref is required'
+      USING ERRCODE = '22004', DETAIL = 'The reference is what keeps every later owner from calling the external API again.',
+            HINT = 'Pass the id the external API returned for the call you just made.';
+  END IF;
+  IF p_external_ref = '' OR length(p_external_ref) > 1024 THEN
+    RAISE EXCEPTION 'operation_record_external: external_ref must be 1-1024 characters'
+      USING ERRCODE = '22023', DETAIL = format('Got %s characters.', length(p_external_ref)),
+            HINT = 'Record the external system''s id of the operation; its whole answer goes in p_detail.';
+  END IF;
+  v_row := pgfence._operation_lock(p_id);
+  -- A lapsed lease is accepted while nobody took over: the call did happen, and its reference
+  -- is what keeps a successor from calling again.
+  IF NOT pgfence._operation_owned(v_row, p_fence, false) THEN
+    RETURN false;
+  END IF;
+  IF v_row.issue_started_at IS NULL THEN
+    RAISE EXCEPTION 'operation_record_external: operation % has no recorded intent', p_id
+      USING ERRCODE = 'PF202', DETAIL = 'The intent, recorded before the call, is what tells a successor that a call may have been made.',
+            HINT = 'Call pgfence.operation_begin_issue before calling the external API, then record its reference.';
+  END IF;
+  IF v_row.external_ref IS NOT NULL THEN
+    IF v_row.external_ref = p_external_ref THEN
+      RETURN true;  -- a repeat of the same recording
+    END IF;
+    RAISE EXCEPTION 'operation_record_external: operation % already has external reference %', p_id, v_row.external_ref
+      USING ERRCODE = 'PF002', DETAIL = format('This call tried to record %s.', p_external_ref),
+            HINT = 'The external call was made once; poll the recorded reference.';
+  END IF;
+  UPDATE pgfence.operation o
+  SET external_ref = p_external_ref, external_recorded_at = now(), external_detail = p_detail
+  WHERE o.id = p_id;
+  RETURN true;
+END
+$$;
+REVOKE ALL ON FUNCTION pgfence.operation_record_external(bigint, integer, text, jsonb) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION pgfence.operation_record_external(bigint, integer, text, jsonb) TO pgfence_executor, pgfence_admin;
+COMMENT ON FUNCTION pgfence.operation_record_external(bigint, integer, text, jsonb) IS
+  'Owner, right after the external API accepted the call: record its reference; from now on, poll.
+Optionally with its answer, p_detail. From now on every owner only polls. Returns true (recorded, or the same reference again) or false (not the owner any more: the fence is stale or the operation ended). A lapsed lease is accepted while nobody took over. Errors: 22004 (id/fence/ref NULL), 22023 (ref not 1-1024 chars), P0002 (unknown id), PF202 (no intent recorded: call operation_begin_issue first), PF002 (a different reference is already recorded).';
+
+CREATE OR REPLACE FUNCTION pgfence.operation_poll(
+  p_id             bigint,
+  p_fence          integer,
+  p_external_state jsonb,
+  p_lease          interval DEFAULT NULL
+)
+RETURNS text
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pgfence, pg_temp
+AS $$
+DECLARE
+  c_history constant integer := 50;
+  v_row  pgfence.operation;
+  v_hist jsonb;
+  v_last jsonb;
+BEGIN
+  PERFORM pgfence._operation_check_lease(p_lease);
+  IF p_external_state IS NOT NULL AND octet_length(p_external_state::text) > 65536 THEN
+    RAISE EXCEPTION 'operation_poll: external_state is larger than 64 kB'
+      USING ERRCODE = '22023', DETAIL = format('Got %s bytes of JSON text.', octet_length(p_external_state::text)),
+            HINT = 'Store the external status and a few fields, not whole documents.';
+  END IF;
+  v_row := pgfence._operation_lock(p_id);
+  IF NOT pgfence._operation_owned(v_row, p_fence, true) THEN
+    RETURN NULL;  -- replaced, finished, or the lease lapsed: stop; a new claim resumes polling
+  END IF;
+  IF v_row.external_ref IS NULL THEN
+    RAISE EXCEPTION 'operation_poll: operation % has no external reference to poll', p_id
+      USING ERRCODE = 'PF202', DETAIL = 'Only an external call whose reference was recorded can be polled.',
+            HINT = 'Issue first: operation_begin_issue, call the external API, operation_record_external.';
+  END IF;
+
+  v_hist := v_row.poll_history;
+  IF p_external_state IS NOT NULL THEN
+    v_last := v_hist -> -1;
+    IF v_last IS NOT NULL AND v_last -> 'state' = p_external_state THEN
+      v_hist := jsonb_set(v_hist, '{-1}', v_last || jsonb_build_object(
+        'last_at', pgfence._operation_ts(now()), 'polls', (v_last ->> 'polls')::integer + 1));
+    ELSE
+      v_hist := v_hist || jsonb_build_array(jsonb_build_object(
+        'state', p_external_state, 'first_at', pgfence._operation_ts(now()),
+        'last_at', pgfence._operation_ts(now()), 'polls', 1, 'fence', p_fence));
+      IF jsonb_array_length(v_hist) > c_history THEN
+        v_hist := v_hist - 0;
+      END IF;
+    END IF;
+  END IF;
+  UPDATE pgfence.operation o
+  SET external_state = coalesce(p_external_state, o.external_state),
+      polled_at = CASE WHEN p_external_state IS NOT NULL THEN now() ELSE o.polled_at END,
+      poll_count = o.poll_count + (p_external_state IS NOT NULL)::integer,
+      poll_history = v_hist,
+      lease = coalesce(p_lease, o.lease),
+      lease_expires_at = now() + coalesce(p_lease, o.lease)
+  WHERE o.id = p_id;
+  RETURN CASE WHEN v_row.cancel_requested_at IS NOT NULL THEN 'cancel' ELSE 'continue' END;
+END
+$$;
+REVOKE ALL ON FUNCTION pgfence.operation_poll(bigint, integer, jsonb, interval) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION pgfence.operation_poll(bigint, integer, jsonb, interval) TO pgfence_executor, pgfence_admin;
+COMMENT ON FUNCTION pgfence.operation_poll(bigint, integer, jsonb, interval) IS
+  'Owner, after each poll of the external API: extend the lease, keep the state, learn of a cancel.
+Checks and extends the lease (p_lease, NULL = the current lease length), stores the polled external state on the row (history of the last 50 distinct states; the event log gets one row per change), and says whether a cancel was requested. p_external_state NULL = a heartbeat only (the external API could not be reached). Returns ''continue'', ''cancel'' (a cancel was requested: cancel externally if you can, keep polling, and finish) or NULL (stop: the fence is stale, the operation ended, or your lease lapsed; a new claim resumes polling without calling again). Errors: 22004 (id/fence NULL), 22023 (bad lease, state over 64 kB), P0002 (unknown id), PF202 (no external reference recorded yet).';
+
+CREATE OR REPLACE FUNCTION pgfence.operation_finish(
+  p_id        bigint,
+  p_fence     integer,
+  p_succeeded boolean,
+  p_detail    jsonb DEFAULT NULL,
+  p_error     text DEFAULT NULL
+)
+RETURNS text
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pgfence, pg_temp
+AS $$
+DECLARE
+  v_row    pgfence.operation;
+  v_status text;
+BEGIN
+  IF p_succeeded IS NULL THEN
+    RAISE EXCEPTION 'operation_finish: succeeded is required'
+      USING ERRCODE = '22004', DETAIL = 'The outcome decides the final status: succeeded, or failed (canceled after a cancel request).',
+            HINT = 'Pass true if the external operation succeeded, false otherwise (with p_error saying why).';
+  END IF;
+  v_row := pgfence._operation_lock(p_id);
+  -- Like record_external, a lapsed lease is accepted while nobody took over: the outcome is real.
+  IF NOT pgfence._operation_owned(v_row, p_fence, false) THEN
+    RETURN NULL;
+  END IF;
+  IF p_succeeded AND v_row.external_ref IS NULL THEN
+    RAISE EXCEPTION 'operation_finish: operation % cannot succeed without an external reference', p_id
+      USING ERRCODE = 'PF202', DETAIL = 'A success without a reference would say an external call happened without saying which one.',
+            HINT = 'Record the reference of the external call (operation_record_external) before reporting its success.';
+  END IF;
+  v_status := CASE WHEN p_succeeded THEN 'succeeded'
+                   WHEN v_row.cancel_requested_at IS NOT NULL THEN 'canceled'
+                   ELSE 'failed' END;
+  UPDATE pgfence.operation o
+  SET status = v_status, finished_at = now(), lease_expires_at = NULL, result = p_detail,
+      error = left(CASE v_status
+                     WHEN 'succeeded' THEN NULL
+                     WHEN 'canceled' THEN format('canceled at the request of %s', o.cancel_requested_by) || coalesce(': ' || p_error, '')
+                     ELSE coalesce(p_error, 'failed (no error given)') END, 8000)
+  WHERE o.id = p_id;
+  RETURN v_status;
+END
+$$;
+REVOKE ALL ON FUNCTION pgfence.operation_finish(bigint, integer, boolean, jsonb, text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION pgfence.operation_finish(bigint, integer, boolean, jsonb, text) TO pgfence_executor, pgfence_admin;
+COMMENT ON FUNCTION pgfence.operation_finish(bigint, integer, boolean, jsonb, text) IS
+  'Owner, when the external operation ended: running -> succeeded, canceled or failed.
+succeeded (p_succeeded), or canceled (not succeeded after a cancel request), or failed. p_detail is stored as the result, p_error as the error (after a cancel: "canceled at the request of <who>: <p_error>"). Returns the new status, or NULL when the fence is stale or the operation already ended (a lost race: nothing changed). A lapsed lease is accepted while nobody took over. Errors: 22004 (id/fence/succeeded NULL), P0002 (unknown id), PF202 (success reported without an external reference).';
+
+CREATE OR REPLACE FUNCTION pgfence.operation_release(p_id bigint, p_fence integer)
+RETURNS boolean
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pgfence, pg_temp
+AS $$
+DECLARE
+  v_row pgfence.operation;
+BEGIN
+  v_row := pgfence._operation_lock(p_id);
+  IF NOT pgfence._operation_owned(v_row, p_fence, false) THEN
+    RETURN false;
+  END IF;
+  UPDATE pgfence.operation o SET lease_expires_at = now() - interval '1 millisecond' WHERE o.id = p_id;
+  PERFORM pgfence._event('operation', p_id, 'release', 'running', 'running', p_fence,
+    jsonb_build_object('lease_was_until', pgfence._operation_ts(v_row.lease_expires_at)), v_row.locked_by);
+  PERFORM pg_notify('pgfence_operation', json_build_object('kind', v_row.kind, 'id', p_id)::text);
+  RETURN true;
+END
+$$;
+REVOKE ALL ON FUNCTION pgfence.operation_release(bigint, integer) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION pgfence.operation_release(bigint, integer) TO pgfence_executor, pgfence_admin;
+COMMENT ON FUNCTION pgfence.operation_release(bigint, integer) IS
+  'Owner, at a graceful shutdown: end your lease now, so that another executor takes over at once.
+It resumes from the recorded intent / reference, exactly as after a crash, instead of after the lease. Returns false when the fence is stale or the operation ended. Errors: 22004 (id/fence NULL), P0002 (unknown id).';
+
+
+-- ==== functions/34_operation_read.sql
+-- pgfence functions/34_operation_read.sql — operations (module 3): reads.
+--
+-- Public: operation_get (one operation with everything known about it), operation_list (the
+-- newest operations, by kind, target and status) and the view operation_in_flight (operators:
+-- every queued or running operation, its owner, lease and external reference).
+-- Reads change nothing: an operation whose lease lapsed stays running until the next claim or
+-- reaper run settles it (operation_in_flight says lease_lapsed). Timestamps are timestamptz
+-- columns; JSON history (poll_history) holds UTC text (_operation_ts).
+-- Errors: functions/ERRORS.md.
+
 CREATE OR REPLACE FUNCTION pgfence.operation_get(p_id bigint)
 RETURNS TABLE (
   id bigint, kind text, target text, params jsonb, idempotency_key text, requested_by text,
@@ -4706,7 +4971,9 @@ AS $$
 #variable_conflict use_column
 BEGIN
   IF p_id IS NULL THEN
-    RAISE EXCEPTION 'operation_get: id is required' USING ERRCODE = '22004';
+    RAISE EXCEPTION 'operation_get: id is required'
+      USING ERRCODE = '22004', DETAIL = 'operation_get reads one operation by its id.',
+            HINT = 'Pass the id that pgfence.operation_request returned, or find it with pgfence.operation_list.';
   END IF;
   RETURN QUERY
   SELECT o.id, o.kind, o.target, o.params, o.idempotency_key, o.requested_by, o.status, o.fence,
@@ -4718,14 +4985,16 @@ BEGIN
   FROM pgfence.operation o WHERE o.id = p_id;
   IF NOT FOUND THEN
     RAISE EXCEPTION 'operation_get: no operation with id %', p_id
-      USING ERRCODE = 'P0002', HINT = 'Check the id; purged operations are gone.';
+      USING ERRCODE = 'P0002', DETAIL = 'No operation has this id: it was never requested, or it was purged.',
+            HINT = 'Check the id; purged operations are gone.';
   END IF;
 END
 $$;
 REVOKE ALL ON FUNCTION pgfence.operation_get(bigint) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION pgfence.operation_get(bigint) TO pgfence_client, pgfence_executor, pgfence_admin;
 COMMENT ON FUNCTION pgfence.operation_get(bigint) IS
-  'One operation with everything known about it: the request, status, owner and lease, the intent and external reference, the last polled state and its history, a cancel request, result and error. Errors: 22004 (id NULL), P0002 (unknown id).';
+  'One operation with everything known about it: request, status, owner, intent, reference, polls.
+The request, status, owner and lease, the intent and external reference, the last polled state and its history, a cancel request, result and error. Errors: 22004 (id NULL), P0002 (unknown id).';
 
 CREATE OR REPLACE FUNCTION pgfence.operation_list(
   p_kind   text DEFAULT NULL,
@@ -4746,10 +5015,13 @@ AS $$
 BEGIN
   IF p_status IS NOT NULL AND p_status NOT IN ('queued', 'running', 'succeeded', 'failed', 'canceled', 'in_flight') THEN
     RAISE EXCEPTION 'operation_list: unknown status "%"', p_status
-      USING ERRCODE = '22023', HINT = 'One of queued, running, succeeded, failed, canceled, or in_flight (queued or running).';
+      USING ERRCODE = '22023', DETAIL = 'p_status keeps the operations of one status (in_flight: queued or running); NULL lists them all.',
+            HINT = 'One of queued, running, succeeded, failed, canceled, or in_flight (queued or running).';
   END IF;
   IF p_limit IS NULL OR p_limit NOT BETWEEN 1 AND 10000 THEN
-    RAISE EXCEPTION 'operation_list: limit must be between 1 and 10000' USING ERRCODE = '22023';
+    RAISE EXCEPTION 'operation_list: limit must be between 1 and 10000'
+      USING ERRCODE = '22023', DETAIL = format('Got %s.', coalesce(p_limit::text, 'NULL')),
+            HINT = 'Pass 1 to 10000 (the default is 100), or narrow the list by kind, target or status.';
   END IF;
   RETURN QUERY
   SELECT o.id, o.kind, o.target, o.idempotency_key, o.status, o.fence, o.locked_by,
@@ -4767,7 +5039,8 @@ $$;
 REVOKE ALL ON FUNCTION pgfence.operation_list(text, text, text, integer) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION pgfence.operation_list(text, text, text, integer) TO pgfence_client, pgfence_admin;
 COMMENT ON FUNCTION pgfence.operation_list(text, text, text, integer) IS
-  'The newest operations first (without params and history), optionally of one kind, target and/or status; status ''in_flight'' = queued or running. Errors: 22023 (unknown status, limit outside 1..10000).';
+  'The newest operations first (without params and history), by kind, target and/or status.
+Each filter is optional; status ''in_flight'' = queued or running. Errors: 22023 (unknown status, limit outside 1..10000).';
 
 CREATE OR REPLACE VIEW pgfence.operation_in_flight AS
 SELECT o.id, o.kind, o.target, o.status, o.locked_by AS owner, o.fence, o.lease_expires_at,
@@ -4783,39 +5056,52 @@ WHERE o.status IN ('queued', 'running');
 REVOKE ALL ON pgfence.operation_in_flight FROM PUBLIC;
 GRANT SELECT ON pgfence.operation_in_flight TO pgfence_admin;
 COMMENT ON VIEW pgfence.operation_in_flight IS
-  'Operators: every queued or running operation (one per kind and target), who owns it and until when (lease_lapsed: a new claim will take it over), whether its external call was issued and its reference, the last polled state, a pending cancel request, and its age.';
+  'Operators: every queued or running operation (one per kind and target), its owner and lease.
+Who owns it and until when (lease_lapsed: a new claim will take it over), whether its external call was issued and its reference, the last polled state, a pending cancel request, and its age.';
+COMMENT ON COLUMN pgfence.operation_in_flight.id IS 'The operation.';
+COMMENT ON COLUMN pgfence.operation_in_flight.kind IS 'What kind of work (the executor''s handler for it), e.g. branch.reset.';
+COMMENT ON COLUMN pgfence.operation_in_flight.target IS 'What it acts on; at most one operation per (kind, target) is in flight.';
+COMMENT ON COLUMN pgfence.operation_in_flight.status IS 'queued (waiting for an executor) or running (claimed by owner).';
+COMMENT ON COLUMN pgfence.operation_in_flight.owner IS 'The worker that claimed it last (locked_by); NULL while queued.';
+COMMENT ON COLUMN pgfence.operation_in_flight.fence IS 'The owner''s fence token, bumped by every claim: a replaced owner''s writes change nothing.';
+COMMENT ON COLUMN pgfence.operation_in_flight.lease_expires_at IS 'Until when the owner holds it without a poll (database clock); NULL while queued.';
+COMMENT ON COLUMN pgfence.operation_in_flight.lease_lapsed IS 'Running with a lapsed lease: the next claim takes it over (or the reaper settles it).';
+COMMENT ON COLUMN pgfence.operation_in_flight.issue_started IS 'An intent was recorded: the external call may have been made.';
+COMMENT ON COLUMN pgfence.operation_in_flight.external_ref IS 'The external system''s reference of the call, once recorded: from then on owners only poll.';
+COMMENT ON COLUMN pgfence.operation_in_flight.external_state IS 'The last state an owner polled from the external system.';
+COMMENT ON COLUMN pgfence.operation_in_flight.polled_at IS 'When that state was polled.';
+COMMENT ON COLUMN pgfence.operation_in_flight.cancel_requested IS 'A cancel was requested; the owner honours it at its next poll.';
+COMMENT ON COLUMN pgfence.operation_in_flight.age IS 'How long ago the operation was requested (now() - created_at).';
 
 
--- ==== functions/40_document.sql
--- pgfence functions/40_document.sql — Module 4: versioned documents.
+-- ==== functions/40_document_guards.sql
+-- pgfence functions/40_document_guards.sql — documents (module 4): guards, revisions, checks.
 --
--- The server is authoritative; every write carries the version it was based on:
---
---   document_create  --> version 1 (live)
---   document_save(id, expected_version, content, saved_by, save_id)
---                    --> 'saved' + version expected+1          (the one compare-and-swap)
---                    --> 'conflict' + stored version and content, nothing written
---   document_delete(id, expected_version, by)
---                    --> 'deleted' + tombstone version expected+1 (terminal; the id and its
---                        versions are never reused)   or 'conflict'
---
--- Status machine (enforced by tg_document_write for any write, psql included):
---   live --save (version+1)--> live;  live --delete (version+1)--> deleted;  deleted is final.
--- A document row is never DELETEd. Every version is kept in document_revision, written by
--- tg_document_write in the same statement; a revision that carries a save_id is the
--- receipt of that save: a retry with the same save_id (its first answer was lost) is answered
--- 'saved' with that version, never a false conflict.
---
--- Conflicts are answers, not errors (a lost race returns, it does not raise). Bad calls raise
--- documented SQLSTATEs (functions/ERRORS.md): 22004, 22023, P0002, PF003, PF301-PF304.
--- Event log: create, save, delete (from the trigger) and conflict, replay (from the
--- functions: a conflict changes no row, so the function writes its event).
---
--- Call these in autocommit / READ COMMITTED. Under REPEATABLE READ a save that races another
--- one fails with 40001 (retry it with the same save_id).
+-- Versioned documents: the server is authoritative, every write carries the version it was
+-- based on, and a conflict is an answer, not an error. Files: 40 guards, the revision writer and
+-- private checks, 41 kinds, 42 reads, 43 create / save / delete, 44 the three-way merge.
+-- Here: tg_document_write (the one trigger on the write path: the next version, its revision and
+-- event), tg_document_created (revision 1), tg_document_revision_guard (revisions never change),
+-- the private argument checks shared by the writes (_document_kind, _document_check_*,
+-- _document_version_unknown) and the tables' comments. No public functions.
+-- Errors: functions/ERRORS.md (PF301-PF304 are this module's).
+
+-- The tables (created by migration 0005; their comments live here, re-applied by every migrate).
+COMMENT ON TABLE pgfence.document_kind IS
+  'Document kinds: the JSON shape, the size limit and the three-way merge of each kind.
+The JSON shape a kind''s content must have, its size limit, and its three-way merge (attributes: merge by top-level key; none: never merge, every difference is a conflict; function: an application function). Built in: record, sheet. Not an API: read pgfence.document_kinds, change with pgfence.document_register_kind().';
+COMMENT ON TABLE pgfence.document IS
+  'Versioned documents: one row per document, holding its current version (live or deleted).
+Status machine live -> deleted (terminal tombstone). version grows by exactly one per write (create = 1, each save and the delete +1) and is never reused. Every version is also kept in pgfence.document_revision. Not an API: use the pgfence.document_* functions.';
+COMMENT ON TABLE pgfence.document_revision IS
+  'Every version of every document, as it was written: the history, and the receipts of saves.
+Content NULL for the delete tombstone; written in the same transaction as the version. Immutable. Version v of a save was a compare-and-swap on version v-1. Not an API: use document_revision() and document_history().';
 
 -- ---------------------------------------------------------------------------------------------
--- Guards and the revision writer
+-- The document machine, held by tg_document_write for any write (psql included):
+--   live --save (version+1)--> live;  live --delete (version+1)--> deleted;  deleted is final.
+-- A document row is never DELETEd. Every version is kept in document_revision, written by the
+-- same statement; a revision that carries a save_id is the receipt of that save.
 -- ---------------------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION pgfence.tg_document_write()
 RETURNS trigger
@@ -4827,12 +5113,14 @@ DECLARE
 BEGIN
   IF TG_OP = 'DELETE' THEN
     RAISE EXCEPTION 'document % cannot be removed: a deleted document keeps its tombstone so its id and versions are never reused', OLD.id
-      USING ERRCODE = 'PF002', HINT = 'Use pgfence.document_delete(id, expected_version, by).';
+      USING ERRCODE = 'PF002', DETAIL = 'A client holding an old id or version must get a conflict, never meet another document.',
+            HINT = 'Use pgfence.document_delete(id, expected_version, by).';
   END IF;
   IF TG_OP = 'INSERT' THEN
     IF NEW.version IS DISTINCT FROM 1 OR NEW.status IS DISTINCT FROM 'live' THEN
       RAISE EXCEPTION 'a new document starts live at version 1 (got % at version %)', NEW.status, NEW.version
-        USING ERRCODE = 'PF001', HINT = 'Use pgfence.document_create().';
+        USING ERRCODE = 'PF001', DETAIL = 'Every document starts at version 1, kept as revision 1 with its create event.',
+              HINT = 'Use pgfence.document_create().';
     END IF;
     NEW.created_at := now();
     NEW.saved_at := now();
@@ -4844,7 +5132,8 @@ BEGIN
      OR NEW.created_by IS DISTINCT FROM OLD.created_by
      OR NEW.created_at IS DISTINCT FROM OLD.created_at THEN
     RAISE EXCEPTION 'document %: id, kind, idempotency_key, created_by and created_at never change', OLD.id
-      USING ERRCODE = 'PF002', HINT = 'Create a new document instead.';
+      USING ERRCODE = 'PF002', DETAIL = 'They are the document''s identity and the record of its creation.',
+            HINT = 'Create a new document instead.';
   END IF;
   IF NOT (OLD.status = 'live' AND NEW.status IN ('live', 'deleted')) THEN
     RAISE EXCEPTION 'illegal document transition for document %: % -> %', OLD.id, OLD.status, NEW.status
@@ -4854,7 +5143,7 @@ BEGIN
   END IF;
   IF NEW.version IS DISTINCT FROM OLD.version + 1 THEN
     RAISE EXCEPTION 'document %: every write makes exactly the next version (% -> % refused)', OLD.id, OLD.version, NEW.version
-      USING ERRCODE = 'PF002',
+      USING ERRCODE = 'PF002', DETAIL = 'The version is the compare-and-swap token every save presents as its expected_version.',
             HINT = 'Versions only grow by one per write and are never reused; save with pgfence.document_save().';
   END IF;
   v_op := CASE WHEN NEW.status = 'deleted' THEN 'delete' ELSE 'save' END;
@@ -4873,7 +5162,8 @@ END
 $$;
 REVOKE ALL ON FUNCTION pgfence.tg_document_write() FROM PUBLIC;
 COMMENT ON FUNCTION pgfence.tg_document_write() IS
-  'BEFORE INSERT/UPDATE/DELETE trigger on pgfence.document, for any writer (psql included): a document starts live at version 1; every update makes exactly the next version (PF002 otherwise); only live -> live and live -> deleted are allowed (PF001); identity columns never change (PF002); rows are never deleted (PF002: the tombstone stays). Stamps created_at/saved_at from now(). For an update it also keeps the new version as an immutable pgfence.document_revision row (the receipt of its save_id) and logs save/delete to pgfence.event (actor = saved_by, fence = version), in the same statement: one trigger on the hot path, not a guard plus an AFTER trigger.';
+  'Trigger: every write to a document makes exactly the next version, kept as a revision.
+BEFORE INSERT/UPDATE/DELETE trigger on pgfence.document, for any writer (psql included): a document starts live at version 1; every update makes exactly the next version (PF002 otherwise); only live -> live and live -> deleted are allowed (PF001); identity columns never change (PF002); rows are never deleted (PF002: the tombstone stays). Stamps created_at/saved_at from now(). For an update it also keeps the new version as an immutable pgfence.document_revision row (the receipt of its save_id) and logs save/delete to pgfence.event (actor = saved_by, fence = version), in the same statement: one trigger on the hot path, not a guard plus an AFTER trigger.';
 
 CREATE OR REPLACE TRIGGER document_write
   BEFORE INSERT OR UPDATE OR DELETE ON pgfence.document
@@ -4898,7 +5188,8 @@ END
 $$;
 REVOKE ALL ON FUNCTION pgfence.tg_document_created() FROM PUBLIC;
 COMMENT ON FUNCTION pgfence.tg_document_created() IS
-  'AFTER INSERT trigger on pgfence.document: keeps version 1 as revision 1 and logs the create event, in the creating transaction.';
+  'Trigger: keeps version 1 of a new document as revision 1 and logs its create event.
+AFTER INSERT trigger on pgfence.document, in the creating transaction.';
 
 CREATE OR REPLACE TRIGGER document_created
   AFTER INSERT ON pgfence.document
@@ -4911,29 +5202,23 @@ SET search_path = pg_catalog, pgfence, pg_temp
 AS $$
 BEGIN
   RAISE EXCEPTION 'revision % of document % is immutable', OLD.version, OLD.document_id
-    USING ERRCODE = 'PF002', HINT = 'Revisions are the history and the save receipts; save a new version instead.';
+    USING ERRCODE = 'PF002', DETAIL = 'A revision is a version as it was written, and the receipt of its save_id.',
+          HINT = 'Revisions are the history and the save receipts; save a new version instead.';
 END
 $$;
 REVOKE ALL ON FUNCTION pgfence.tg_document_revision_guard() FROM PUBLIC;
 COMMENT ON FUNCTION pgfence.tg_document_revision_guard() IS
-  'BEFORE UPDATE/DELETE trigger on pgfence.document_revision: revisions never change and are never removed (PF002).';
+  'Trigger: document revisions never change and are never removed (PF002).
+BEFORE UPDATE/DELETE trigger on pgfence.document_revision.';
 
 CREATE OR REPLACE TRIGGER document_revision_guard
   BEFORE UPDATE OR DELETE ON pgfence.document_revision
   FOR EACH ROW EXECUTE FUNCTION pgfence.tg_document_revision_guard();
 
 -- ---------------------------------------------------------------------------------------------
--- Kinds
+-- Private checks, shared by the writes (the hot path of document_save calls them only to
+-- raise the precise error)
 -- ---------------------------------------------------------------------------------------------
-CREATE OR REPLACE VIEW pgfence.document_kinds AS
-SELECT k.kind, k.merge, k.merge_function, k.content_type, k.max_bytes, k.builtin, k.description,
-       k.updated_at
-FROM pgfence.document_kind k;
-REVOKE ALL ON pgfence.document_kinds FROM PUBLIC;
-GRANT SELECT ON pgfence.document_kinds TO pgfence_client, pgfence_admin;
-COMMENT ON VIEW pgfence.document_kinds IS
-  'Document kinds: content shape (object, array, any), size limit in bytes of JSON text, and merge (attributes: by top-level key; none: never merges; function: merge_function). record and sheet are built in; applications add kinds with document_register_kind().';
-
 CREATE OR REPLACE FUNCTION pgfence._document_kind(p_kind text)
 RETURNS pgfence.document_kind
 LANGUAGE plpgsql STABLE
@@ -4943,12 +5228,14 @@ DECLARE
   v_row pgfence.document_kind;
 BEGIN
   IF p_kind IS NULL THEN
-    RAISE EXCEPTION 'document: kind is required' USING ERRCODE = '22004', HINT = 'Pass record, sheet or a registered kind.';
+    RAISE EXCEPTION 'document: kind is required'
+      USING ERRCODE = '22004', DETAIL = 'The kind decides the content''s JSON shape, its size limit and how conflicts merge.',
+            HINT = 'Pass record, sheet or a registered kind.';
   END IF;
   SELECT k.* INTO v_row FROM pgfence.document_kind k WHERE k.kind = p_kind;
   IF NOT FOUND THEN
     RAISE EXCEPTION 'document: unknown kind "%"', p_kind
-      USING ERRCODE = 'PF302',
+      USING ERRCODE = 'PF302', DETAIL = 'No kind of this name is registered; nothing was written.',
             HINT = 'Use record, sheet, or a kind registered with pgfence.document_register_kind() (see the view pgfence.document_kinds).';
   END IF;
   RETURN v_row;
@@ -4967,8 +5254,9 @@ DECLARE
   v_bytes integer;
 BEGIN
   IF p_content IS NULL THEN
-    RAISE EXCEPTION 'document: content is required' USING ERRCODE = '22004',
-      HINT = 'Pass the whole document as JSON; to remove a document use document_delete().';
+    RAISE EXCEPTION 'document: content is required'
+      USING ERRCODE = '22004', DETAIL = 'A write sends the whole document, not a change.',
+            HINT = 'Pass the whole document as JSON; to remove a document use document_delete().';
   END IF;
   IF (p_kind.content_type = 'object' AND jsonb_typeof(p_content) <> 'object')
      OR (p_kind.content_type = 'array' AND jsonb_typeof(p_content) <> 'array')
@@ -4976,7 +5264,7 @@ BEGIN
     RAISE EXCEPTION 'document: a % document''s content must be a JSON %, got %', p_kind.kind,
       CASE p_kind.content_type WHEN 'any' THEN 'value other than null' ELSE p_kind.content_type END,
       jsonb_typeof(p_content)
-      USING ERRCODE = '22023',
+      USING ERRCODE = '22023', DETAIL = format('Kind %s has content_type %s.', p_kind.kind, p_kind.content_type),
             HINT = CASE p_kind.content_type WHEN 'object' THEN 'A record is an object keyed by attribute id, e.g. {"title": "..."}.'
                    ELSE 'Send the whole document content.' END;
   END IF;
@@ -4991,7 +5279,8 @@ END
 $$;
 REVOKE ALL ON FUNCTION pgfence._document_check_content(pgfence.document_kind, jsonb) FROM PUBLIC;
 COMMENT ON FUNCTION pgfence._document_check_content(pgfence.document_kind, jsonb) IS
-  'Private: content must be non-NULL (22004), of the kind''s JSON type (22023) and within its size limit (PF301).';
+  'Private: checks content against its kind: present, of the kind''s JSON type, within its size limit.
+Raises 22004 (NULL), 22023 (wrong JSON type) or PF301 (over max_bytes).';
 
 CREATE OR REPLACE FUNCTION pgfence._document_check_actor(p_by text, p_what text)
 RETURNS void
@@ -5000,12 +5289,14 @@ SET search_path = pg_catalog, pgfence, pg_temp
 AS $$
 BEGIN
   IF p_by IS NULL THEN
-    RAISE EXCEPTION 'document: % is required', p_what USING ERRCODE = '22004',
-      HINT = 'Name the user or process making the change; it is stored with the version and in the event log.';
+    RAISE EXCEPTION 'document: % is required', p_what
+      USING ERRCODE = '22004', DETAIL = 'Every version records who wrote it.',
+            HINT = 'Name the user or process making the change; it is stored with the version and in the event log.';
   END IF;
   IF p_by = '' OR length(p_by) > 200 THEN
-    RAISE EXCEPTION 'document: % must be 1-200 characters', p_what USING ERRCODE = '22023',
-      HINT = 'Name the user or process making the change.';
+    RAISE EXCEPTION 'document: % must be 1-200 characters', p_what
+      USING ERRCODE = '22023', DETAIL = format('Got %s characters.', length(p_by)),
+            HINT = 'Name the user or process making the change.';
   END IF;
 END
 $$;
@@ -5020,22 +5311,26 @@ SET search_path = pg_catalog, pgfence, pg_temp
 AS $$
 BEGIN
   IF p_id IS NULL THEN
-    RAISE EXCEPTION 'document: id is required' USING ERRCODE = '22004';
+    RAISE EXCEPTION 'document: id is required'
+      USING ERRCODE = '22004', DETAIL = 'Every write names the document it changes.',
+            HINT = 'Pass the id that pgfence.document_create returned.';
   END IF;
   IF p_expected_version IS NULL THEN
     RAISE EXCEPTION 'document %: expected_version is required: there is no unconditional overwrite', p_id
-      USING ERRCODE = '22004',
+      USING ERRCODE = '22004', DETAIL = 'A write that does not say which version it is based on could overwrite a newer one.',
             HINT = 'Pass the version your content is based on (from document_get or the last save); a mismatch is answered as a conflict, never overwritten.';
   END IF;
   IF p_expected_version < 1 THEN
     RAISE EXCEPTION 'document %: expected_version must be >= 1, got %', p_id, p_expected_version
-      USING ERRCODE = '22023', HINT = 'Versions start at 1.';
+      USING ERRCODE = '22023', DETAIL = 'expected_version is the version your content is based on.',
+            HINT = 'Versions start at 1.';
   END IF;
 END
 $$;
 REVOKE ALL ON FUNCTION pgfence._document_check_write(bigint, bigint) FROM PUBLIC;
 COMMENT ON FUNCTION pgfence._document_check_write(bigint, bigint) IS
-  'Private: a write names a document and the version it is based on; raises 22004 (NULL, including a missing expected_version: no unconditional overwrite) or 22023 (version < 1).';
+  'Private: a write names a document and the version it is based on; raises 22004 or 22023.
+22004 for a NULL id or expected_version (there is no unconditional overwrite), 22023 for a version < 1.';
 
 CREATE OR REPLACE FUNCTION pgfence._document_version_unknown(p_id bigint, p_expected_version bigint, p_current bigint)
 RETURNS void
@@ -5044,13 +5339,43 @@ SET search_path = pg_catalog, pgfence, pg_temp
 AS $$
 BEGIN
   RAISE EXCEPTION 'document %: expected_version % was never issued (the current version is %)', p_id, p_expected_version, p_current
-    USING ERRCODE = 'PF303',
+    USING ERRCODE = 'PF303', DETAIL = format('Versions 1 to %s exist.', p_current),
           HINT = 'The version must come from this document (document_get, a save answer or a conflict answer); check that the client did not mix up documents.';
 END
 $$;
 REVOKE ALL ON FUNCTION pgfence._document_version_unknown(bigint, bigint, bigint) FROM PUBLIC;
 COMMENT ON FUNCTION pgfence._document_version_unknown(bigint, bigint, bigint) IS
   'Private: raises PF303 for an expected_version higher than any version the document had.';
+
+
+-- ==== functions/41_document_kinds.sql
+-- pgfence functions/41_document_kinds.sql — documents (module 4): kinds.
+--
+-- Public: the view document_kinds (every kind: content shape, size limit, merge) and
+-- document_register_kind (administrators: add a kind or change one). A kind decides what its
+-- documents may hold (content_type object, array or any; max_bytes of JSON text) and how
+-- document_merge resolves a conflict: attributes (by top-level key, like record), none (never,
+-- like sheet) or function (an application's merge_function, run with the caller's privileges).
+-- record and sheet are built in: only their max_bytes and description can change.
+-- Errors: functions/ERRORS.md.
+
+CREATE OR REPLACE VIEW pgfence.document_kinds AS
+SELECT k.kind, k.merge, k.merge_function, k.content_type, k.max_bytes, k.builtin, k.description,
+       k.updated_at
+FROM pgfence.document_kind k;
+REVOKE ALL ON pgfence.document_kinds FROM PUBLIC;
+GRANT SELECT ON pgfence.document_kinds TO pgfence_client, pgfence_admin;
+COMMENT ON VIEW pgfence.document_kinds IS
+  'Document kinds: the content shape, size limit and merge of each kind (record, sheet, yours).
+Content shape (object, array, any), size limit in bytes of JSON text, and merge (attributes: by top-level key; none: never merges; function: merge_function). record and sheet are built in; applications add kinds with document_register_kind().';
+COMMENT ON COLUMN pgfence.document_kinds.kind IS 'The kind''s name, as documents name it (document_create).';
+COMMENT ON COLUMN pgfence.document_kinds.merge IS 'How document_merge resolves a conflict: attributes (by top-level key), none (never merges), function.';
+COMMENT ON COLUMN pgfence.document_kinds.merge_function IS 'For merge = function: f(base, local, stored jsonb) RETURNS jsonb {"content", "conflicts"}; NULL otherwise.';
+COMMENT ON COLUMN pgfence.document_kinds.content_type IS 'The JSON type a document''s content must have: object, array, or any (anything but null).';
+COMMENT ON COLUMN pgfence.document_kinds.max_bytes IS 'The largest content accepted by create and save, in bytes of its JSON text.';
+COMMENT ON COLUMN pgfence.document_kinds.builtin IS 'Built in (record, sheet): only max_bytes and description can change.';
+COMMENT ON COLUMN pgfence.document_kinds.description IS 'What the kind is for, as whoever registered it wrote it.';
+COMMENT ON COLUMN pgfence.document_kinds.updated_at IS 'When the kind was last registered or changed.';
 
 CREATE OR REPLACE FUNCTION pgfence.document_register_kind(
   p_kind           text,
@@ -5071,23 +5396,29 @@ DECLARE
   v_fn  pg_catalog.pg_proc;
 BEGIN
   IF p_kind IS NULL THEN
-    RAISE EXCEPTION 'document_register_kind: kind is required' USING ERRCODE = '22004';
+    RAISE EXCEPTION 'document_register_kind: kind is required'
+      USING ERRCODE = '22004', DETAIL = 'Documents name their kind by this name.',
+            HINT = 'Pass a name, e.g. ''invoice''; the view pgfence.document_kinds lists the registered ones.';
   END IF;
   IF p_kind !~ '^[a-z][a-z0-9_.-]{0,62}$' THEN
     RAISE EXCEPTION 'document_register_kind: invalid kind name "%"', p_kind
-      USING ERRCODE = '22023', HINT = 'Kind names are 1-63 characters of a-z, 0-9, _ . - starting with a letter.';
+      USING ERRCODE = '22023', DETAIL = 'Documents name their kind by this name; nothing was registered.',
+            HINT = 'Kind names are 1-63 characters of a-z, 0-9, _ . - starting with a letter.';
   END IF;
   IF p_merge IS NOT NULL AND p_merge NOT IN ('attributes', 'none', 'function') THEN
     RAISE EXCEPTION 'document_register_kind: merge must be attributes, none or function, got "%"', p_merge
-      USING ERRCODE = '22023';
+      USING ERRCODE = '22023', DETAIL = 'attributes merges by top-level key, none never merges, function calls merge_function.',
+            HINT = 'Pass attributes, none or function (NULL keeps the current merge).';
   END IF;
   IF p_content_type IS NOT NULL AND p_content_type NOT IN ('object', 'array', 'any') THEN
     RAISE EXCEPTION 'document_register_kind: content_type must be object, array or any, got "%"', p_content_type
-      USING ERRCODE = '22023';
+      USING ERRCODE = '22023', DETAIL = 'content_type is the JSON type every document of the kind has: object, array, or any value but null.',
+            HINT = 'Pass object, array or any (NULL keeps the current one; a new kind defaults to object).';
   END IF;
   IF p_max_bytes IS NOT NULL AND p_max_bytes NOT BETWEEN 1 AND 104857600 THEN
     RAISE EXCEPTION 'document_register_kind: max_bytes must be between 1 and 104857600 (100 MiB), got %', p_max_bytes
-      USING ERRCODE = '22023';
+      USING ERRCODE = '22023', DETAIL = 'max_bytes limits a document''s content, in bytes of its JSON text.',
+            HINT = 'Pass 1 to 104857600 (NULL keeps the current limit; a new kind defaults to 1 MiB).';
   END IF;
   IF length(p_description) > 1000 THEN
     RAISE EXCEPTION 'document_register_kind: description must be at most 1000 characters, got %', length(p_description)
@@ -5100,16 +5431,19 @@ BEGIN
           OR p_merge_function IS NOT NULL
           OR coalesce(p_content_type, v_cur.content_type) <> v_cur.content_type) THEN
     RAISE EXCEPTION 'document_register_kind: "%" is built in; only max_bytes and description can change', p_kind
-      USING ERRCODE = '22023', HINT = 'Register a kind of your own with the merge you need.';
+      USING ERRCODE = '22023', DETAIL = format('%s is built in with merge %s and content_type %s.', p_kind, v_cur.merge, v_cur.content_type),
+            HINT = 'Register a kind of your own with the merge you need.';
   END IF;
   IF NOT FOUND AND p_merge IS NULL THEN
     RAISE EXCEPTION 'document_register_kind: a new kind needs a merge (attributes, none or function)'
-      USING ERRCODE = '22004';
+      USING ERRCODE = '22004', DETAIL = format('No kind %s is registered yet, so there is no merge to keep.', p_kind),
+            HINT = 'Pass p_merge => ''attributes'', ''none'' or ''function'' (with p_merge_function).';
   END IF;
   IF coalesce(p_merge, v_cur.merge) = 'function' THEN
     IF coalesce(p_merge_function, v_cur.merge_function) IS NULL THEN
-      RAISE EXCEPTION 'document_register_kind: merge = function needs merge_function' USING ERRCODE = '22004',
-        HINT = 'Pass a function f(base jsonb, local jsonb, stored jsonb) RETURNS jsonb.';
+      RAISE EXCEPTION 'document_register_kind: merge = function needs merge_function'
+        USING ERRCODE = '22004', DETAIL = 'merge = function calls merge_function for every three-way merge of the kind.',
+              HINT = 'Pass a function f(base jsonb, local jsonb, stored jsonb) RETURNS jsonb.';
     END IF;
     SELECT p.* INTO v_fn FROM pg_catalog.pg_proc p WHERE p.oid = coalesce(p_merge_function, v_cur.merge_function);
     IF NOT FOUND THEN
@@ -5124,14 +5458,18 @@ BEGIN
        OR v_fn.proargtypes[2] <> 'jsonb'::regtype
        OR v_fn.prorettype <> 'jsonb'::regtype OR v_fn.proretset OR v_fn.prokind <> 'f' THEN
       RAISE EXCEPTION 'document_register_kind: % must take (jsonb, jsonb, jsonb) and return one jsonb', p_merge_function
-        USING ERRCODE = '22023', HINT = 'Signature: f(base jsonb, local jsonb, stored jsonb) RETURNS jsonb, returning {"content": ..., "conflicts": [...]}.';
+        USING ERRCODE = '22023', DETAIL = 'document_merge calls it with the base, local and stored content.',
+              HINT = 'Signature: f(base jsonb, local jsonb, stored jsonb) RETURNS jsonb, returning {"content": ..., "conflicts": [...]}.';
     END IF;
     IF v_fn.provolatile = 'v' THEN
       RAISE EXCEPTION 'document_register_kind: % must be IMMUTABLE or STABLE (a merge reads its arguments and changes nothing)', p_merge_function
-        USING ERRCODE = '22023';
+        USING ERRCODE = '22023', DETAIL = format('%s is VOLATILE.', coalesce(p_merge_function, v_cur.merge_function)),
+              HINT = 'Declare it IMMUTABLE or STABLE (ALTER FUNCTION ... STABLE) and register the kind again.';
     END IF;
   ELSIF p_merge_function IS NOT NULL THEN
-    RAISE EXCEPTION 'document_register_kind: merge_function is only used with merge = function' USING ERRCODE = '22023';
+    RAISE EXCEPTION 'document_register_kind: merge_function is only used with merge = function'
+      USING ERRCODE = '22023', DETAIL = format('The kind''s merge is %s.', coalesce(p_merge, v_cur.merge)),
+            HINT = 'Pass p_merge => ''function'' with it, or leave merge_function NULL.';
   END IF;
 
   INSERT INTO pgfence.document_kind AS k (kind, merge, merge_function, content_type, max_bytes, description)
@@ -5154,11 +5492,143 @@ $$;
 REVOKE ALL ON FUNCTION pgfence.document_register_kind(text, text, regprocedure, text, integer, text) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION pgfence.document_register_kind(text, text, regprocedure, text, integer, text) TO pgfence_admin;
 COMMENT ON FUNCTION pgfence.document_register_kind(text, text, regprocedure, text, integer, text) IS
-  'Admin: register a document kind or change one (NULL keeps the current value; a new kind defaults to content_type object and max_bytes 1 MiB). merge: attributes (three-way merge by top-level key, like record), none (never merges, like sheet) or function (merge_function f(base, local, stored jsonb) RETURNS jsonb {"content", "conflicts"}, IMMUTABLE or STABLE; it runs with the privileges of whoever calls document_merge, so grant them EXECUTE on it). Built-in kinds (record, sheet) only take a new max_bytes or description. Returns the stored kind. Errors: 22004 (missing kind, merge or merge_function), 22023 (bad name, merge, content_type, max_bytes, description over 1000 characters or function signature; changing a built-in''s merge), 42883 (merge_function names no function: an OID of nothing, or the kind''s function was dropped).';
+  'Admin: register a document kind or change one (NULL keeps the current value).
+A new kind defaults to content_type object and max_bytes 1 MiB. merge: attributes (three-way merge by top-level key, like record), none (never merges, like sheet) or function (merge_function f(base, local, stored jsonb) RETURNS jsonb {"content", "conflicts"}, IMMUTABLE or STABLE; it runs with the privileges of whoever calls document_merge, so grant them EXECUTE on it). Built-in kinds (record, sheet) only take a new max_bytes or description. Returns the stored kind. Errors: 22004 (missing kind, merge or merge_function), 22023 (bad name, merge, content_type, max_bytes, description over 1000 characters or function signature; changing a built-in''s merge), 42883 (merge_function names no function: an OID of nothing, or the kind''s function was dropped).';
 
--- ---------------------------------------------------------------------------------------------
--- Create, read
--- ---------------------------------------------------------------------------------------------
+
+-- ==== functions/42_document_read.sql
+-- pgfence functions/42_document_read.sql — documents (module 4): reads.
+--
+-- Public: document_get (the current version: save against the version it returns),
+-- document_revision (one version exactly as it was written, e.g. the base of a three-way merge)
+-- and document_history (the revisions of a document, newest first, without content, paged with
+-- before_version). A deleted document reads as its tombstone (deleted = true, content NULL):
+-- documents are never removed, so an id that is not found was never created.
+-- Reads change nothing and take no lock.
+-- Errors: functions/ERRORS.md.
+
+CREATE OR REPLACE FUNCTION pgfence.document_get(p_id bigint)
+RETURNS TABLE (id bigint, kind text, version bigint, content jsonb, deleted boolean,
+               created_by text, created_at timestamptz, saved_by text, saved_at timestamptz)
+LANGUAGE plpgsql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pgfence, pg_temp
+AS $$
+#variable_conflict use_column
+BEGIN
+  IF p_id IS NULL THEN
+    RAISE EXCEPTION 'document_get: id is required'
+      USING ERRCODE = '22004', DETAIL = 'document_get reads one document by its id.',
+            HINT = 'Pass the id that pgfence.document_create returned.';
+  END IF;
+  RETURN QUERY
+  SELECT d.id, d.kind, d.version, d.content, d.status = 'deleted', d.created_by, d.created_at,
+         d.saved_by, d.saved_at
+  FROM pgfence.document d WHERE d.id = p_id;
+  IF NOT FOUND THEN
+    RAISE EXCEPTION 'document_get: no document with id %', p_id
+      USING ERRCODE = 'P0002', DETAIL = 'No document was created with this id (a deleted document keeps its tombstone).',
+            HINT = 'Check the id.';
+  END IF;
+END
+$$;
+REVOKE ALL ON FUNCTION pgfence.document_get(bigint) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION pgfence.document_get(bigint) TO pgfence_client, pgfence_admin;
+COMMENT ON FUNCTION pgfence.document_get(bigint) IS
+  'The current version of a document: kind, version, content, who created and last saved it.
+Content NULL and deleted = true for a deleted document''s tombstone; who created and who last saved it, when. Save against the returned version. Errors: 22004 (id NULL), P0002 (unknown id).';
+
+CREATE OR REPLACE FUNCTION pgfence.document_revision(p_id bigint, p_version bigint)
+RETURNS TABLE (document_id bigint, version bigint, op text, content jsonb, save_id text,
+               saved_by text, saved_at timestamptz)
+LANGUAGE plpgsql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pgfence, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+  v_current bigint;
+BEGIN
+  IF p_id IS NULL OR p_version IS NULL THEN
+    RAISE EXCEPTION 'document_revision: id and version are required'
+      USING ERRCODE = '22004', DETAIL = 'A revision is named by its document and its version.',
+            HINT = 'Pass the document id and a version from pgfence.document_history(id).';
+  END IF;
+  RETURN QUERY
+  SELECT r.document_id, r.version, r.op, r.content, r.save_id, r.saved_by, r.saved_at
+  FROM pgfence.document_revision r WHERE r.document_id = p_id AND r.version = p_version;
+  IF NOT FOUND THEN
+    SELECT d.version INTO v_current FROM pgfence.document d WHERE d.id = p_id;
+    IF v_current IS NULL THEN
+      RAISE EXCEPTION 'document_revision: no document with id %', p_id
+        USING ERRCODE = 'P0002', DETAIL = 'No document was created with this id (a deleted document keeps its tombstone).',
+              HINT = 'Check the id.';
+    END IF;
+    RAISE EXCEPTION 'document_revision: document % has no version %', p_id, p_version
+      USING ERRCODE = 'P0002', DETAIL = format('Versions 1 to %s exist.', v_current),
+            HINT = 'Pass a version from pgfence.document_history(id).';
+  END IF;
+END
+$$;
+REVOKE ALL ON FUNCTION pgfence.document_revision(bigint, bigint) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION pgfence.document_revision(bigint, bigint) TO pgfence_client, pgfence_admin;
+COMMENT ON FUNCTION pgfence.document_revision(bigint, bigint) IS
+  'One saved version of a document exactly as it was written (op create, save or delete).
+Content NULL for the delete tombstone; e.g. the confirmed base a client edited from, for a three-way merge. Errors: 22004 (NULL argument), P0002 (unknown id, or no such version).';
+
+CREATE OR REPLACE FUNCTION pgfence.document_history(
+  p_id             bigint,
+  p_limit          integer DEFAULT 100,
+  p_before_version bigint DEFAULT NULL
+)
+RETURNS TABLE (version bigint, op text, save_id text, saved_by text, saved_at timestamptz,
+               stored_bytes integer)
+LANGUAGE plpgsql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pgfence, pg_temp
+AS $$
+#variable_conflict use_column
+BEGIN
+  IF p_id IS NULL THEN
+    RAISE EXCEPTION 'document_history: id is required'
+      USING ERRCODE = '22004', DETAIL = 'document_history reads the revisions of one document.',
+            HINT = 'Pass the id that pgfence.document_create returned.';
+  END IF;
+  IF p_limit IS NULL OR p_limit NOT BETWEEN 1 AND 10000 THEN
+    RAISE EXCEPTION 'document_history: limit must be between 1 and 10000'
+      USING ERRCODE = '22023', DETAIL = format('Got %s.', coalesce(p_limit::text, 'NULL')),
+            HINT = 'Pass 1 to 10000 (the default is 100); page back with p_before_version.';
+  END IF;
+  PERFORM 1 FROM pgfence.document d WHERE d.id = p_id;
+  IF NOT FOUND THEN
+    RAISE EXCEPTION 'document_history: no document with id %', p_id
+      USING ERRCODE = 'P0002', DETAIL = 'No document was created with this id (a deleted document keeps its tombstone).',
+            HINT = 'Check the id.';
+  END IF;
+  RETURN QUERY
+  SELECT r.version, r.op, r.save_id, r.saved_by, r.saved_at, pg_column_size(r.content)
+  FROM pgfence.document_revision r
+  WHERE r.document_id = p_id AND (p_before_version IS NULL OR r.version < p_before_version)
+  ORDER BY r.version DESC
+  LIMIT p_limit;
+END
+$$;
+REVOKE ALL ON FUNCTION pgfence.document_history(bigint, integer, bigint) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION pgfence.document_history(bigint, integer, bigint) TO pgfence_client, pgfence_admin;
+COMMENT ON FUNCTION pgfence.document_history(bigint, integer, bigint) IS
+  'The revisions of a document, newest first, without content; page back with before_version.
+Version, op, save_id, who saved it and when, stored size in bytes. Errors: 22004 (id NULL), 22023 (limit outside 1..10000), P0002 (unknown id).';
+
+
+-- ==== functions/43_document_write.sql
+-- pgfence functions/43_document_write.sql — documents (module 4): create, save, delete.
+--
+-- Public: document_create (version 1; a repeated idempotency key answers with the same id),
+-- document_save (one compare-and-swap on expected_version: 'saved' with expected + 1, or
+-- 'conflict' with the stored version and content, nothing written) and document_delete (the
+-- same, leaving a tombstone version: terminal; the id and its versions are never reused).
+-- A save_id is the receipt of a save: a retry whose first answer was lost is answered 'saved'
+-- with that version (replayed), never a false conflict. Conflicts are answers, not errors (a lost
+-- race returns). Event log: create, save, delete from tg_document_write; conflict, replay from
+-- here (a conflict changes no row). Under REPEATABLE READ a racing save fails with 40001.
+
 CREATE OR REPLACE FUNCTION pgfence.document_create(
   p_kind            text,
   p_content         jsonb,
@@ -5177,7 +5647,9 @@ BEGIN
   PERFORM pgfence._document_check_content(v_kind, p_content);
   PERFORM pgfence._document_check_actor(p_created_by, 'created_by');
   IF p_idempotency_key IS NOT NULL AND (p_idempotency_key = '' OR length(p_idempotency_key) > 255) THEN
-    RAISE EXCEPTION 'document_create: idempotency_key must be 1-255 characters or NULL' USING ERRCODE = '22023';
+    RAISE EXCEPTION 'document_create: idempotency_key must be 1-255 characters or NULL'
+      USING ERRCODE = '22023', DETAIL = format('Got %s characters.', length(p_idempotency_key)),
+            HINT = 'Use one stable key per document to create (a retry sends the same one), or NULL.';
   END IF;
 
   INSERT INTO pgfence.document AS d (kind, idempotency_key, version, content, created_by, saved_by)
@@ -5192,12 +5664,13 @@ BEGIN
   SELECT d.id INTO v_id FROM pgfence.document d WHERE d.idempotency_key = p_idempotency_key;
   IF v_id IS NULL THEN
     RAISE EXCEPTION 'document_create: idempotency key "%" is held by a transaction this snapshot cannot see', p_idempotency_key
-      USING ERRCODE = '40001', HINT = 'Retry the transaction (this happens only under REPEATABLE READ or SERIALIZABLE).';
+      USING ERRCODE = '40001', DETAIL = 'Under REPEATABLE READ or SERIALIZABLE a document created after the snapshot was taken is invisible here.',
+            HINT = 'Retry the transaction (this happens only under REPEATABLE READ or SERIALIZABLE).';
   END IF;
   SELECT r.* INTO v_first FROM pgfence.document_revision r WHERE r.document_id = v_id AND r.version = 1;
   IF (SELECT d.kind FROM pgfence.document d WHERE d.id = v_id) <> p_kind OR v_first.content <> p_content THEN
     RAISE EXCEPTION 'document_create: idempotency key "%" already created document % with another kind or content', p_idempotency_key, v_id
-      USING ERRCODE = 'PF003',
+      USING ERRCODE = 'PF003', DETAIL = format('Document %s was created with this key; this call sends another kind or other content.', v_id),
             HINT = 'A repeated create must send the same kind and content; use a new key for a new document.';
   END IF;
   RETURN v_id;
@@ -5206,103 +5679,8 @@ $$;
 REVOKE ALL ON FUNCTION pgfence.document_create(text, jsonb, text, text) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION pgfence.document_create(text, jsonb, text, text) TO pgfence_client, pgfence_admin;
 COMMENT ON FUNCTION pgfence.document_create(text, jsonb, text, text) IS
-  'Create a document of a kind with its first content (version 1); returns its id. A repeated idempotency_key with the same kind and content (a retry whose answer was lost) returns the same id and creates nothing. Errors: 22004 (missing kind, content or created_by), 22023 (content of the wrong JSON type, bad created_by or key), PF301 (content over the kind''s max_bytes), PF302 (unknown kind), PF003 (key already used for another kind or content), 40001 (key held by a transaction invisible to a REPEATABLE READ snapshot: retry).';
-
-CREATE OR REPLACE FUNCTION pgfence.document_get(p_id bigint)
-RETURNS TABLE (id bigint, kind text, version bigint, content jsonb, deleted boolean,
-               created_by text, created_at timestamptz, saved_by text, saved_at timestamptz)
-LANGUAGE plpgsql STABLE SECURITY DEFINER
-SET search_path = pg_catalog, pgfence, pg_temp
-AS $$
-#variable_conflict use_column
-BEGIN
-  IF p_id IS NULL THEN
-    RAISE EXCEPTION 'document_get: id is required' USING ERRCODE = '22004';
-  END IF;
-  RETURN QUERY
-  SELECT d.id, d.kind, d.version, d.content, d.status = 'deleted', d.created_by, d.created_at,
-         d.saved_by, d.saved_at
-  FROM pgfence.document d WHERE d.id = p_id;
-  IF NOT FOUND THEN
-    RAISE EXCEPTION 'document_get: no document with id %', p_id USING ERRCODE = 'P0002',
-      HINT = 'Check the id.';
-  END IF;
-END
-$$;
-REVOKE ALL ON FUNCTION pgfence.document_get(bigint) FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION pgfence.document_get(bigint) TO pgfence_client, pgfence_admin;
-COMMENT ON FUNCTION pgfence.document_get(bigint) IS
-  'The current version of a document: kind, version, content (NULL and deleted = true for a deleted document''s tombstone), who created and who last saved it, when. Save against the returned version. Errors: 22004 (id NULL), P0002 (unknown id).';
-
-CREATE OR REPLACE FUNCTION pgfence.document_revision(p_id bigint, p_version bigint)
-RETURNS TABLE (document_id bigint, version bigint, op text, content jsonb, save_id text,
-               saved_by text, saved_at timestamptz)
-LANGUAGE plpgsql STABLE SECURITY DEFINER
-SET search_path = pg_catalog, pgfence, pg_temp
-AS $$
-#variable_conflict use_column
-DECLARE
-  v_current bigint;
-BEGIN
-  IF p_id IS NULL OR p_version IS NULL THEN
-    RAISE EXCEPTION 'document_revision: id and version are required' USING ERRCODE = '22004';
-  END IF;
-  RETURN QUERY
-  SELECT r.document_id, r.version, r.op, r.content, r.save_id, r.saved_by, r.saved_at
-  FROM pgfence.document_revision r WHERE r.document_id = p_id AND r.version = p_version;
-  IF NOT FOUND THEN
-    SELECT d.version INTO v_current FROM pgfence.document d WHERE d.id = p_id;
-    IF v_current IS NULL THEN
-      RAISE EXCEPTION 'document_revision: no document with id %', p_id USING ERRCODE = 'P0002';
-    END IF;
-    RAISE EXCEPTION 'document_revision: document % has no version %', p_id, p_version
-      USING ERRCODE = 'P0002', DETAIL = format('Versions 1 to %s exist.', v_current);
-  END IF;
-END
-$$;
-REVOKE ALL ON FUNCTION pgfence.document_revision(bigint, bigint) FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION pgfence.document_revision(bigint, bigint) TO pgfence_client, pgfence_admin;
-COMMENT ON FUNCTION pgfence.document_revision(bigint, bigint) IS
-  'One saved version of a document exactly as it was written (op create, save or delete; content NULL for the delete tombstone), e.g. the confirmed base a client edited from, for a three-way merge. Errors: 22004 (NULL argument), P0002 (unknown id, or no such version).';
-
-CREATE OR REPLACE FUNCTION pgfence.document_history(
-  p_id             bigint,
-  p_limit          integer DEFAULT 100,
-  p_before_version bigint DEFAULT NULL
-)
-RETURNS TABLE (version bigint, op text, save_id text, saved_by text, saved_at timestamptz,
-               stored_bytes integer)
-LANGUAGE plpgsql STABLE SECURITY DEFINER
-SET search_path = pg_catalog, pgfence, pg_temp
-AS $$
-#variable_conflict use_column
-BEGIN
-  IF p_id IS NULL THEN
-    RAISE EXCEPTION 'document_history: id is required' USING ERRCODE = '22004';
-  END IF;
-  IF p_limit IS NULL OR p_limit NOT BETWEEN 1 AND 10000 THEN
-    RAISE EXCEPTION 'document_history: limit must be between 1 and 10000' USING ERRCODE = '22023';
-  END IF;
-  PERFORM 1 FROM pgfence.document d WHERE d.id = p_id;
-  IF NOT FOUND THEN
-    RAISE EXCEPTION 'document_history: no document with id %', p_id USING ERRCODE = 'P0002';
-  END IF;
-  RETURN QUERY
-  SELECT r.version, r.op, r.save_id, r.saved_by, r.saved_at, pg_column_size(r.content)
-  FROM pgfence.document_revision r
-  WHERE r.document_id = p_id AND (p_before_version IS NULL OR r.version < p_before_version)
-  ORDER BY r.version DESC
-  LIMIT p_limit;
-END
-$$;
-REVOKE ALL ON FUNCTION pgfence.document_history(bigint, integer, bigint) FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION pgfence.document_history(bigint, integer, bigint) TO pgfence_client, pgfence_admin;
-COMMENT ON FUNCTION pgfence.document_history(bigint, integer, bigint) IS
-  'The revisions of a document, newest first, without content: version, op, save_id, who saved it and when, stored size in bytes. Page back with before_version. Errors: 22004 (id NULL), 22023 (limit outside 1..10000), P0002 (unknown id).';
-
--- ---------------------------------------------------------------------------------------------
--- Save and delete: one compare-and-swap each
--- ---------------------------------------------------------------------------------------------
+  'Create a document of a kind with its first content (version 1); returns its id.
+A repeated idempotency_key with the same kind and content (a retry whose answer was lost) returns the same id and creates nothing. Errors: 22004 (missing kind, content or created_by), 22023 (content of the wrong JSON type, bad created_by or key), PF301 (content over the kind''s max_bytes), PF302 (unknown kind), PF003 (key already used for another kind or content), 40001 (key held by a transaction invisible to a REPEATABLE READ snapshot: retry).';
 CREATE OR REPLACE FUNCTION pgfence._document_conflict(p_id bigint, p_op text, p_expected_version bigint,
                                                       p_save_id text, p_by text)
 RETURNS TABLE (outcome text, version bigint, content jsonb, saved_by text, saved_at timestamptz,
@@ -5325,7 +5703,8 @@ END
 $$;
 REVOKE ALL ON FUNCTION pgfence._document_conflict(bigint, text, bigint, text, text) FROM PUBLIC;
 COMMENT ON FUNCTION pgfence._document_conflict(bigint, text, bigint, text, text) IS
-  'Private: the conflict answer (stored version and content, read in one statement) and its event-log row; a conflict changes no document row, so its event is written here.';
+  'Private: the conflict answer (the stored version and content) and its event-log row.
+Stored version and content are read in one statement; a conflict changes no document row, so its event is written here.';
 
 CREATE OR REPLACE FUNCTION pgfence._document_replay(p_rev pgfence.document_revision, p_expected_version bigint,
                                                     p_content jsonb, p_by text)
@@ -5351,7 +5730,8 @@ END
 $$;
 REVOKE ALL ON FUNCTION pgfence._document_replay(pgfence.document_revision, bigint, jsonb, text) FROM PUBLIC;
 COMMENT ON FUNCTION pgfence._document_replay(pgfence.document_revision, bigint, jsonb, text) IS
-  'Private: answers a retried save from its receipt (the revision with the same save_id): saved with that version when the retry sends the same base and content, PF003 otherwise. Logs a replay event.';
+  'Private: answers a retried save from its receipt (the revision with the same save_id).
+saved with that version when the retry sends the same base and content, PF003 otherwise. Logs a replay event.';
 
 CREATE OR REPLACE FUNCTION pgfence.document_save(
   p_id               bigint,
@@ -5382,16 +5762,18 @@ BEGIN
     PERFORM pgfence._document_check_actor(p_saved_by, 'saved_by');
   END IF;
   IF p_save_id IS NOT NULL AND (p_save_id = '' OR length(p_save_id) > 255) THEN
-    RAISE EXCEPTION 'document_save: save_id must be 1-255 characters or NULL' USING ERRCODE = '22023',
-      HINT = 'Use a fresh random id (e.g. a UUID) per snapshot, and the same one when retrying it.';
+    RAISE EXCEPTION 'document_save: save_id must be 1-255 characters or NULL'
+      USING ERRCODE = '22023', DETAIL = format('Got %s characters.', length(p_save_id)),
+            HINT = 'Use a fresh random id (e.g. a UUID) per snapshot, and the same one when retrying it.';
   END IF;
   SELECT d.version, d.status, d.kind, k.content_type, k.max_bytes
   INTO v_version, v_status, v_kind, v_type, v_max
   FROM pgfence.document d JOIN pgfence.document_kind k ON k.kind = d.kind
   WHERE d.id = p_id;
   IF NOT FOUND THEN
-    RAISE EXCEPTION 'document_save: no document with id %', p_id USING ERRCODE = 'P0002',
-      HINT = 'Check the id; create documents with document_create().';
+    RAISE EXCEPTION 'document_save: no document with id %', p_id
+      USING ERRCODE = 'P0002', DETAIL = 'No document was created with this id (a deleted document keeps its tombstone).',
+            HINT = 'Check the id; create documents with document_create().';
   END IF;
   IF p_content IS NULL OR jsonb_typeof(p_content) = 'null'
      OR (v_type = 'object' AND jsonb_typeof(p_content) <> 'object')
@@ -5441,7 +5823,8 @@ $$;
 REVOKE ALL ON FUNCTION pgfence.document_save(bigint, bigint, jsonb, text, text) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION pgfence.document_save(bigint, bigint, jsonb, text, text) TO pgfence_client, pgfence_admin;
 COMMENT ON FUNCTION pgfence.document_save(bigint, bigint, jsonb, text, text) IS
-  'Save a document as one compare-and-swap on expected_version. Returns one row: outcome saved with the new version (expected_version + 1), or outcome conflict with the stored version, its content and who saved it (deleted = true if the stored version is the delete tombstone); a conflict writes nothing but its event. Never last-write-wins: there is no unconditional save. save_id (a fresh id per snapshot, reused when retrying it) makes a retry whose first answer was lost return saved with the same version (replayed = true), never a false conflict. Errors: 22004 (missing id, expected_version, content or saved_by), 22023 (content of the wrong JSON type, bad saved_by or save_id), P0002 (unknown id), PF301 (content over the kind''s max_bytes), PF303 (expected_version newer than any version of the document), PF003 (save_id already used for other content or another base version).';
+  'Save a document as one compare-and-swap on expected_version: saved, or a conflict answer.
+Returns one row: outcome saved with the new version (expected_version + 1), or outcome conflict with the stored version, its content and who saved it (deleted = true if the stored version is the delete tombstone); a conflict writes nothing but its event. Never last-write-wins: there is no unconditional save. save_id (a fresh id per snapshot, reused when retrying it) makes a retry whose first answer was lost return saved with the same version (replayed = true), never a false conflict. Errors: 22004 (missing id, expected_version, content or saved_by), 22023 (content of the wrong JSON type, bad saved_by or save_id), P0002 (unknown id), PF301 (content over the kind''s max_bytes), PF303 (expected_version newer than any version of the document), PF003 (save_id already used for other content or another base version).';
 
 CREATE OR REPLACE FUNCTION pgfence.document_delete(p_id bigint, p_expected_version bigint, p_by text)
 RETURNS TABLE (outcome text, version bigint, content jsonb, saved_by text, saved_at timestamptz,
@@ -5458,7 +5841,9 @@ BEGIN
   FOR attempt IN 1..2 LOOP
     SELECT d.* INTO v_doc FROM pgfence.document d WHERE d.id = p_id;
     IF NOT FOUND THEN
-      RAISE EXCEPTION 'document_delete: no document with id %', p_id USING ERRCODE = 'P0002';
+      RAISE EXCEPTION 'document_delete: no document with id %', p_id
+        USING ERRCODE = 'P0002', DETAIL = 'No document was created with this id (a deleted document keeps its tombstone).',
+              HINT = 'Check the id.';
     END IF;
     -- version - 1, not expected_version + 1: an expected_version of 2^63-1 must not overflow
     IF v_doc.status = 'deleted' AND v_doc.version - 1 = p_expected_version THEN
@@ -5488,11 +5873,22 @@ $$;
 REVOKE ALL ON FUNCTION pgfence.document_delete(bigint, bigint, text) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION pgfence.document_delete(bigint, bigint, text) TO pgfence_client, pgfence_admin;
 COMMENT ON FUNCTION pgfence.document_delete(bigint, bigint, text) IS
-  'Delete a document as a compare-and-swap on expected_version: outcome deleted with the tombstone version (expected_version + 1; the row, its id and all revisions stay, and the document never changes again), or outcome conflict with the stored version and content. Repeating a delete that already happened on the same expected_version answers deleted (replayed = true). Errors: 22004 (missing id, expected_version or by), 22023 (bad by, version < 1), P0002 (unknown id), PF303 (expected_version newer than any version of the document).';
+  'Delete a document as a compare-and-swap on expected_version, leaving a tombstone version.
+Outcome deleted with the tombstone version (expected_version + 1; the row, its id and all revisions stay, and the document never changes again), or outcome conflict with the stored version and content. Repeating a delete that already happened on the same expected_version answers deleted (replayed = true). Errors: 22004 (missing id, expected_version or by), 22023 (bad by, version < 1), P0002 (unknown id), PF303 (expected_version newer than any version of the document).';
 
--- ---------------------------------------------------------------------------------------------
--- Merge: the kind's three-way merge, for a client rebasing after a conflict
--- ---------------------------------------------------------------------------------------------
+
+-- ==== functions/44_document_merge.sql
+-- pgfence functions/44_document_merge.sql — documents (module 4): the three-way merge.
+--
+-- Public: document_merge(kind, base, local, stored), for a client rebasing its copy after a
+-- conflict: base = the revision it edited from (document_revision), local = its copy, stored =
+-- the conflict answer's content. It returns the merged content (to save against the stored
+-- version) and the conflicts, and changes nothing. The kind decides how: attributes (by
+-- top-level key), none (never merges; every difference is a conflict) or function (the kind's
+-- merge_function). Not security definer: it reads the kind through the view document_kinds and
+-- runs an application's merge function with the caller's privileges, never as pgfence's owner.
+-- Errors: functions/ERRORS.md (PF302, PF304).
+
 CREATE OR REPLACE FUNCTION pgfence.document_merge(p_kind text, p_base jsonb, p_local jsonb, p_stored jsonb)
 RETURNS TABLE (content jsonb, conflicts jsonb)
 LANGUAGE plpgsql STABLE
@@ -5506,26 +5902,31 @@ DECLARE
   v_result   jsonb;
 BEGIN
   IF p_kind IS NULL THEN
-    RAISE EXCEPTION 'document_merge: kind is required' USING ERRCODE = '22004';
+    RAISE EXCEPTION 'document_merge: kind is required'
+      USING ERRCODE = '22004', DETAIL = 'The kind decides how the three versions merge.',
+            HINT = 'Pass the document''s kind (document_get returns it).';
   END IF;
   IF p_base IS NULL OR p_local IS NULL OR p_stored IS NULL THEN
-    RAISE EXCEPTION 'document_merge: base, local and stored are all required' USING ERRCODE = '22004',
-      HINT = 'base = the revision the local copy was edited from (document_revision), stored = the conflict answer''s content. A deleted document cannot be merged into.';
+    RAISE EXCEPTION 'document_merge: base, local and stored are all required'
+      USING ERRCODE = '22004', DETAIL = 'A three-way merge compares both edits with the version they started from.',
+            HINT = 'base = the revision the local copy was edited from (document_revision), stored = the conflict answer''s content. A deleted document cannot be merged into.';
   END IF;
   -- Read through the view: this function runs with the caller's privileges (so that an
   -- application's merge function never runs as pgfence's owner).
   SELECT k.merge, k.merge_function INTO v_merge, v_function
   FROM pgfence.document_kinds k WHERE k.kind = p_kind;
   IF NOT FOUND THEN
-    RAISE EXCEPTION 'document_merge: unknown kind "%"', p_kind USING ERRCODE = 'PF302',
-      HINT = 'See the view pgfence.document_kinds.';
+    RAISE EXCEPTION 'document_merge: unknown kind "%"', p_kind
+      USING ERRCODE = 'PF302', DETAIL = 'No kind of this name is registered.',
+            HINT = 'See the view pgfence.document_kinds.';
   END IF;
 
   IF v_merge = 'attributes' THEN
     IF jsonb_typeof(p_base) <> 'object' OR jsonb_typeof(p_local) <> 'object' OR jsonb_typeof(p_stored) <> 'object' THEN
       RAISE EXCEPTION 'document_merge: kind % merges objects keyed by attribute id; got %, %, %', p_kind,
         jsonb_typeof(p_base), jsonb_typeof(p_local), jsonb_typeof(p_stored)
-        USING ERRCODE = '22023';
+        USING ERRCODE = '22023', DETAIL = 'The attributes merge compares top-level keys, so all three must be JSON objects.',
+              HINT = 'Pass the three versions'' contents as stored: a record is a JSON object.';
     END IF;
     -- Per attribute (SQL NULL = absent on that side): the side that changed it wins; both
     -- changed it the same way: that value; both changed it differently: a conflict, and the
@@ -5609,7 +6010,8 @@ BEGIN
   IF v_result IS NULL OR jsonb_typeof(v_result) <> 'object' OR NOT v_result ? 'content'
      OR jsonb_typeof(v_result -> 'conflicts') IS DISTINCT FROM 'array' THEN
     RAISE EXCEPTION 'document_merge: the merge function % of kind % returned %, not {"content": ..., "conflicts": [...]}', v_function, p_kind, left(coalesce(v_result::text, 'NULL'), 200)
-      USING ERRCODE = 'PF304', HINT = 'Fix the kind''s merge function.';
+      USING ERRCODE = 'PF304', DETAIL = 'document_merge answers with content and conflicts exactly as the kind''s merge function returns them.',
+            HINT = 'Fix the kind''s merge function.';
   END IF;
   RETURN QUERY SELECT CASE WHEN jsonb_typeof(v_result -> 'content') = 'null' THEN NULL ELSE v_result -> 'content' END,
                       v_result -> 'conflicts';
@@ -5618,7 +6020,8 @@ $$;
 REVOKE ALL ON FUNCTION pgfence.document_merge(text, jsonb, jsonb, jsonb) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION pgfence.document_merge(text, jsonb, jsonb, jsonb) TO pgfence_client, pgfence_admin;
 COMMENT ON FUNCTION pgfence.document_merge(text, jsonb, jsonb, jsonb) IS
-  'Three-way merge of a kind: base = the revision the local copy was edited from, local = the client''s copy, stored = the conflict answer''s content. Returns content (the merge, to save against the stored version) and conflicts (a JSON array of {"key", "base", "local", "stored"}, a side''s field absent when the key is absent on that side; empty = clean). attributes (record): per top-level key, the side that changed it wins; keys changed differently on both sides are conflicts and content keeps the stored value for them. none (sheet): never merges: if only one side changed, content is that side; if both changed, content is NULL and every differing top-level key or array index (key NULL: the whole value) is a conflict. function: the kind''s merge_function, run with the caller''s privileges. Changes nothing. Errors: 22004 (NULL argument), 22023 (record inputs that are not objects), PF302 (unknown kind), PF304 (a merge function returned a malformed result), 42883 (the kind''s merge function was dropped); a kind''s merge function may raise its own.';
+  'Three-way merge of a document kind''s content (base, local, stored), for a client after a conflict.
+base = the revision the local copy was edited from, local = the client''s copy, stored = the conflict answer''s content. Returns content (the merge, to save against the stored version) and conflicts (a JSON array of {"key", "base", "local", "stored"}, a side''s field absent when the key is absent on that side; empty = clean). attributes (record): per top-level key, the side that changed it wins; keys changed differently on both sides are conflicts and content keeps the stored value for them. none (sheet): never merges: if only one side changed, content is that side; if both changed, content is NULL and every differing top-level key or array index (key NULL: the whole value) is a conflict. function: the kind''s merge_function, run with the caller''s privileges. Changes nothing. Errors: 22004 (NULL argument), 22023 (record inputs that are not objects), PF302 (unknown kind), PF304 (a merge function returned a malformed result), 42883 (the kind''s merge function was dropped); a kind''s merge function may raise its own.';
 
 
 -- ==== functions/90_audit_owned.sql

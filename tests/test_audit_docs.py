@@ -82,7 +82,7 @@ SELECT outcome FROM pgfence.plan_run_step(1, 'executor-1', 1);
 SELECT outcome FROM pgfence.plan_run_step(1, 'executor-1', 1);
 SELECT outcome FROM pgfence.plan_run_step(1, 'executor-1', 1);
 UPDATE pgfence.plan SET heartbeat_expires_at = now() - interval '1 second' WHERE id = 1;
-SELECT pgfence.plan_reap_stale();
+SELECT pgfence.plan_reap();
 SELECT pgfence.plan_compensate(1, '[
   {"action": "demo.adjust_stock", "args": {"sku": "widget-demo", "delta": -50}},
   {"action": "demo.adjust_stock", "args": {"sku": "gadget-demo", "delta": -20}},
@@ -125,7 +125,7 @@ SELECT outcome FROM pgfence.document_save(2, 1, '[["b"]]', 'bob');
 # (a piece of a block, a piece its output must contain): the guide's claims about its queries.
 EXPECT = [
     ("FROM pgfence.audit_stuck\nORDER BY overdue DESC", "executor-9"),
-    ("SELECT pgfence.outbox_reap(), pgfence.plan_reap_stale()", "1 |"),
+    ("SELECT pgfence.outbox_reap(), pgfence.plan_reap()", "1 |"),
     ("audit_owner_of('plan', 4)", "executor-9"),
     ("FROM pgfence.audit_timeline('outbox', 8);", "executor-2"),
     ("FROM pgfence.audit_timeline('plan', 3);", "23514"),

@@ -147,7 +147,7 @@ def test_plan_statements_use_their_index(db: str, conn: psycopg.Connection[Any],
         assert scans <= BY_ID and scans & {PLAN_PK, STATUS_ID}, \
             "reject by id, never a scan of plan_pending_expiry_idx"
 
-        _, scans = plans.scans("SELECT pgfence.plan_reap_stale()")
+        _, scans = plans.scans("SELECT pgfence.plan_reap()")
         assert scans <= {"Bitmap(plan_heartbeat_idx|plan_pending_expiry_idx)", "plan_heartbeat_idx",
                          "plan_pending_expiry_idx", PLAN_PK}, "reaper: only lapsed runs and expired proposals"
 

@@ -3,7 +3,7 @@
 -- commits) are in 21_plan_concurrency.sql.
 BEGIN;
 \ir helpers/setup.sql
-SELECT plan(356);
+SELECT plan(363);
 
 -- Fixtures: a small table, SQL actions on it, an external action (rolled back at the end).
 CREATE TABLE public.tap_plan_t (k text PRIMARY KEY, v integer NOT NULL CHECK (v >= 0));
@@ -51,7 +51,8 @@ SELECT is((SELECT prokind::text FROM pg_proc WHERE oid = 'pgfence.plan_execute(b
 SELECT has_function('pgfence', 'plan_get', ARRAY['bigint'], 'plan_get signature');
 SELECT has_function('pgfence', 'plan_steps', ARRAY['bigint'], 'plan_steps signature');
 SELECT has_function('pgfence', 'plan_list', ARRAY['text','integer'], 'plan_list signature');
-SELECT has_function('pgfence', 'plan_reap_stale', ARRAY['integer'], 'plan_reap_stale signature');
+SELECT has_function('pgfence', 'plan_reap', ARRAY['integer'], 'plan_reap signature');
+SELECT has_function('pgfence', 'plan_reap_stale', ARRAY['integer'], 'plan_reap_stale, its deprecated old name, is still there');
 SELECT has_view('pgfence', 'plan_receipts', 'plan_receipts view');
 SELECT has_view('pgfence', 'plan_actions', 'plan_actions view');
 
@@ -91,7 +92,8 @@ SELECT function_privs_are('pgfence', 'plan_execute', ARRAY['bigint','text','inte
 SELECT function_privs_are('pgfence', 'plan_record_step', ARRAY['bigint','integer','text','bigint','boolean','jsonb','text'], 'pgfence_executor', ARRAY['EXECUTE'], 'executor may record steps');
 SELECT function_privs_are('pgfence', 'plan_record_step', ARRAY['bigint','integer','text','bigint','boolean','jsonb','text'], 'pgfence_client', ARRAY[]::text[], 'client may not record steps');
 SELECT function_privs_are('pgfence', 'plan_heartbeat', ARRAY['bigint','text','bigint'], 'pgfence_executor', ARRAY['EXECUTE'], 'executor may heartbeat');
-SELECT function_privs_are('pgfence', 'plan_reap_stale', ARRAY['integer'], 'pgfence_executor', ARRAY['EXECUTE'], 'executor may run the reaper');
+SELECT function_privs_are('pgfence', 'plan_reap', ARRAY['integer'], 'pgfence_executor', ARRAY['EXECUTE'], 'executor may run the reaper');
+SELECT function_privs_are('pgfence', 'plan_reap_stale', ARRAY['integer'], 'pgfence_executor', ARRAY['EXECUTE'], '... and its deprecated old name');
 SELECT function_privs_are('pgfence', 'plan_get', ARRAY['bigint'], 'pgfence_client', ARRAY['EXECUTE'], 'client may read a plan');
 SELECT table_privs_are('pgfence', 'plan_receipts', 'pgfence_client', ARRAY['SELECT'], 'client reads plan_receipts');
 SELECT table_privs_are('pgfence', 'plan_actions', 'pgfence_client', ARRAY['SELECT'], 'client reads the allow-list');
@@ -203,7 +205,7 @@ SELECT results_eq($$SELECT status, approved_by IS NULL, finished_at IS NOT NULL 
   $$VALUES ('expired'::text, true, true)$$, '... and the plan is expired, not approved');
 SELECT is(pgfence.plan_start(pg_temp.pid('exp'), 'tap-w1'), NULL, 'an expired plan cannot start');
 SELECT is((SELECT status FROM pgfence.plan_get(pg_temp.pid('exp2'))), 'expired', 'plan_get expires a pending plan past expires_at (lazy)');
-SELECT is(pgfence.plan_reap_stale(), 1, 'the reaper expires the other one');
+SELECT is(pgfence.plan_reap(), 1, 'the reaper expires the other one');
 SELECT is((SELECT status FROM pgfence.plan WHERE id = pg_temp.pid('exp3')), 'expired', '... which is now expired');
 
 -- =============================================================================================
@@ -382,13 +384,15 @@ SELECT isnt(pgfence.plan_start(pg_temp.pid('hb3'), 'tap-w1'), NULL, 'start hb3')
 SELECT is((SELECT outcome FROM pgfence.plan_run_step(pg_temp.pid('hb3'), 'tap-w1', pg_temp.tok('hb3'))), 'ok', 'step 1 ok');
 SELECT is((SELECT outcome FROM pgfence.plan_run_step(pg_temp.pid('hb3'), 'tap-w1', pg_temp.tok('hb3'))), 'external', 'step 2 (external) handed out');
 UPDATE pgfence.plan SET heartbeat_expires_at = now() - interval '1 second' WHERE id = pg_temp.pid('hb3');
-SELECT is(pgfence.plan_reap_stale(), 1, 'the reaper fails the lapsed run');
+SELECT is(pgfence.plan_reap_stale(), 1, 'the reaper fails the lapsed run (called by its deprecated name plan_reap_stale, a wrapper of plan_reap)');
+SELECT is(split_part(obj_description('pgfence.plan_reap_stale(integer)'::regprocedure, 'pg_proc'), E'\n', 1) LIKE 'Deprecated: use pgfence.plan_reap.%', true,
+  'plan_reap_stale says it is deprecated, and what to call instead');
 SELECT is((SELECT array_agg(state ORDER BY step_index) FROM pgfence.plan_steps(pg_temp.pid('hb3'))), ARRAY['ok','unknown'],
   'the external step in flight is shown as unknown (it may have happened)');
 SELECT is(pgfence.plan_record_step(pg_temp.pid('hb3'), 2, 'tap-w1', pg_temp.tok('hb3'), true, '{}'), false, 'the stale worker''s late report is refused');
 SELECT is((SELECT count(*)::int FROM pgfence.plan_receipts WHERE plan_id = pg_temp.pid('hb3')), 1, '... and wrote no receipt');
-SELECT is(pgfence.plan_reap_stale(), 0, 'the reaper has nothing more to do');
-SELECT throws_ok($$SELECT pgfence.plan_reap_stale(0)$$, '22023', NULL, 'plan_reap_stale(0): 22023');
+SELECT is(pgfence.plan_reap(), 0, 'the reaper has nothing more to do');
+SELECT throws_ok($$SELECT pgfence.plan_reap(0)$$, '22023', NULL, 'plan_reap(0): 22023');
 SELECT throws_ok($$SELECT pgfence.plan_heartbeat(-1, 'tap-w1', 1)$$, 'P0002', NULL, 'heartbeat for an unknown plan: P0002');
 
 -- =============================================================================================
@@ -475,11 +479,17 @@ INSERT INTO ids SELECT 'drop', pgfence.plan_propose('[{"action": "tap-put", "arg
 SELECT is(pgfence.plan_approve(pg_temp.pid('ret'), 'tap-alice') || pgfence.plan_approve(pg_temp.pid('drop'), 'tap-alice'), 'approvedapproved', 'approve both');
 SELECT is(pgfence.plan_retire_action('tap-other'), true, 'retire its action after approval');
 SELECT isnt(pgfence.plan_start(pg_temp.pid('ret'), 'tap-w1'), NULL, 'start it');
+SELECT is((SELECT retired FROM pgfence._plan_step_begin(pg_temp.pid('ret'), 'tap-w1', pg_temp.tok('ret'))), true, 'the step of the retired action, begun by hand ...');
+SELECT throws_ok(format($$SELECT pgfence._plan_step_finish(%s, 'tap-w1', %s, 1, true, '{}', NULL)$$, pg_temp.pid('ret'), pg_temp.tok('ret')),
+  'PF101', NULL, '... gets no ok receipt: PF101 (the check plan_run_step makes before running it)');
 SELECT results_eq($$SELECT outcome, error ->> 'sqlstate' FROM pgfence.plan_run_step(pg_temp.pid('ret'), 'tap-w1', pg_temp.tok('ret'))$$,
   $$VALUES ('error'::text, 'PF101'::text)$$, 'a step of a retired action records an error receipt (PF101) instead of running');
 SAVEPOINT before_drop;
 DROP FUNCTION public.tap_plan_put(jsonb);
 SELECT isnt(pgfence.plan_start(pg_temp.pid('drop'), 'tap-w1'), NULL, 'start a plan whose function was dropped');
+SELECT is((SELECT fn_name FROM pgfence._plan_step_begin(pg_temp.pid('drop'), 'tap-w1', pg_temp.tok('drop'))), NULL, 'its step, begun by hand, has no function to call ...');
+SELECT throws_ok(format($$SELECT pgfence._plan_step_finish(%s, 'tap-w1', %s, 1, true, '{}', NULL)$$, pg_temp.pid('drop'), pg_temp.tok('drop')),
+  '42883', NULL, '... and gets no ok receipt: 42883');
 SELECT results_eq($$SELECT outcome, error ->> 'sqlstate' FROM pgfence.plan_run_step(pg_temp.pid('drop'), 'tap-w1', pg_temp.tok('drop'))$$,
   $$VALUES ('error'::text, '42883'::text)$$, 'a dropped function records an error receipt (42883)');
 SELECT throws_ok($$SELECT pgfence.plan_propose('[{"action": "tap-put", "args": {"k": "gone", "v": 1}}]', 'tap-agent')$$, '42883', NULL,

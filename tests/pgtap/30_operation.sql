@@ -5,7 +5,7 @@
 -- 31_operation_concurrency.sql.
 BEGIN;
 \ir helpers/setup.sql
-SELECT plan(291);
+SELECT plan(302);
 
 -- SQLSTATE and DETAIL of a statement's error (throws_ok checks the code, this the DETAIL).
 CREATE FUNCTION pg_temp.err(p_sql text) RETURNS text LANGUAGE plpgsql AS $$
@@ -125,6 +125,28 @@ SELECT throws_ok($$SELECT * FROM pgfence.operation_claim('')$$, '22023', NULL, '
 SELECT throws_ok($$SELECT * FROM pgfence.operation_claim('w', NULL, '0 seconds')$$, '22023', NULL, 'claim: lease 0 is 22023');
 SELECT throws_ok($$SELECT * FROM pgfence.operation_claim('w', NULL, '2 days')$$, '22023', NULL, 'claim: lease over 1 day is 22023');
 SELECT throws_ok($$SELECT * FROM pgfence.operation_claim('w', NULL, NULL, 0)$$, '22023', NULL, 'claim: batch 0 is 22023');
+
+-- The claim's parameter order (issue 13): operation_claim(p_worker, p_kinds, p_lease, p_batch)
+-- stays, unlike (worker, batch, filter, lease) of outbox_claim and plan_claim. Every call shape
+-- clients use resolves to it; an overload in the other order would make some of them ambiguous.
+SAVEPOINT claim_shapes;
+SELECT lives_ok($$SELECT * FROM pgfence.operation_claim('tap-shape')$$, 'claim shape: worker only (every default)');
+SELECT lives_ok($$SELECT * FROM pgfence.operation_claim('tap-shape', NULL)$$, 'claim shape: worker, kinds NULL');
+SELECT lives_ok($$SELECT * FROM pgfence.operation_claim('tap-shape', ARRAY['tap.none'], '1 minute')$$, 'claim shape: worker, kinds, lease');
+SELECT lives_ok($$SELECT * FROM pgfence.operation_claim('tap-shape', NULL, '1 hour', 1)$$, 'claim shape: all four positional, untyped literals');
+SELECT lives_ok($$SELECT * FROM pgfence.operation_claim('tap-shape', '{tap.none}', '1 hour', 2)$$, 'claim shape: an untyped array literal');
+SELECT lives_ok($$SELECT * FROM pgfence.operation_claim('tap-shape'::text, NULL::text[], NULL::interval, 3::int)$$, 'claim shape: the glue''s, every argument cast');
+SELECT lives_ok($$SELECT * FROM pgfence.operation_claim(p_worker => 'tap-shape', p_batch => 2)$$, 'claim shape: named worker and batch');
+SELECT lives_ok($$SELECT * FROM pgfence.operation_claim('tap-shape', p_kinds => ARRAY['tap.none'], p_batch => 3)$$, 'claim shape: positional worker, named kinds and batch');
+SELECT lives_ok($$SELECT * FROM pgfence.operation_claim(p_batch => 1, p_lease => '1 minute', p_kinds => ARRAY['tap.none'], p_worker => 'tap-shape')$$,
+  'claim shape: all four named, in any order');
+CREATE FUNCTION pgfence.operation_claim(p_worker text, p_batch integer, p_kinds text[] DEFAULT NULL, p_lease interval DEFAULT '2 minutes')
+RETURNS SETOF bigint LANGUAGE sql AS $$ SELECT NULL::bigint WHERE false $$;
+SELECT throws_ok($$SELECT * FROM pgfence.operation_claim('tap-shape', p_batch => 1)$$, '42725', NULL,
+  'beside an overload in the (worker, batch, kinds, lease) order, a named call is ambiguous (42725): the order stays');
+SELECT throws_ok($$SELECT * FROM pgfence.operation_claim('tap-shape', NULL)$$, '42725', NULL,
+  '... and so is (worker, NULL)');
+ROLLBACK TO SAVEPOINT claim_shapes;
 
 -- Each kind's queue is walked on its own (operation_kind_queued_idx, migration 0009): a backlog
 -- of a kind nobody claims, ahead in id order, changes nothing; several kinds are claimed oldest

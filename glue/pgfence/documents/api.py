@@ -2,7 +2,7 @@
 
 Every function is one ``SELECT pgfence.document_*(%s::type, …)`` on a connection the caller
 owns. Decisions — whether a save is a conflict, whether a retry is the same save, how a kind
-merges — are made in SQL (``functions/40_document.sql``); this file passes arguments and
+merges — are made in SQL (``functions/4*_document_*.sql``); this file passes arguments and
 translates SQLSTATEs into the exceptions of :mod:`pgfence.errors` plus the document ones below.
 
 Content is any JSON value (``dict`` for ``record``), or already-serialised JSON wrapped in

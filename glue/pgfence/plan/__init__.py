@@ -4,7 +4,7 @@ A plan is a frozen list of steps that someone proposes (a script, an AI agent), 
 approves, and a worker executes in order, with a receipt per step written in the same
 transaction as the step's effect. Everything that decides — who owns a run, whether a step may
 run, what a failure means, when a run counts as interrupted — is in SQL
-(``functions/20_plan.sql``); each function here is one ``SELECT pgfence.plan_*(%s::type, …)``
+(``functions/2*_plan_*.sql``); each function here is one ``SELECT pgfence.plan_*(%s::type, …)``
 on a connection the caller owns, with SQLSTATEs translated (:mod:`pgfence.errors`).
 
 Steps are numbered from 1. A step is ``{"action": name, "args": {...}, "note": "..."}``; the
@@ -70,7 +70,7 @@ SQL_GET = "SELECT * FROM pgfence.plan_get(%s::bigint)"
 SQL_STEPS = "SELECT * FROM pgfence.plan_steps(%s::bigint)"
 SQL_LIST = "SELECT * FROM pgfence.plan_list(%s::text, %s::int)"
 SQL_RECEIPTS = "SELECT * FROM pgfence.plan_receipts WHERE plan_id = %s::bigint ORDER BY step_index"
-SQL_REAP = "SELECT pgfence.plan_reap_stale(%s::int)"
+SQL_REAP = "SELECT pgfence.plan_reap(%s::int)"
 
 #: LISTEN channel: NOTIFY ``{"id", "status"[, "next"]}`` when a plan is proposed, approved, or
 #: released by its owner for another worker (``next`` = kind of the step that waits).

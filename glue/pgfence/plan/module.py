@@ -21,7 +21,7 @@ call to the plan SQL functions:
   ``max_deliveries``. While a step runs, the module stamps ``plan_heartbeat`` every third of the
   heartbeat interval; if the database refuses a heartbeat the run is lost and the module stops
   without recording. The outcome is recorded with ``plan_record_step``.
-- **Reaper**: ``plan_reap_stale`` on the executor's timer.
+- **Reaper**: ``plan_reap`` on the executor's timer.
 - **Shutdown**: SIGTERM makes a running plan stop after its current step and release the run,
   so another executor continues it instead of it being interrupted.
 """
@@ -76,7 +76,7 @@ class PlanModule(Module):
                  "pgfence.plan_record_step(bigint, integer, text, bigint, boolean, jsonb, text)",
                  "pgfence.plan_heartbeat(bigint, text, bigint)",
                  "pgfence.plan_release(bigint, text, bigint)",
-                 "pgfence.plan_reap_stale(integer)",
+                 "pgfence.plan_reap(integer)",
                  "pgfence.backoff(integer, interval, interval, double precision)")
 
     def __init__(self, routes: Mapping[str, Transport] | None = None, *,

@@ -2,7 +2,7 @@
 
 Each endpoint is one or two calls of :mod:`pgfence.documents.api` on a pooled autocommit
 connection; whether a save is a conflict, a replay or too large is decided in SQL
-(``functions/40_document.sql``). This file maps requests to calls and answers to HTTP:
+(``functions/4*_document_*.sql``). This file maps requests to calls and answers to HTTP:
 
 =========================================  ===================================================
 ``POST /documents``                        create ``{"kind", "content"}`` (``Idempotency-Key``

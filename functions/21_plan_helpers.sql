@@ -1,0 +1,319 @@
+-- pgfence functions/21_plan_helpers.sql — plans (module 2): private helpers.
+--
+-- Argument checks shared by the plan functions (_plan_check_name, _plan_check_heartbeat,
+-- _plan_check_token, _plan_require), the step idempotency key (_plan_step_key), the heal of
+-- lapsed runs and overdue proposals (_plan_heal, used by the reads and the reaper), the owner's
+-- lock (_plan_lock), and the validation and rendering of a plan's steps (_plan_normalize_steps,
+-- _plan_steps_json).
+-- Not an API: every function here starts with _ and is called by the plan_* functions only
+-- (_plan_step_key is also granted to the group roles: plan_run_step and the plan_receipts view
+-- call it as the reader). Errors: functions/ERRORS.md.
+
+CREATE OR REPLACE FUNCTION pgfence._plan_check_name(p_value text, p_what text)
+RETURNS void
+LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, pgfence, pg_temp
+AS $$
+BEGIN
+  IF p_value IS NULL THEN
+    RAISE EXCEPTION 'plan: % is required', p_what
+      USING ERRCODE = '22004', DETAIL = 'Every plan transition records who made it (the event log, the audit views).',
+            HINT = 'Name who does this: a person, a script or a worker (host:pid).';
+  END IF;
+  IF p_value = '' OR length(p_value) > 200 THEN
+    RAISE EXCEPTION 'plan: % must be a non-empty name of at most 200 characters', p_what
+      USING ERRCODE = '22023', DETAIL = format('Got %s characters.', length(p_value)),
+            HINT = 'Use something an operator can trace.';
+  END IF;
+END
+$$;
+REVOKE ALL ON FUNCTION pgfence._plan_check_name(text, text) FROM PUBLIC;
+COMMENT ON FUNCTION pgfence._plan_check_name(text, text) IS
+  'Private: validates a proposer, approver or worker name.
+Raises 22004 (NULL) or 22023 (empty, > 200 characters).';
+
+CREATE OR REPLACE FUNCTION pgfence._plan_check_heartbeat(p_heartbeat interval)
+RETURNS void
+LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, pgfence, pg_temp
+AS $$
+BEGIN
+  IF p_heartbeat IS NOT NULL AND (p_heartbeat < interval '1 second' OR p_heartbeat > interval '1 day') THEN
+    RAISE EXCEPTION 'plan: heartbeat must be between 1 second and 1 day, got %', p_heartbeat
+      USING ERRCODE = '22023', DETAIL = 'A run whose owner stays silent longer than its heartbeat counts as interrupted.',
+            HINT = 'Pass NULL for the default (120 seconds), or the longest silence you accept before the run counts as interrupted.';
+  END IF;
+END
+$$;
+REVOKE ALL ON FUNCTION pgfence._plan_check_heartbeat(interval) FROM PUBLIC;
+COMMENT ON FUNCTION pgfence._plan_check_heartbeat(interval) IS
+  'Private: validates a heartbeat interval (1 second .. 1 day, NULL = default); raises 22023.';
+
+CREATE OR REPLACE FUNCTION pgfence._plan_check_token(p_token bigint)
+RETURNS void
+LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, pgfence, pg_temp
+AS $$
+BEGIN
+  IF p_token IS NULL THEN
+    RAISE EXCEPTION 'plan: the run token is required'
+      USING ERRCODE = '22004', DETAIL = 'Owner calls are fenced by the token of the take that made the caller the owner.',
+            HINT = 'Pass the token that pgfence.plan_start returned (or the run_token column of pgfence.plan_claim).';
+  END IF;
+  IF p_token < 1 THEN
+    RAISE EXCEPTION 'plan: run tokens start at 1, got %', p_token
+      USING ERRCODE = '22023', DETAIL = 'Token 0 marks a run that nobody took under a token (approved, or executing since before migration 0010).',
+            HINT = 'Take the run with pgfence.plan_start or plan_claim and pass the token it returns.';
+  END IF;
+END
+$$;
+REVOKE ALL ON FUNCTION pgfence._plan_check_token(bigint) FROM PUBLIC;
+COMMENT ON FUNCTION pgfence._plan_check_token(bigint) IS
+  'Private: checks the run token (the fence token of a plan run) an owner call passes.
+Raises 22004 when an owner call passes no run token, 22023 for a token below 1 (never issued).';
+
+CREATE OR REPLACE FUNCTION pgfence._plan_require(p_id bigint)
+RETURNS void
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pgfence, pg_temp
+AS $$
+BEGIN
+  IF p_id IS NULL THEN
+    RAISE EXCEPTION 'plan: plan id is required'
+      USING ERRCODE = '22004', DETAIL = 'Every plan call names the plan it acts on.',
+            HINT = 'Pass the id that pgfence.plan_propose returned (pgfence plan list shows them).';
+  END IF;
+  PERFORM 1 FROM pgfence.plan WHERE id = p_id;
+  IF NOT FOUND THEN
+    RAISE EXCEPTION 'plan: no plan with id %', p_id
+      USING ERRCODE = 'P0002', DETAIL = 'No plan has this id: it was never proposed, or it was purged.',
+            HINT = 'Check the id (pgfence plan list).';
+  END IF;
+END
+$$;
+REVOKE ALL ON FUNCTION pgfence._plan_require(bigint) FROM PUBLIC;
+COMMENT ON FUNCTION pgfence._plan_require(bigint) IS
+  'Private: raises 22004 for a NULL plan id and P0002 when no plan has this id.
+Used on the lost-race path to tell a stale call from an unknown id.';
+
+CREATE OR REPLACE FUNCTION pgfence._plan_step_key(p_id bigint, p_step integer)
+RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+SET search_path = pg_catalog, pgfence, pg_temp
+AS $$
+  SELECT 'pgfence-plan-' || p_id || '-step-' || p_step;
+$$;
+REVOKE ALL ON FUNCTION pgfence._plan_step_key(bigint, integer) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION pgfence._plan_step_key(bigint, integer) TO pgfence_client, pgfence_executor, pgfence_admin;
+COMMENT ON FUNCTION pgfence._plan_step_key(bigint, integer) IS
+  'Private: the idempotency key of a plan step, pgfence-plan-<plan id>-step-<step index>.
+The same for every delivery of that step, whichever worker performs it. Executable by the group roles because plan_run_step (not security definer) and the plan_receipts view call it as the reader.';
+
+-- Heal plans that nobody can finish any more: executing with a lapsed heartbeat -> failed
+-- (interrupted); pending past expires_at -> expired. Rows locked right now are skipped: a live
+-- step transaction holds its plan's row, so that plan is not stale.
+CREATE OR REPLACE FUNCTION pgfence._plan_heal(p_id bigint, p_max_rows integer)
+RETURNS integer
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pgfence, pg_temp
+AS $$
+DECLARE
+  v_count integer;
+BEGIN
+  WITH stale AS (
+    SELECT p.id FROM pgfence.plan p
+    WHERE (p_id IS NULL OR p.id = p_id)
+      AND ((p.status = 'executing' AND p.heartbeat_expires_at < now())
+           OR (p.status = 'pending' AND p.expires_at <= now()))
+    ORDER BY p.id
+    LIMIT p_max_rows
+    FOR UPDATE SKIP LOCKED
+  ), healed AS (
+    UPDATE pgfence.plan p
+    SET status = CASE WHEN p.status = 'pending' THEN 'expired' ELSE 'failed' END,
+        failure = CASE WHEN p.status = 'executing' THEN 'interrupted' END,
+        step_begun = NULL, step_begun_xact = NULL,
+        finished_at = now()
+    FROM stale
+    WHERE p.id = stale.id
+      AND ((p.status = 'executing' AND p.heartbeat_expires_at < now())
+           OR (p.status = 'pending' AND p.expires_at <= now()))
+    RETURNING p.id
+  )
+  SELECT count(*) INTO v_count FROM healed;
+  RETURN v_count;
+END
+$$;
+REVOKE ALL ON FUNCTION pgfence._plan_heal(bigint, integer) FROM PUBLIC;
+COMMENT ON FUNCTION pgfence._plan_heal(bigint, integer) IS
+  'Private: fails lapsed runs (interrupted) and expires overdue proposals; returns how many.
+Executing plans whose heartbeat lapsed become failed (interrupted), pending plans past expires_at become expired; one plan (p_id) or up to p_max_rows. Skips rows locked by a live transaction. Returns how many it changed.';
+
+-- Lock one plan for an owner write, healing it first if its heartbeat lapsed.
+CREATE OR REPLACE FUNCTION pgfence._plan_lock(p_id bigint)
+RETURNS pgfence.plan
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pgfence, pg_temp
+AS $$
+DECLARE
+  v pgfence.plan;
+BEGIN
+  IF p_id IS NULL THEN
+    RAISE EXCEPTION 'plan: plan id is required'
+      USING ERRCODE = '22004', DETAIL = 'Every plan call names the plan it acts on.',
+            HINT = 'Pass the id of the run (plan_start took it by id; plan_claim returns it).';
+  END IF;
+  SELECT * INTO v FROM pgfence.plan p WHERE p.id = p_id FOR UPDATE;
+  IF NOT FOUND THEN
+    RAISE EXCEPTION 'plan: no plan with id %', p_id
+      USING ERRCODE = 'P0002', DETAIL = 'No plan has this id: it was never proposed, or it was purged.',
+            HINT = 'Check the id (pgfence plan list).';
+  END IF;
+  IF v.status = 'executing' AND v.heartbeat_expires_at < now() THEN
+    UPDATE pgfence.plan p
+    SET status = 'failed', failure = 'interrupted', finished_at = now(),
+        step_begun = NULL, step_begun_xact = NULL
+    WHERE p.id = p_id
+    RETURNING * INTO v;
+  END IF;
+  RETURN v;
+END
+$$;
+REVOKE ALL ON FUNCTION pgfence._plan_lock(bigint) FROM PUBLIC;
+COMMENT ON FUNCTION pgfence._plan_lock(bigint) IS
+  'Private: locks one plan row for an owner write, failing a lapsed run (interrupted) first.
+SELECT ... FOR UPDATE of one plan (22004 for a NULL id, P0002 if unknown); if it is executing with a lapsed heartbeat it becomes failed (interrupted) first, so a stale owner finds it failed. Returns the locked row.';
+
+-- Validate and normalise proposed steps: [{"action", "kind", "function", "args", "note"}].
+CREATE OR REPLACE FUNCTION pgfence._plan_normalize_steps(p_steps jsonb)
+RETURNS jsonb
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pgfence, pg_temp
+AS $$
+DECLARE
+  v_n   integer;
+  v_bad record;
+  v_out jsonb;
+BEGIN
+  IF p_steps IS NULL THEN
+    RAISE EXCEPTION 'plan: steps are required'
+      USING ERRCODE = '22004', DETAIL = 'A plan is a JSON array of 1 to 10000 steps.',
+            HINT = 'Pass a JSON array of {"action": name, "args": {...}} objects.';
+  END IF;
+  IF jsonb_typeof(p_steps) <> 'array' THEN
+    RAISE EXCEPTION 'plan: steps must be a JSON array, got %', jsonb_typeof(p_steps)
+      USING ERRCODE = '22023', DETAIL = 'A plan is a JSON array of 1 to 10000 steps.',
+            HINT = 'Pass a JSON array of {"action": name, "args": {...}} objects.';
+  END IF;
+  v_n := jsonb_array_length(p_steps);
+  IF v_n NOT BETWEEN 1 AND 10000 THEN
+    RAISE EXCEPTION 'plan: a plan has 1 to 10000 steps, got %', v_n
+      USING ERRCODE = '22023', DETAIL = 'One approval covers every step of a plan; 10000 steps is the most it covers.',
+            HINT = 'Split a longer plan into several plans.';
+  END IF;
+  SELECT s.i, s.problem INTO v_bad
+  FROM (
+    SELECT e.i, CASE
+      WHEN jsonb_typeof(e.step) <> 'object' THEN 'is not a JSON object'
+      WHEN EXISTS (SELECT 1 FROM jsonb_object_keys(CASE WHEN jsonb_typeof(e.step) = 'object' THEN e.step END) k
+                   WHERE k NOT IN ('action', 'args', 'note'))
+        THEN 'has keys other than action, args, note'
+      WHEN jsonb_typeof(e.step -> 'action') IS DISTINCT FROM 'string' THEN 'has no "action" string'
+      WHEN e.step ? 'args' AND jsonb_typeof(e.step -> 'args') NOT IN ('object', 'null')
+        THEN '"args" is not a JSON object'
+      WHEN e.step ? 'note' AND (jsonb_typeof(e.step -> 'note') <> 'string' OR length(e.step ->> 'note') > 2000)
+        THEN '"note" is not a string of at most 2000 characters'
+      END AS problem
+    FROM jsonb_array_elements(p_steps) WITH ORDINALITY AS e(step, i)
+  ) s
+  WHERE s.problem IS NOT NULL
+  ORDER BY s.i
+  LIMIT 1;
+  IF FOUND THEN
+    RAISE EXCEPTION 'plan: step % %', v_bad.i, v_bad.problem
+      USING ERRCODE = '22023', DETAIL = format('Step %s of %s; steps are numbered from 1.', v_bad.i, v_n),
+            HINT = 'Each step is {"action": "<registered action>", "args": {...}, "note": "optional text"}.';
+  END IF;
+  SELECT e.i, e.step ->> 'action' AS action INTO v_bad
+  FROM jsonb_array_elements(p_steps) WITH ORDINALITY AS e(step, i)
+  LEFT JOIN pgfence.plan_action a ON a.name = e.step ->> 'action' AND a.retired_at IS NULL
+  WHERE a.name IS NULL
+  ORDER BY e.i
+  LIMIT 1;
+  IF FOUND THEN
+    RAISE EXCEPTION 'plan: step % names action "%", which is not on the allow-list', v_bad.i, v_bad.action
+      USING ERRCODE = 'PF101',
+            DETAIL = 'A plan can call only actions registered with pgfence.plan_register_action and not retired.',
+            HINT = 'See the view pgfence.plan_actions for what is allowed; an administrator registers new actions.';
+  END IF;
+  SELECT e.i, e.step ->> 'action' AS action, a.function::text AS function INTO v_bad
+  FROM jsonb_array_elements(p_steps) WITH ORDINALITY AS e(step, i)
+  JOIN pgfence.plan_action a ON a.name = e.step ->> 'action' AND a.kind = 'sql'
+  WHERE NOT EXISTS (SELECT 1 FROM pg_catalog.pg_proc pr WHERE pr.oid = a.function)
+  ORDER BY e.i
+  LIMIT 1;
+  IF FOUND THEN
+    RAISE EXCEPTION 'plan: step % names action "%", whose function no longer exists', v_bad.i, v_bad.action
+      USING ERRCODE = '42883',
+            DETAIL = format('The action was registered with function %s, which was dropped since.', v_bad.function),
+            HINT = 'An administrator re-creates the function and registers the action again (pgfence.plan_register_action), or retires it.';
+  END IF;
+  SELECT e.i, CASE
+      WHEN jsonb_typeof(e.step -> 'args' -> 'recipient') IS DISTINCT FROM 'string'
+           OR e.step -> 'args' ->> 'recipient' = '' OR length(e.step -> 'args' ->> 'recipient') > 2048
+        THEN 'needs args.recipient, a string of 1-2048 characters'
+      WHEN (e.step -> 'args') ? 'payload' AND jsonb_typeof(e.step -> 'args' -> 'payload') <> 'object'
+        THEN 'args.payload must be a JSON object'
+      WHEN EXISTS (SELECT 1 FROM jsonb_object_keys(CASE WHEN jsonb_typeof(e.step -> 'args') = 'object' THEN e.step -> 'args' END) k
+                   WHERE k NOT IN ('recipient', 'payload'))
+        THEN 'args may hold only recipient and payload'
+      END AS problem, e.step ->> 'action' AS action INTO v_bad
+  FROM jsonb_array_elements(p_steps) WITH ORDINALITY AS e(step, i)
+  JOIN pgfence.plan_action a ON a.name = e.step ->> 'action' AND a.kind = 'external'
+  WHERE jsonb_typeof(e.step -> 'args') IS DISTINCT FROM 'object'
+     OR jsonb_typeof(e.step -> 'args' -> 'recipient') IS DISTINCT FROM 'string'
+     OR e.step -> 'args' ->> 'recipient' = '' OR length(e.step -> 'args' ->> 'recipient') > 2048
+     OR ((e.step -> 'args') ? 'payload' AND jsonb_typeof(e.step -> 'args' -> 'payload') <> 'object')
+     OR EXISTS (SELECT 1 FROM jsonb_object_keys(CASE WHEN jsonb_typeof(e.step -> 'args') = 'object' THEN e.step -> 'args' END) k
+                   WHERE k NOT IN ('recipient', 'payload'))
+  ORDER BY e.i
+  LIMIT 1;
+  IF FOUND THEN
+    RAISE EXCEPTION 'plan: step % (external action "%") %', v_bad.i, v_bad.action,
+      coalesce(v_bad.problem, 'needs args {"recipient": ..., "payload": {...}}')
+      USING ERRCODE = '22023', DETAIL = format('Step %s of %s; steps are numbered from 1.', v_bad.i, v_n),
+            HINT = 'An external step''s args are {"recipient": "<url or address>", "payload": {...}}; the executor delivers payload to recipient.';
+  END IF;
+  SELECT jsonb_agg(jsonb_strip_nulls(jsonb_build_object(
+           'action', a.name,
+           'kind', a.kind,
+           'function', a.function::text,
+           'note', e.step ->> 'note'))
+         || jsonb_build_object('args', coalesce(nullif(e.step -> 'args', 'null'::jsonb), '{}'::jsonb))
+         ORDER BY e.i)
+  INTO v_out
+  FROM jsonb_array_elements(p_steps) WITH ORDINALITY AS e(step, i)
+  JOIN pgfence.plan_action a ON a.name = e.step ->> 'action';
+  RETURN v_out;
+END
+$$;
+REVOKE ALL ON FUNCTION pgfence._plan_normalize_steps(jsonb) FROM PUBLIC;
+COMMENT ON FUNCTION pgfence._plan_normalize_steps(jsonb) IS
+  'Private: validates proposed steps and returns them normalised, each action''s kind frozen in.
+Validates every step up front (22004, 22023, PF101 for an action not on the allow-list, 42883 for a sql action whose function was dropped) and returns them normalised with each action''s kind and function frozen in.';
+
+CREATE OR REPLACE FUNCTION pgfence._plan_steps_json(p_id bigint)
+RETURNS jsonb
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, pgfence, pg_temp
+AS $$
+  SELECT jsonb_agg(jsonb_strip_nulls(jsonb_build_object(
+           'action', s.action, 'kind', s.kind, 'function', s.function, 'note', s.note))
+         || jsonb_build_object('args', s.args)
+         ORDER BY s.step_index)
+  FROM pgfence.plan_step s WHERE s.plan_id = p_id;
+$$;
+REVOKE ALL ON FUNCTION pgfence._plan_steps_json(bigint) FROM PUBLIC;
+COMMENT ON FUNCTION pgfence._plan_steps_json(bigint) IS
+  'Private: a plan''s frozen steps as the JSON array plan_propose normalised them to.
+What plan_get returns, and what a repeated idempotency key is compared with.';

@@ -1,0 +1,464 @@
+-- pgfence functions/24_plan_steps.sql — plans (module 2): running steps and writing receipts.
+--
+-- Public: plan_run_step (run the next step of an owned run: a SQL action, or hand out an
+-- external one), plan_record_step (executors: the receipt of an external step), plan_execute
+-- (CALL: every SQL step of a plan, one transaction each). Private, behind plan_run_step:
+-- _plan_step_begin and _plan_step_finish (security definer), _plan_check_approved,
+-- _plan_commit_step. No retries: a failed step is a receipt, a new attempt is a new proposal,
+-- and an undo is a compensating plan (plan_compensate). External steps are performed by the
+-- executor (outbox transports, idempotency key pgfence-plan-<id>-step-<n>) and reported with
+-- plan_record_step. The handshake below is the protocol of a SQL step.
+-- Query plans: docs/query-plans.md#plan.
+
+-- =============================================================================================
+-- The SQL-step receipt handshake: one SQL step is one transaction of the caller, in which
+-- plan_run_step(id, worker, token) — NOT security definer: the action runs with the caller's
+-- privileges — does, in this order:
+--
+--   1. _plan_step_begin(id, worker, token)   security definer. One UPDATE of the plan row, only
+--        if it is executing by `worker` under run `token` (the fence token of plan_start /
+--        plan_claim, migration 0010) with a live heartbeat; otherwise refused (only the status
+--        comes back; _plan_lock fails a lapsed run as interrupted). The row stays locked until
+--        the transaction ends. For a SQL step it stamps step_begun = next_step and step_begun_xact
+--        = this transaction, and returns the step, its function, and what step 2 checks.
+--   2. _plan_check_approved(...)              in a subtransaction: the action is not retired
+--        (PF101), its function exists (42883), its definition's md5 is the one recorded at
+--        proposal (PF108).
+--   3. the action: EXECUTE f(args)            same subtransaction. An error from 2 or 3 rolls
+--        back only the subtransaction (the action's effects) and becomes the error receipt.
+--   4. _plan_step_finish(id, worker, token, step, ok, output, error)   security definer.
+--        Refused (NULL) unless the plan is still executing by worker under token; PF107 unless
+--        this transaction began this step (step_begun, step_begun_xact); refused unless it is
+--        the next step and a SQL one; for an ok receipt check 2 again. Then _plan_commit_step
+--        writes the receipt and moves the plan on: next step, executed, or failed (step_error).
+--   Under every writer: tg_plan_step_guard (a receipt only for the next step of an executing
+--   plan, by its owner, written once) and tg_plan_guard (next_step moves only over an ok
+--   receipt; step_error needs the error receipt; the run token never goes back).
+--
+-- What each check prevents:
+--   * owner, token, heartbeat (1 and 4): an owner fenced out by a newer take (even under its own
+--     name) or a silent one (heartbeat lapsed) runs nothing and writes no receipt.
+--   * the row lock (1): a heartbeat, release, takeover or heal of the run waits for the step.
+--   * approved is what runs (2, and 4 for ok): a retired action or a dropped or replaced function
+--     never runs and never gets an ok receipt, even if it changed between 1 and 4.
+--   * begun in this transaction (4, PF107): no receipt outside the transaction that began the
+--     step, and none for another step than the one begun.
+--   * the guards: hand-written SQL (psql, the owner role) cannot skip a step or forge a receipt.
+-- Who may call what: plan_run_step, _plan_step_begin and _plan_step_finish are granted to
+-- pgfence_executor and pgfence_admin; the tables to nobody. External steps' receipts are written
+-- by plan_record_step (PF105 for a SQL step); plan_execute calls plan_run_step in a loop.
+-- Remaining trust: a role granted both helpers can call 1 and 4 in one transaction without
+-- running the action between them, and write an ok receipt of its choosing for an unchanged,
+-- unretired action: grant pgfence_executor only to executor logins trusted to run what plans say.
+-- Actions run with search_path = pg_catalog, pgfence, pg_temp: write them with qualified names or
+-- give them their own SET search_path.
+-- =============================================================================================
+
+-- Checks 2 and 4 (ok): what was approved is what runs.
+CREATE OR REPLACE FUNCTION pgfence._plan_check_approved(
+  p_action       text,
+  p_retired      boolean,
+  p_function     text,
+  p_md5_approved text,
+  p_md5_now      text
+)
+RETURNS void
+LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, pgfence, pg_temp
+AS $$
+BEGIN
+  IF p_retired THEN
+    RAISE EXCEPTION 'action "%" was retired after the plan was approved', p_action
+      USING ERRCODE = 'PF101', DETAIL = 'A retired action is off the allow-list: an approved step of it records this error instead of running.',
+            HINT = 'Propose a new plan with an action on the allow-list.';
+  END IF;
+  IF p_md5_now IS NULL THEN
+    RAISE EXCEPTION 'the function of action "%" no longer exists', p_action
+      USING ERRCODE = '42883', DETAIL = 'The function the action was registered with was dropped after the plan was proposed; nothing of this step is committed.',
+            HINT = 'An administrator re-registers the action once its function is back.';
+  END IF;
+  IF p_md5_now IS DISTINCT FROM p_md5_approved THEN
+    RAISE EXCEPTION 'the function of action "%" changed since the plan was proposed', p_action
+      USING ERRCODE = 'PF108',
+            DETAIL = format('%s: definition md5 %s at proposal, %s now.', p_function, p_md5_approved, p_md5_now),
+            HINT = 'Nothing of this step is committed. Propose the plan again, so that an approver approves the new definition, or restore the approved definition before running other plans that use it.';
+  END IF;
+END
+$$;
+REVOKE ALL ON FUNCTION pgfence._plan_check_approved(text, boolean, text, text, text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION pgfence._plan_check_approved(text, boolean, text, text, text) TO pgfence_executor, pgfence_admin;
+COMMENT ON FUNCTION pgfence._plan_check_approved(text, boolean, text, text, text) IS
+  'Private: refuses to run or receipt a step whose action was retired, dropped or replaced.
+Raises PF101 (p_retired), 42883 (p_md5_now NULL: the function was dropped) or PF108 (the md5 of the function''s definition differs from the one recorded at proposal; p_function names it in the DETAIL). Called by plan_run_step before the action runs (the error becomes the step''s receipt) and by _plan_step_finish before an ok receipt. Executable by the roles that run steps, since plan_run_step runs with the caller''s privileges.';
+
+-- Write a step's receipt and move the plan on, on a row the caller has locked and checked.
+CREATE OR REPLACE FUNCTION pgfence._plan_commit_step(
+  p_plan    pgfence.plan,
+  p_ok      boolean,
+  p_output  jsonb,
+  p_error   jsonb
+)
+RETURNS text
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pgfence, pg_temp
+AS $$
+DECLARE
+  v_status text;
+BEGIN
+  UPDATE pgfence.plan_step s
+  SET outcome = CASE WHEN p_ok THEN 'ok' ELSE 'error' END,
+      output = CASE WHEN p_ok THEN p_output END,
+      error = CASE WHEN NOT p_ok THEN p_error END,
+      worker = p_plan.worker,
+      started_at = CASE WHEN s.kind = 'external' THEN coalesce(p_plan.external_started_at, now()) ELSE now() END,
+      finished_at = clock_timestamp()
+  WHERE s.plan_id = p_plan.id AND s.step_index = p_plan.next_step;
+  -- The heartbeat is stamped with clock_timestamp(): a long step's transaction started (now())
+  -- long ago, and the next deadline must count from the moment the step ended.
+  UPDATE pgfence.plan p
+  SET status = CASE WHEN NOT p_ok THEN 'failed'
+                    WHEN p.next_step = p.step_count THEN 'executed'
+                    ELSE 'executing' END,
+      failure = CASE WHEN NOT p_ok THEN 'step_error' END,
+      next_step = CASE WHEN p_ok THEN p.next_step + 1 ELSE p.next_step END,
+      external_started_at = NULL,
+      step_begun = NULL, step_begun_xact = NULL,
+      heartbeat_at = clock_timestamp(),
+      heartbeat_expires_at = clock_timestamp() + p.heartbeat_interval,
+      finished_at = CASE WHEN NOT p_ok OR p.next_step = p.step_count THEN clock_timestamp() END
+  WHERE p.id = p_plan.id
+  RETURNING p.status INTO v_status;
+  RETURN v_status;
+END
+$$;
+REVOKE ALL ON FUNCTION pgfence._plan_commit_step(pgfence.plan, boolean, jsonb, jsonb) FROM PUBLIC;
+COMMENT ON FUNCTION pgfence._plan_commit_step(pgfence.plan, boolean, jsonb, jsonb) IS
+  'Private: writes the receipt of the plan''s next step and moves the plan on, in one transaction.
+The receipt is ok with output, or error; the plan goes to its next step with a fresh heartbeat, to executed after the last ok step, or to failed (step_error) after an error. The caller holds the row lock and has checked the owner.';
+
+CREATE OR REPLACE FUNCTION pgfence._plan_step_begin(
+  p_id     bigint,
+  p_worker text,
+  p_token  bigint,
+  OUT step_index integer,
+  OUT action     text,
+  OUT kind       text,
+  OUT fn_schema  text,
+  OUT fn_name    text,
+  OUT retired    boolean,
+  OUT fn_md5     text,
+  OUT fn_md5_now text,
+  OUT args       jsonb,
+  OUT status     text
+)
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pgfence, pg_temp
+SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
+SET enable_bitmapscan = off
+AS $$
+#variable_conflict use_column
+DECLARE
+  v      pgfence.plan;
+  v_step record;
+  c_executing CONSTANT text := 'executing';  -- a parameter, not a literal: docs/query-plans.md#plan
+BEGIN
+  PERFORM pgfence._plan_check_name(p_worker, 'worker');
+  PERFORM pgfence._plan_check_token(p_token);
+  PERFORM pgfence._set_actor(p_worker);
+  -- Handshake step 1, in one statement: lock the run if p_worker owns it under p_token with a
+  -- live heartbeat, and stamp the step handed out. A SQL step: the step and this transaction
+  -- (step_begun, step_begun_xact), the only receipt _plan_step_finish will write. An external
+  -- step: in flight since (external_started_at), with a fresh heartbeat.
+  UPDATE pgfence.plan p
+  SET step_begun = CASE WHEN s.kind = 'sql' THEN p.next_step END,
+      step_begun_xact = CASE WHEN s.kind = 'sql' THEN pg_catalog.pg_current_xact_id() END,
+      external_started_at = CASE WHEN s.kind = 'external' THEN coalesce(p.external_started_at, now())
+                                 ELSE p.external_started_at END,
+      heartbeat_at = CASE WHEN s.kind = 'external' THEN now() ELSE p.heartbeat_at END,
+      heartbeat_expires_at = CASE WHEN s.kind = 'external' THEN now() + p.heartbeat_interval
+                                  ELSE p.heartbeat_expires_at END
+  FROM pgfence.plan_step s
+  WHERE p.id = p_id AND p.status = c_executing AND p.worker = p_worker AND p.run_token = p_token
+    AND p.heartbeat_expires_at >= now()
+    AND s.plan_id = p.id AND s.step_index = p.next_step
+  RETURNING p.status, p.next_step, s.action, s.kind, s.args, s.function_md5 INTO v_step;
+  IF NOT FOUND THEN
+    -- Refused (step_index NULL): not executing, not by this worker under this token, or its
+    -- heartbeat lapsed. _plan_lock raises 22004 / P0002 and marks a lapsed run failed
+    -- (interrupted).
+    v := pgfence._plan_lock(p_id);
+    status := v.status;
+    PERFORM pgfence._set_actor(NULL);
+    RETURN;
+  END IF;
+  status := v_step.status;
+  step_index := v_step.next_step;
+  action := v_step.action;
+  kind := v_step.kind;
+  args := v_step.args;
+  IF v_step.kind = 'external' THEN
+    PERFORM pgfence._set_actor(NULL);
+    RETURN;
+  END IF;
+  fn_md5 := v_step.function_md5;
+  SELECT a.retired_at IS NOT NULL, n.nspname, pr.proname, md5(pg_catalog.pg_get_functiondef(pr.oid))
+    INTO retired, fn_schema, fn_name, fn_md5_now
+  FROM pgfence.plan_action a
+  LEFT JOIN pg_catalog.pg_proc pr ON pr.oid = a.function
+  LEFT JOIN pg_catalog.pg_namespace n ON n.oid = pr.pronamespace
+  WHERE a.name = v_step.action;
+  PERFORM pgfence._set_actor(NULL);
+END
+$$;
+REVOKE ALL ON FUNCTION pgfence._plan_step_begin(bigint, text, bigint) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION pgfence._plan_step_begin(bigint, text, bigint) TO pgfence_executor, pgfence_admin;
+COMMENT ON FUNCTION pgfence._plan_step_begin(bigint, text, bigint) IS
+  'Handshake step 1, for plan_run_step: lock a run p_worker owns under p_token, hand out its step.
+Security definer, so that plan_run_step itself need not be: locks the plan row for the rest of the transaction, heals a lapsed heartbeat, and returns the next step (action, kind, the function to call, whether the action was retired, the md5 of the function''s definition at proposal and now, args) if p_worker owns the executing run under run token p_token; otherwise only the status (refused). For an external step it stamps external_started_at; for a SQL step it stamps the step and the current transaction on the plan row (step_begun, step_begun_xact), the only step _plan_step_finish will then receipt. Not for direct use. Trust: granted to pgfence_executor because plan_run_step runs with the caller''s privileges; see the handshake in functions/24_plan_steps.sql for what that role is trusted with.';
+
+CREATE OR REPLACE FUNCTION pgfence._plan_step_finish(
+  p_id     bigint,
+  p_worker text,
+  p_token  bigint,
+  p_step   integer,
+  p_ok     boolean,
+  p_output jsonb,
+  p_error  jsonb
+)
+RETURNS text
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pgfence, pg_temp
+AS $$
+DECLARE
+  v      pgfence.plan;
+  v_step record;
+  v_out  text;
+BEGIN
+  IF p_ok IS NULL OR p_step IS NULL OR (NOT p_ok AND p_error IS NULL) THEN
+    RAISE EXCEPTION '_plan_step_finish: step, ok and (for an error) error are required'
+      USING ERRCODE = '22004', DETAIL = 'A receipt names the step _plan_step_begin handed out, its outcome, and for an error what happened.',
+            HINT = 'Run SQL steps with pgfence.plan_run_step or CALL pgfence.plan_execute; this helper is not for direct use.';
+  END IF;
+  PERFORM pgfence._set_actor(p_worker);
+  -- Handshake step 4. Same transaction as step 1: the row lock is ours already, nobody healed it
+  -- since; the owner check binds the receipt to the worker and token passed here.
+  SELECT * INTO v FROM pgfence.plan p WHERE p.id = p_id FOR UPDATE;
+  IF v.status IS DISTINCT FROM 'executing' OR v.worker IS DISTINCT FROM p_worker
+     OR v.run_token IS DISTINCT FROM p_token THEN
+    PERFORM pgfence._set_actor(NULL);
+    RETURN NULL;
+  END IF;
+  IF v.step_begun IS DISTINCT FROM p_step OR v.step_begun_xact IS DISTINCT FROM pg_catalog.pg_current_xact_id() THEN
+    RAISE EXCEPTION '_plan_step_finish: plan % step % was not begun in this transaction', p_id, p_step
+      USING ERRCODE = 'PF107',
+            DETAIL = format('Begun: step %s in transaction %s; this is transaction %s.',
+                            coalesce(v.step_begun::text, 'none'), coalesce(v.step_begun_xact::text, 'none'), pg_catalog.pg_current_xact_id()),
+            HINT = 'Run SQL steps with pgfence.plan_run_step or CALL pgfence.plan_execute: a receipt is written only in the transaction that ran the step.';
+  END IF;
+  IF v.next_step <> p_step THEN
+    PERFORM pgfence._set_actor(NULL);
+    RETURN NULL;
+  END IF;
+  SELECT s.kind, s.action, s.function_md5, a.retired_at, a.function::text AS function,
+         md5(pg_catalog.pg_get_functiondef(a.function)) AS md5_now
+    INTO v_step
+  FROM pgfence.plan_step s
+  LEFT JOIN pgfence.plan_action a ON a.name = s.action
+  WHERE s.plan_id = p_id AND s.step_index = p_step;
+  IF v_step.kind IS DISTINCT FROM 'sql' THEN
+    PERFORM pgfence._set_actor(NULL);
+    RETURN NULL;
+  END IF;
+  -- An ok receipt only for a step that plan_run_step would have run: check 2 again (it also
+  -- closes the window between steps 1 and 4, when a function is replaced meanwhile).
+  IF p_ok THEN
+    PERFORM pgfence._plan_check_approved(v_step.action, v_step.retired_at IS NOT NULL, v_step.function,
+                                         v_step.function_md5, v_step.md5_now);
+  END IF;
+  v_out := pgfence._plan_commit_step(v, p_ok, p_output, p_error);
+  PERFORM pgfence._set_actor(NULL);
+  RETURN v_out;
+END
+$$;
+REVOKE ALL ON FUNCTION pgfence._plan_step_finish(bigint, text, bigint, integer, boolean, jsonb, jsonb) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION pgfence._plan_step_finish(bigint, text, bigint, integer, boolean, jsonb, jsonb) TO pgfence_executor, pgfence_admin;
+COMMENT ON FUNCTION pgfence._plan_step_finish(bigint, text, bigint, integer, boolean, jsonb, jsonb) IS
+  'Handshake step 4, for plan_run_step: write the receipt of the SQL step begun in this transaction.
+Security definer: writes the receipt of SQL step p_step in the step''s own transaction and moves the plan on (next step, executed, or failed on an error). Only for the step that _plan_step_begin handed out in this same transaction (PF107 otherwise: no receipt for a step that was not run here). An ok receipt is refused for a step whose action was retired (PF101), whose function was dropped (42883) or whose function''s definition differs from the one fingerprinted at proposal (PF108): the whole transaction, with the step''s effects, rolls back. Returns the plan''s new status, or NULL if p_worker does not own the executing run under run token p_token or the step is not its next SQL step. Not for direct use. Trust level: the action runs inside plan_run_step with the caller''s privileges (it is not security definer, by design), so a role granted both helpers (pgfence_executor, pgfence_admin) can still, in one transaction, call _plan_step_begin and then this function without running the action in between, and write an ok receipt with an output of its choosing for an unchanged, unretired action. Grant pgfence_executor only to executor logins that you trust to run what plans say; what these checks guarantee is that no receipt is written outside the transaction that began the step, for another step, or for a changed action.';
+
+CREATE OR REPLACE FUNCTION pgfence.plan_run_step(
+  p_id            bigint,
+  p_worker        text,
+  p_token         bigint,
+  p_external_only boolean DEFAULT false,
+  OUT step_index      integer,
+  OUT action          text,
+  OUT outcome         text,
+  OUT status          text,
+  OUT output          jsonb,
+  OUT error           jsonb,
+  OUT args            jsonb,
+  OUT idempotency_key text
+)
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pgfence, pg_temp
+AS $$
+#variable_conflict use_variable
+DECLARE
+  v       record;
+  v_state text;
+  v_msg   text;
+  v_det   text;
+  v_hint  text;
+  v_ctx   text;
+BEGIN
+  v := pgfence._plan_step_begin(p_id, p_worker, p_token);  -- handshake step 1
+  status := v.status;
+  IF v.step_index IS NULL THEN
+    RETURN;  -- refused: not executing, or not by this worker under this token (lost race / stale worker)
+  END IF;
+  step_index := v.step_index;
+  action := v.action;
+  idempotency_key := pgfence._plan_step_key(p_id, v.step_index);
+  IF v.kind = 'external' THEN
+    outcome := 'external';  -- the executor performs it and calls plan_record_step
+    args := v.args;
+    RETURN;
+  END IF;
+  IF p_external_only THEN
+    -- A runner that performs only external effects hands a SQL step to a SQL runner.
+    PERFORM pgfence.plan_release(p_id, p_worker, p_token);
+    outcome := 'released';
+    RETURN;
+  END IF;
+  -- Handshake steps 2 and 3, in a subtransaction, with the privileges of the role calling this
+  -- function (it is not security definer): if the check or the action raises, only the action's
+  -- effects are rolled back, and the error receipt below commits with the step.
+  BEGIN
+    PERFORM pgfence._plan_check_approved(v.action, v.retired, quote_ident(v.fn_schema) || '.' || quote_ident(v.fn_name),
+                                         v.fn_md5, v.fn_md5_now);
+    EXECUTE format('SELECT %I.%I($1)', v.fn_schema, v.fn_name) INTO output USING v.args;
+    outcome := 'ok';
+  EXCEPTION WHEN OTHERS OR query_canceled OR assert_failure THEN
+    GET STACKED DIAGNOSTICS v_state = RETURNED_SQLSTATE, v_msg = MESSAGE_TEXT,
+                            v_det = PG_EXCEPTION_DETAIL, v_hint = PG_EXCEPTION_HINT,
+                            v_ctx = PG_EXCEPTION_CONTEXT;
+    outcome := 'error';
+    output := NULL;
+    error := jsonb_strip_nulls(jsonb_build_object(
+      'sqlstate', v_state, 'message', v_msg, 'detail', nullif(v_det, ''),
+      'hint', nullif(v_hint, ''), 'context', nullif(left(v_ctx, 4000), '')));
+  END;
+  -- handshake step 4
+  status := pgfence._plan_step_finish(p_id, p_worker, p_token, v.step_index, outcome = 'ok', output, error);
+END
+$$;
+REVOKE ALL ON FUNCTION pgfence.plan_run_step(bigint, text, bigint, boolean) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION pgfence.plan_run_step(bigint, text, bigint, boolean) TO pgfence_executor, pgfence_admin;
+COMMENT ON FUNCTION pgfence.plan_run_step(bigint, text, bigint, boolean) IS
+  'Run the next step of a run p_worker owns under run token p_token (from plan_start / plan_claim).
+In the caller''s transaction (one step per transaction): lock the plan row and refuse unless it is still executing by p_worker under p_token with a live heartbeat (a newer take, even under the same name, fences out the older token); run the SQL action with the privileges of the calling role (this function is NOT security definer) inside a subtransaction; write the receipt in the same transaction — ok with the action''s output, or error with SQLSTATE and message (the action''s effects rolled back, the plan failed, earlier steps stay committed). After the last ok step the plan is executed. A step whose action was retired (PF101), whose function was dropped (42883) or replaced since the proposal (PF108: the md5 of its definition differs) does not run: its receipt is that error. For an external step nothing runs: outcome ''external'' with its args and idempotency key, for the executor to perform and report with plan_record_step. p_external_only (an executor that runs no SQL actions): at a SQL step nothing runs and the run is released for a SQL runner (outcome ''released''). Returns (step_index, action, outcome ok|error|external|released, status, output, error, args, idempotency_key); outcome NULL = refused (lost race, stale worker or token, terminal plan): nothing ran. The protocol: functions/24_plan_steps.sql, the handshake. In psql: SELECT * FROM pgfence.plan_run_step(42, ''me'', 1). Errors: 22004 (worker, token), 22023 (worker, a token below 1), P0002 (unknown plan).';
+
+CREATE OR REPLACE FUNCTION pgfence.plan_record_step(
+  p_id         bigint,
+  p_step_index integer,
+  p_worker     text,
+  p_token      bigint,
+  p_ok         boolean,
+  p_output     jsonb DEFAULT NULL,
+  p_error      text DEFAULT NULL
+)
+RETURNS boolean
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pgfence, pg_temp
+AS $$
+DECLARE
+  v pgfence.plan;
+BEGIN
+  PERFORM pgfence._plan_check_name(p_worker, 'worker');
+  PERFORM pgfence._plan_check_token(p_token);
+  IF p_step_index IS NULL OR p_ok IS NULL THEN
+    RAISE EXCEPTION 'plan_record_step: step_index and ok are required'
+      USING ERRCODE = '22004', DETAIL = 'A receipt names the step it records and whether it succeeded.',
+            HINT = 'Pass the step_index that plan_run_step handed you, and true or false.';
+  END IF;
+  IF NOT p_ok AND (p_error IS NULL OR p_error = '') THEN
+    RAISE EXCEPTION 'plan_record_step: a failed step needs its error text'
+      USING ERRCODE = '22004', DETAIL = 'An error receipt keeps what the transport reported, for whoever looks at the failed plan.',
+            HINT = 'Pass what the transport reported.';
+  END IF;
+  PERFORM pgfence._set_actor(p_worker);
+  v := pgfence._plan_lock(p_id);
+  IF p_step_index < 1 OR p_step_index > v.step_count THEN
+    RAISE EXCEPTION 'plan_record_step: plan % has steps 1..%, not %', p_id, v.step_count, p_step_index
+      USING ERRCODE = '22023', DETAIL = 'Steps are numbered from 1 to the plan''s step count.',
+            HINT = 'Record the step_index that plan_run_step handed you.';
+  END IF;
+  IF v.status <> 'executing' OR v.worker IS DISTINCT FROM p_worker OR v.run_token <> p_token
+     OR p_step_index < v.next_step THEN
+    PERFORM pgfence._set_actor(NULL);
+    RETURN false;  -- stale worker or token, terminal plan, or a step recorded already
+  END IF;
+  IF p_step_index > v.next_step THEN
+    RAISE EXCEPTION 'plan_record_step: plan % is at step %, not %', p_id, v.next_step, p_step_index
+      USING ERRCODE = 'PF104', DETAIL = 'Steps run, and are recorded, one at a time in order.',
+            HINT = 'Steps run in order; record the step plan_run_step handed you.';
+  END IF;
+  IF (SELECT s.kind FROM pgfence.plan_step s WHERE s.plan_id = p_id AND s.step_index = p_step_index) <> 'external' THEN
+    RAISE EXCEPTION 'plan_record_step: step % of plan % is a SQL action', p_step_index, p_id
+      USING ERRCODE = 'PF105', DETAIL = 'A SQL step''s receipt is written in the transaction of its effect, which only plan_run_step runs.',
+            HINT = 'SQL steps are run, and receipted in their own transaction, by plan_run_step / CALL plan_execute.';
+  END IF;
+  PERFORM pgfence._plan_commit_step(v, p_ok, p_output,
+    CASE WHEN NOT p_ok THEN jsonb_build_object('message', left(p_error, 8000)) END);
+  PERFORM pgfence._set_actor(NULL);
+  RETURN true;
+END
+$$;
+REVOKE ALL ON FUNCTION pgfence.plan_record_step(bigint, integer, text, bigint, boolean, jsonb, text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION pgfence.plan_record_step(bigint, integer, text, bigint, boolean, jsonb, text) TO pgfence_executor, pgfence_admin;
+COMMENT ON FUNCTION pgfence.plan_record_step(bigint, integer, text, bigint, boolean, jsonb, text) IS
+  'Executors: record the outcome of an external step, as owner p_worker under run token p_token.
+The same lock-and-refuse rule as plan_run_step: the receipt (ok with output, or error with the transport''s message) is written only if p_worker still owns the executing run under p_token with a live heartbeat and p_step_index is its next step; an error fails the plan; the last ok step makes it executed. Returns false when refused (stale worker or token — a lapsed heartbeat has made the plan failed/interrupted, or the run was taken again —, terminal plan, or a step already recorded): nothing changed. In psql: SELECT pgfence.plan_record_step(42, 2, ''me'', 1, true, ''{"http_status": 200}''). Errors: 22004 (missing argument, token; error text for a failure), 22023 (step outside the plan, a token below 1), P0002 (unknown plan), PF104 (not the next step), PF105 (a SQL step: run by plan_run_step).';
+
+CREATE OR REPLACE PROCEDURE pgfence.plan_execute(
+  p_id        bigint,
+  p_worker    text,
+  p_heartbeat interval DEFAULT NULL,
+  INOUT status   text DEFAULT NULL,
+  INOUT receipts jsonb DEFAULT NULL
+)
+LANGUAGE plpgsql
+-- No SET clause and not security definer: a procedure with either cannot COMMIT, and the
+-- actions must run with the caller's privileges. Every name is schema-qualified.
+AS $$
+#variable_conflict use_variable
+DECLARE
+  v_token bigint;
+  v_step  record;
+BEGIN
+  v_token := pgfence.plan_start(p_id, p_worker, p_heartbeat);
+  COMMIT;
+  IF v_token IS NOT NULL THEN
+    LOOP
+      SELECT * INTO v_step FROM pgfence.plan_run_step(p_id, p_worker, v_token);
+      COMMIT;  -- each step (effect + receipt) is its own transaction
+      EXIT WHEN v_step.outcome IS DISTINCT FROM 'ok' OR v_step.status <> 'executing';
+    END LOOP;
+    IF v_step.outcome = 'external' THEN
+      -- A SQL session cannot perform an external effect: hand the run to an executor.
+      PERFORM pgfence.plan_release(p_id, p_worker, v_token);
+      COMMIT;
+    END IF;
+  END IF;
+  SELECT g.status INTO status FROM pgfence.plan_get(p_id) g;
+  SELECT coalesce(jsonb_agg(to_jsonb(r) - 'plan_id' ORDER BY r.step_index), '[]'::jsonb) INTO receipts
+  FROM pgfence.plan_receipts r WHERE r.plan_id = p_id;
+END
+$$;
+REVOKE ALL ON PROCEDURE pgfence.plan_execute(bigint, text, interval, text, jsonb) FROM PUBLIC;
+GRANT EXECUTE ON PROCEDURE pgfence.plan_execute(bigint, text, interval, text, jsonb) TO pgfence_executor, pgfence_admin;
+COMMENT ON PROCEDURE pgfence.plan_execute(bigint, text, interval, text, jsonb) IS
+  'Run a plan''s SQL steps from psql: take the run, then one step per transaction until it stops.
+CALL pgfence.plan_execute(id, worker): take the run (plan_start, under a new run token) and run its SQL steps one by one, committing after each, so every committed step has its receipt and a crash loses at most the step in flight (rolled back whole). Stops at an error (plan failed), at the end (executed), when the run is lost (heartbeat lapsed, another owner), or at an external step, which it releases to an executor. A plan that is terminal, or owned by someone else, runs nothing. Returns (status, receipts): the plan''s status and every receipt so far. Must be called outside an explicit transaction block (autocommit), since it commits. Errors: those of plan_start — 22004 (id or worker NULL), 22023 (bad worker, heartbeat outside 1 s..1 day), P0002 (unknown plan) —, 2D000 (inside a transaction block).';

@@ -1,0 +1,203 @@
+-- pgfence functions/32_operation_claim.sql — operations (module 3): claim and reap (executors).
+--
+-- Public: operation_claim (take the orphans whose lease lapsed, then the queue, bumping each
+-- one's fence token) and operation_reap (settle lapsed leases that need no owner: requeue, or
+-- fail as "outcome unknown"). Both run on the executors' timer; the reaper is safe for a DBA.
+-- Fence: `fence` is bumped by every claim; owner writes (33_operation_issue.sql) match
+-- `fence = p_fence AND status = 'running'` under a row lock, so a replaced owner changes nothing.
+-- Parameter order: operation_claim(p_worker, p_kinds, p_lease, p_batch) is the one claim not in
+-- the (worker, batch, filter, lease) order of outbox_claim and plan_claim; an overload in that
+-- order would make named calls ambiguous (42725, tests/pgtap/30_operation.sql), so it stays.
+-- Both are pinned to one generic plan with index access only: docs/query-plans.md#operation.
+
+CREATE OR REPLACE FUNCTION pgfence.operation_claim(
+  p_worker text,
+  p_kinds  text[] DEFAULT NULL,
+  p_lease  interval DEFAULT '2 minutes',
+  p_batch  integer DEFAULT 1
+)
+RETURNS TABLE (
+  id               bigint,
+  kind             text,
+  target           text,
+  params           jsonb,
+  idempotency_key  text,
+  fence            integer,
+  lease            interval,
+  lease_expires_at timestamptz,
+  issue_started    boolean,
+  issue_count      integer,
+  external_ref     text,
+  external_state   jsonb,
+  cancel_requested boolean,
+  taken_over_from  text,
+  created_at       timestamptz
+)
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pgfence, pg_temp
+SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
+SET enable_bitmapscan = off
+AS $$
+#variable_conflict use_column
+DECLARE
+  v_lease interval := coalesce(p_lease, interval '2 minutes');
+  v_got   integer;
+  v_ids   bigint[];
+BEGIN
+  IF p_worker IS NULL OR p_worker = '' OR length(p_worker) > 200 THEN
+    RAISE EXCEPTION 'operation_claim: worker must be a non-empty name of at most 200 characters'
+      USING ERRCODE = '22023', DETAIL = 'The worker''s name is recorded as the owner (locked_by) and in the event log.',
+            HINT = 'Use something an operator can trace, e.g. host:pid.';
+  END IF;
+  PERFORM pgfence._operation_check_lease(p_lease);
+  IF p_batch IS NULL OR p_batch NOT BETWEEN 1 AND 1000 THEN
+    RAISE EXCEPTION 'operation_claim: batch must be between 1 and 1000, got %', p_batch
+      USING ERRCODE = '22023', DETAIL = 'One claim takes 1 to 1000 operations.',
+            HINT = 'Pass a batch between 1 and 1000, or omit it for 1.';
+  END IF;
+  PERFORM pgfence._set_actor(p_worker);
+
+  -- First the orphans (running, lease lapsed: their external call may be in flight, resume
+  -- them), then the queue in request order. SKIP LOCKED: concurrent claimers never collide.
+  -- query plans: docs/query-plans.md#operation
+  RETURN QUERY
+  WITH cand AS (
+    SELECT o.id, o.locked_by AS prev_owner FROM pgfence.operation o
+    WHERE o.lease_expires_at < now()  -- running, lease lapsed: a lease is set only while running
+      AND (p_kinds IS NULL OR o.kind = ANY (p_kinds))
+    ORDER BY o.lease_expires_at, o.id
+    LIMIT p_batch
+    FOR UPDATE SKIP LOCKED
+  ), upd AS (
+    UPDATE pgfence.operation o
+    SET fence = o.fence + 1, locked_by = p_worker, claimed_at = now(), lease = v_lease,
+        lease_expires_at = now() + v_lease
+    WHERE o.id = ANY (ARRAY(SELECT c.id FROM cand c))  -- by primary key
+    RETURNING o.*, (SELECT c.prev_owner FROM cand c WHERE c.id = o.id) AS prev_owner
+  )
+  SELECT u.id, u.kind, u.target, u.params, coalesce(u.idempotency_key, 'pgfence-operation-' || u.id),
+         u.fence, u.lease, u.lease_expires_at, u.issue_started_at IS NOT NULL, u.issue_count,
+         u.external_ref, u.external_state, u.cancel_requested_at IS NOT NULL, u.prev_owner, u.created_at
+  FROM upd u ORDER BY u.id;
+  GET DIAGNOSTICS v_got = ROW_COUNT;
+  IF v_got >= p_batch THEN
+    PERFORM pgfence._set_actor(NULL);
+    RETURN;
+  END IF;
+
+  -- The queue, oldest first, locked here and claimed by primary key below: all kinds in id
+  -- order, or each kind's own queue walked once per distinct kind up to the batch, then the
+  -- oldest of those, so a backlog of a kind this executor does not serve is never read. At most
+  -- p_batch rows are locked per kind; those not claimed are released when this transaction ends
+  -- (a moment later: executors claim in autocommit). Query plans: docs/query-plans.md#operation
+  IF p_kinds IS NULL THEN
+    v_ids := ARRAY(
+      SELECT o.id FROM pgfence.operation o
+      -- no lease: true of every queued operation (CHECK operation_lease_iff_running); stated
+      -- for the index (operation_queued_idx)
+      WHERE o.status = 'queued' AND o.lease_expires_at IS NULL
+      ORDER BY o.id
+      LIMIT p_batch - v_got
+      FOR UPDATE SKIP LOCKED);
+  ELSE
+    v_ids := ARRAY(
+      SELECT b.id
+      FROM (SELECT DISTINCT u.k FROM unnest(p_kinds) AS u(k)) ks
+      CROSS JOIN LATERAL (
+        -- "kind = ks.k ORDER BY id", written so that only operation_kind_queued_idx gives
+        -- the order (docs/query-plans.md#operation)
+        SELECT o.id FROM pgfence.operation o
+        WHERE o.kind = ANY (ARRAY[ks.k]) AND o.status = 'queued'
+        ORDER BY o.kind, o.id
+        LIMIT p_batch - v_got
+        FOR UPDATE SKIP LOCKED) b
+      ORDER BY b.id
+      LIMIT p_batch - v_got);
+  END IF;
+  IF cardinality(v_ids) = 0 THEN
+    PERFORM pgfence._set_actor(NULL);
+    RETURN;
+  END IF;
+  RETURN QUERY
+  WITH upd AS (
+    UPDATE pgfence.operation o
+    SET status = 'running', fence = o.fence + 1, locked_by = p_worker, claimed_at = now(),
+        lease = v_lease, lease_expires_at = now() + v_lease, started_at = coalesce(o.started_at, now())
+    WHERE o.id = ANY (v_ids)  -- by primary key, as above
+    RETURNING o.*
+  )
+  SELECT u.id, u.kind, u.target, u.params, coalesce(u.idempotency_key, 'pgfence-operation-' || u.id),
+         u.fence, u.lease, u.lease_expires_at, u.issue_started_at IS NOT NULL, u.issue_count,
+         u.external_ref, u.external_state, u.cancel_requested_at IS NOT NULL, NULL::text, u.created_at
+  FROM upd u ORDER BY u.id;
+  PERFORM pgfence._set_actor(NULL);
+END
+$$;
+REVOKE ALL ON FUNCTION pgfence.operation_claim(text, text[], interval, integer) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION pgfence.operation_claim(text, text[], interval, integer) TO pgfence_executor, pgfence_admin;
+COMMENT ON FUNCTION pgfence.operation_claim(text, text[], interval, integer) IS
+  'Claim up to p_batch operations of p_kinds (NULL = all): lapsed leases first, then the queue.
+First running ones whose lease lapsed by the database clock (a takeover: taken_over_from names the old owner), then queued ones in request order; FOR UPDATE SKIP LOCKED, so concurrent claimers never share one. Bumps the fence and returns it: the token for begin_issue / record_external / poll / finish / release. issue_started and external_ref say whether the external call was already made: with a reference, only poll it; otherwise call operation_begin_issue, which decides. idempotency_key is the one to pass to the external API (pgfence-operation-<id> when the request had none). Parameter order (worker, kinds, lease, batch), unlike outbox_claim and plan_claim (worker, batch, filter, lease): kept, since an overload in their order would make named calls ambiguous. Errors: 22023 (empty worker, lease outside (0, 1 day], batch outside 1..1000).';
+
+-- ---------------------------------------------------------------------------------------------
+-- The reaper (<module>_reap, like outbox_reap and plan_reap)
+-- ---------------------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION pgfence.operation_reap(p_max_rows integer DEFAULT 1000)
+RETURNS integer
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pgfence, pg_temp
+SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
+SET enable_bitmapscan = off
+AS $$
+DECLARE
+  v_count integer;
+  c_running CONSTANT text := 'running';  -- a parameter, not a literal: docs/query-plans.md#operation
+BEGIN
+  IF p_max_rows IS NULL OR p_max_rows < 1 THEN
+    RAISE EXCEPTION 'operation_reap: max_rows must be positive, got %', p_max_rows
+      USING ERRCODE = '22023', DETAIL = 'max_rows is how many operations one call may change.',
+            HINT = 'Pass a positive number, or omit it for 1000.';
+  END IF;
+  PERFORM pgfence._set_actor('reaper');
+  -- Lapsed leases the reaper can settle without an owner. With an external reference, or an
+  -- intent whose call passed the idempotency key, the operation stays running for the next
+  -- claim (it resumes polling / re-issues with the key).
+  WITH stale AS (
+    SELECT o.id FROM pgfence.operation o
+    WHERE o.lease_expires_at < now()  -- running, lease lapsed: a lease is set only while running
+      AND (o.issue_started_at IS NULL OR (o.external_ref IS NULL AND NOT o.issue_idempotent))
+    ORDER BY o.lease_expires_at
+    LIMIT p_max_rows
+    FOR UPDATE SKIP LOCKED
+  ), reaped AS (
+    UPDATE pgfence.operation o
+    SET status = CASE WHEN o.issue_started_at IS NULL THEN 'queued' ELSE 'failed' END,
+        locked_by = CASE WHEN o.issue_started_at IS NULL THEN NULL ELSE o.locked_by END,
+        lease_expires_at = NULL,
+        finished_at = CASE WHEN o.issue_started_at IS NULL THEN NULL ELSE now() END,
+        result = CASE WHEN o.issue_started_at IS NULL THEN o.result
+                      ELSE jsonb_build_object('reason', 'outcome_unknown', 'intent_at', pgfence._operation_ts(o.issue_started_at),
+                                              'issued_by', o.issued_by, 'issues', o.issue_count) END,
+        error = CASE WHEN o.issue_started_at IS NULL
+          THEN format('lease of %s lapsed at %s before the external call; requeued', o.locked_by, pgfence._operation_ts(o.lease_expires_at))
+          ELSE format('outcome unknown: %s started the external %s call for %s at %s and its lease lapsed at %s before an external reference was recorded; the call did not pass the idempotency key, so calling again could start a second operation. Check %s in the external system by hand.',
+                      o.issued_by, o.kind, o.target, pgfence._operation_ts(o.last_issue_at), pgfence._operation_ts(o.lease_expires_at), o.target) END
+    WHERE o.id = ANY (ARRAY(SELECT s.id FROM stale s))  -- by primary key, as in operation_claim
+      AND o.status = c_running AND o.lease_expires_at < now()
+    RETURNING o.id, o.kind, o.status
+  )
+  SELECT count(*) INTO v_count FROM reaped;
+  IF v_count > 0 THEN
+    PERFORM pg_notify('pgfence_operation', json_build_object('kind', NULL, 'id', NULL, 'reaped', v_count)::text);
+  END IF;
+  PERFORM pgfence._set_actor(NULL);
+  RETURN v_count;
+END
+$$;
+REVOKE ALL ON FUNCTION pgfence.operation_reap(integer) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION pgfence.operation_reap(integer) TO pgfence_executor, pgfence_admin;
+COMMENT ON FUNCTION pgfence.operation_reap(integer) IS
+  'Reaper: settles lapsed leases that need no owner (requeue, or fail as outcome unknown).
+For operations whose lease lapsed by the database clock: one whose external call was never issued goes back to queued; one whose call was issued without the idempotency key and left no reference fails as "outcome unknown" (a repeat could start a second operation). Others (a reference, or an intent whose call passed the key) stay running for the next operation_claim, which resumes them. Skips rows locked by an owner''s write; takes at most max_rows. Returns how many it changed. Run by executors on a timer; safe for a DBA to call. Errors: 22023 (max_rows < 1).';
