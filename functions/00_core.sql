@@ -1,6 +1,8 @@
 -- pgfence functions/00_core.sql — core: the schema version and the retry backoff.
 --
 -- Public: schema_version(), backoff(attempt, base, cap, jitter).
+-- Private helpers every module uses: _ts (an instant as UTC text for JSON), _is_name (the rule
+-- for channel, action and kind names).
 -- Also here: the comments of the core tables (meta, installed_migration).
 -- The event log writer and the delete guards shared by every module: 01_core_events.sql.
 --
@@ -24,6 +26,36 @@ running them. Not an API.';
   END IF;
 END
 $comment$;
+
+-- Private helpers retired by issue 13 (one copy of each helper: _ts replaced both).
+DROP FUNCTION IF EXISTS pgfence._ts(timestamptz);
+DROP FUNCTION IF EXISTS pgfence._ts(timestamptz);
+
+CREATE OR REPLACE FUNCTION pgfence._ts(p_at timestamptz)
+RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+SET search_path = pg_catalog, pgfence, pg_temp
+AS $$
+  SELECT to_char(p_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"');
+$$;
+REVOKE ALL ON FUNCTION pgfence._ts(timestamptz) FROM PUBLIC;
+COMMENT ON FUNCTION pgfence._ts(timestamptz) IS
+  'Private: an instant as ISO-8601 text in UTC, for the JSON that pgfence writes (events, audit).
+Independent of the session TimeZone.
+Errors: none.';
+
+CREATE OR REPLACE FUNCTION pgfence._is_name(p_name text)
+RETURNS boolean
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+SET search_path = pg_catalog, pgfence, pg_temp
+AS $$
+  SELECT p_name ~ '^[a-z0-9][a-z0-9_.-]{0,62}$';
+$$;
+REVOKE ALL ON FUNCTION pgfence._is_name(text) FROM PUBLIC;
+COMMENT ON FUNCTION pgfence._is_name(text) IS
+  'Private: is this a valid pgfence name (outbox channel, plan action, operation kind)?
+1-63 characters of a-z, 0-9, _ . -, starting with a letter or digit. NULL for NULL.
+Errors: none.';
 
 CREATE OR REPLACE FUNCTION pgfence.schema_version()
 RETURNS integer

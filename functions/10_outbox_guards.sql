@@ -214,7 +214,7 @@ BEGIN
       USING ERRCODE = '22004', DETAIL = 'A message needs all three; nothing was enqueued.',
             HINT = 'Pass a channel name, a recipient and a JSON object payload.';
   END IF;
-  IF p_channel !~ '^[a-z0-9][a-z0-9_.-]{0,62}$' THEN
+  IF NOT pgfence._is_name(p_channel) THEN
     RAISE EXCEPTION 'outbox: invalid channel name "%"', p_channel
       USING ERRCODE = '22023', DETAIL = 'The channel name routes the message to a transport; nothing was enqueued.',
             HINT = 'Channel names are 1-63 characters of a-z, 0-9, _ . - starting with a letter or digit.';

@@ -63,7 +63,7 @@ DECLARE
   v_cur pgfence.outbox_channel;
   v_row pgfence.outbox_channel;
 BEGIN
-  IF p_channel IS NULL OR (p_channel <> '*' AND p_channel !~ '^[a-z0-9][a-z0-9_.-]{0,62}$') THEN
+  IF p_channel IS NULL OR (p_channel <> '*' AND NOT pgfence._is_name(p_channel)) THEN
     RAISE EXCEPTION 'outbox_configure_channel: invalid channel name "%"', p_channel
       USING ERRCODE = '22023', DETAIL = 'Channel names are 1-63 characters of a-z, 0-9, _ . - starting with a letter or digit.',
             HINT = 'Use a channel name, or ''*'' for the defaults.';

@@ -31,7 +31,7 @@ BEGIN
       USING ERRCODE = '22004', DETAIL = 'Approvers read an action''s description when they approve a plan that names it.',
             HINT = 'Describe what the action does: approvers read it.';
   END IF;
-  IF p_name !~ '^[a-z0-9][a-z0-9_.-]{0,62}$' THEN
+  IF NOT pgfence._is_name(p_name) THEN
     RAISE EXCEPTION 'plan_register_action: invalid action name "%"', p_name
       USING ERRCODE = '22023', DETAIL = 'Plan steps name actions by this name; nothing was registered.',
             HINT = 'Action names are 1-63 characters of a-z, 0-9, _ . - starting with a letter or digit (an external action''s name is also the executor''s route).';

@@ -119,19 +119,6 @@ CREATE OR REPLACE TRIGGER operation_purge_only
   WHEN (current_setting('pgfence.purging', true) IS DISTINCT FROM 'on')
   EXECUTE FUNCTION pgfence.tg_purge_only();
 
--- Timestamps inside JSON (history, event details) in UTC, whatever the session TimeZone.
-CREATE OR REPLACE FUNCTION pgfence._operation_ts(p_at timestamptz)
-RETURNS text
-LANGUAGE sql IMMUTABLE PARALLEL SAFE
-SET search_path = pg_catalog, pgfence, pg_temp
-AS $$
-  SELECT to_char(p_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"');
-$$;
-REVOKE ALL ON FUNCTION pgfence._operation_ts(timestamptz) FROM PUBLIC;
-COMMENT ON FUNCTION pgfence._operation_ts(timestamptz) IS
-  'Private: an instant as ISO-8601 text in UTC, for JSON written by the operation module.
-Independent of the session TimeZone.';
-
 -- ---------------------------------------------------------------------------------------------
 -- Event log: operations are few and slow, so one row trigger writes each change it sees.
 -- ---------------------------------------------------------------------------------------------
@@ -155,9 +142,9 @@ BEGIN
     PERFORM pgfence._event('operation', NEW.id,
       CASE WHEN OLD.status = 'queued' THEN 'claim' ELSE 'takeover' END, OLD.status, NEW.status, NEW.fence,
       jsonb_strip_nulls(jsonb_build_object(
-        'lease_expires_at', pgfence._operation_ts(NEW.lease_expires_at),
+        'lease_expires_at', pgfence._ts(NEW.lease_expires_at),
         'previous_owner', CASE WHEN OLD.status = 'running' THEN OLD.locked_by END,
-        'previous_lease_expired_at', CASE WHEN OLD.status = 'running' THEN pgfence._operation_ts(OLD.lease_expires_at) END,
+        'previous_lease_expired_at', CASE WHEN OLD.status = 'running' THEN pgfence._ts(OLD.lease_expires_at) END,
         'issue_started', NEW.issue_started_at IS NOT NULL,
         'external_ref', NEW.external_ref)),
       v_actor);

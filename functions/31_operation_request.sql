@@ -31,7 +31,7 @@ BEGIN
       USING ERRCODE = '22004', DETAIL = 'An operation is work of a kind on a target, with its parameters.',
             HINT = 'Pass a kind (e.g. ''branch.reset''), a target (e.g. the branch name) and a JSON object of params.';
   END IF;
-  IF p_kind !~ '^[a-z0-9][a-z0-9_.-]{0,62}$' THEN
+  IF NOT pgfence._is_name(p_kind) THEN
     RAISE EXCEPTION 'operation_request: invalid kind "%"', p_kind
       USING ERRCODE = '22023', DETAIL = 'The kind names the handler an executor routes the operation to; nothing was requested.',
             HINT = 'Kinds are 1-63 characters of a-z, 0-9, _ . - starting with a letter or digit; the executor maps each kind to a handler.';
@@ -100,7 +100,7 @@ BEGIN
               DETAIL = format('Operation %s is %s for %s %s (idempotency key %s, requested by %s at %s).',
                               v_row.id, v_row.status, v_row.kind, v_row.target,
                               coalesce(v_row.idempotency_key, 'none'), v_row.requested_by,
-                              pgfence._operation_ts(v_row.created_at)),
+                              pgfence._ts(v_row.created_at)),
               HINT = format('Wait for operation %s to finish (pgfence.operation_get), cancel it (pgfence.operation_cancel), or repeat its own request (same idempotency key) to follow it.', v_row.id);
     END IF;
     IF current_setting('transaction_isolation') IN ('repeatable read', 'serializable') THEN

@@ -178,12 +178,12 @@ BEGIN
         lease_expires_at = NULL,
         finished_at = CASE WHEN o.issue_started_at IS NULL THEN NULL ELSE now() END,
         result = CASE WHEN o.issue_started_at IS NULL THEN o.result
-                      ELSE jsonb_build_object('reason', 'outcome_unknown', 'intent_at', pgfence._operation_ts(o.issue_started_at),
+                      ELSE jsonb_build_object('reason', 'outcome_unknown', 'intent_at', pgfence._ts(o.issue_started_at),
                                               'issued_by', o.issued_by, 'issues', o.issue_count) END,
         error = CASE WHEN o.issue_started_at IS NULL
-          THEN format('lease of %s lapsed at %s before the external call; requeued', o.locked_by, pgfence._operation_ts(o.lease_expires_at))
+          THEN format('lease of %s lapsed at %s before the external call; requeued', o.locked_by, pgfence._ts(o.lease_expires_at))
           ELSE format('outcome unknown: %s started the external %s call for %s at %s and its lease lapsed at %s before an external reference was recorded; the call did not pass the idempotency key, so calling again could start a second operation. Check %s in the external system by hand.',
-                      o.issued_by, o.kind, o.target, pgfence._operation_ts(o.last_issue_at), pgfence._operation_ts(o.lease_expires_at), o.target) END
+                      o.issued_by, o.kind, o.target, pgfence._ts(o.last_issue_at), pgfence._ts(o.lease_expires_at), o.target) END
     WHERE o.id = ANY (ARRAY(SELECT s.id FROM stale s))  -- by primary key, as in operation_claim
       AND o.status = c_running AND o.lease_expires_at < now()
     RETURNING o.id, o.kind, o.status

@@ -84,12 +84,12 @@ BEGIN
   UPDATE pgfence.operation o
   SET status = 'failed', finished_at = now(), lease_expires_at = NULL,
       result = jsonb_strip_nulls(jsonb_build_object(
-                 'reason', 'outcome_unknown', 'intent_at', pgfence._operation_ts(o.issue_started_at),
+                 'reason', 'outcome_unknown', 'intent_at', pgfence._ts(o.issue_started_at),
                  'issued_by', o.issued_by, 'issues', o.issue_count,
                  'cancel_pending', CASE WHEN o.cancel_requested_at IS NOT NULL THEN true END,
                  'cancel_requested_by', o.cancel_requested_by)),
       error = format('outcome unknown: %s started the external %s call for %s at %s, but no external reference was recorded; %s, so calling again could start a second operation.%s Check %s in the external system by hand.',
-                     o.issued_by, o.kind, o.target, pgfence._operation_ts(o.last_issue_at), v_reason,
+                     o.issued_by, o.kind, o.target, pgfence._ts(o.last_issue_at), v_reason,
                      CASE WHEN o.cancel_requested_at IS NOT NULL
                           THEN format(' %s had asked to cancel it; cancel it there if it exists.', o.cancel_requested_by) ELSE '' END,
                      o.target)
@@ -194,11 +194,11 @@ BEGIN
     v_last := v_hist -> -1;
     IF v_last IS NOT NULL AND v_last -> 'state' = p_external_state THEN
       v_hist := jsonb_set(v_hist, '{-1}', v_last || jsonb_build_object(
-        'last_at', pgfence._operation_ts(now()), 'polls', (v_last ->> 'polls')::integer + 1));
+        'last_at', pgfence._ts(now()), 'polls', (v_last ->> 'polls')::integer + 1));
     ELSE
       v_hist := v_hist || jsonb_build_array(jsonb_build_object(
-        'state', p_external_state, 'first_at', pgfence._operation_ts(now()),
-        'last_at', pgfence._operation_ts(now()), 'polls', 1, 'fence', p_fence));
+        'state', p_external_state, 'first_at', pgfence._ts(now()),
+        'last_at', pgfence._ts(now()), 'polls', 1, 'fence', p_fence));
       IF jsonb_array_length(v_hist) > c_history THEN
         v_hist := v_hist - 0;
       END IF;
@@ -284,7 +284,7 @@ BEGIN
   END IF;
   UPDATE pgfence.operation o SET lease_expires_at = now() - interval '1 millisecond' WHERE o.id = p_id;
   PERFORM pgfence._event('operation', p_id, 'release', 'running', 'running', p_fence,
-    jsonb_build_object('lease_was_until', pgfence._operation_ts(v_row.lease_expires_at)), v_row.locked_by);
+    jsonb_build_object('lease_was_until', pgfence._ts(v_row.lease_expires_at)), v_row.locked_by);
   PERFORM pg_notify('pgfence_operation', json_build_object('kind', v_row.kind, 'id', p_id)::text);
   RETURN true;
 END

@@ -5,7 +5,7 @@
 -- every queued or running operation, its owner, lease and external reference).
 -- Reads change nothing: an operation whose lease lapsed stays running until the next claim or
 -- reaper run settles it (operation_in_flight says lease_lapsed). Timestamps are timestamptz
--- columns; JSON history (poll_history) holds UTC text (_operation_ts).
+-- columns; JSON history (poll_history) holds UTC text (pgfence._ts).
 -- Errors: functions/ERRORS.md.
 
 CREATE OR REPLACE FUNCTION pgfence.operation_get(p_id bigint)

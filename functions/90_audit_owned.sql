@@ -19,19 +19,6 @@ GRANT SELECT ON pgfence.outbox_summary, pgfence.outbox_leases, pgfence.operation
 -- ---------------------------------------------------------------------------------------------
 -- Private helpers
 -- ---------------------------------------------------------------------------------------------
-CREATE OR REPLACE FUNCTION pgfence._audit_ts(p_at timestamptz)
-RETURNS text
-LANGUAGE sql IMMUTABLE PARALLEL SAFE
-SET search_path = pg_catalog, pgfence, pg_temp
-AS $$
-  SELECT to_char(p_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"');
-$$;
-REVOKE ALL ON FUNCTION pgfence._audit_ts(timestamptz) FROM PUBLIC;
-COMMENT ON FUNCTION pgfence._audit_ts(timestamptz) IS
-  'Private: an instant as ISO-8601 text in UTC, for the JSON that the audit functions write.
-Independent of the session TimeZone.
-Errors: none.';
-
 -- The one list of module names the audit functions and the purge accept.
 CREATE OR REPLACE FUNCTION pgfence._audit_check_module(p_module text)
 RETURNS void

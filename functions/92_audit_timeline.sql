@@ -50,8 +50,8 @@ BEGIN
       FROM m WHERE NOT (SELECT yes FROM logged)
       UNION ALL
       SELECT l.reclaimed_at, 'lapse', 'lease_lapsed', 'processing', l.outcome, 'reaper', l.attempt::bigint,
-             jsonb_build_object('worker', l.worker, 'claimed_at', pgfence._audit_ts(l.claimed_at),
-                                'lease_expired_at', pgfence._audit_ts(l.lease_expires_at),
+             jsonb_build_object('worker', l.worker, 'claimed_at', pgfence._ts(l.claimed_at),
+                                'lease_expired_at', pgfence._ts(l.lease_expires_at),
                                 'note', 'the worker may have delivered this attempt'),
              NULL, 1, l.attempt * 10 + 2
       FROM pgfence.outbox_lapse l WHERE l.message_id = p_id AND NOT (SELECT yes FROM logged)
@@ -68,15 +68,15 @@ BEGIN
       FROM m WHERE NOT (SELECT yes FROM logged) AND m.finished_at IS NOT NULL
       UNION ALL
       SELECT m.updated_at, 'row', 'retry', NULL, 'pending', NULL, m.attempts::bigint,
-             jsonb_build_object('error', m.last_error, 'next_attempt_at', pgfence._audit_ts(m.next_attempt_at)),
+             jsonb_build_object('error', m.last_error, 'next_attempt_at', pgfence._ts(m.next_attempt_at)),
              NULL, 1, m.attempts * 10 + 3
       FROM m WHERE NOT (SELECT yes FROM logged) AND m.status = 'pending' AND m.attempts > 0
       UNION ALL
       SELECT now(), 'row', 'current', NULL, m.status, m.locked_by, m.attempts::bigint,
              jsonb_strip_nulls(jsonb_build_object(
                'attempts', m.attempts, 'max_attempts', m.max_attempts,
-               'next_attempt_at', CASE WHEN m.status = 'pending' THEN pgfence._audit_ts(m.next_attempt_at) END,
-               'lease_expires_at', pgfence._audit_ts(m.lease_expires_at),
+               'next_attempt_at', CASE WHEN m.status = 'pending' THEN pgfence._ts(m.next_attempt_at) END,
+               'lease_expires_at', pgfence._ts(m.lease_expires_at),
                'lease_lapsed', CASE WHEN m.status = 'processing' THEN m.lease_expires_at < now() END,
                'last_error', m.last_error, 'receipt', m.receipt, 'log_events', m.log_events,
                'lapsed_attempts', (SELECT array_agg(l.attempt ORDER BY l.attempt) FROM pgfence.outbox_lapse l
@@ -101,7 +101,7 @@ BEGIN
              jsonb_strip_nulls(jsonb_build_object(
                'step', s.step_index, 'action', s.action, 'kind', s.kind, 'outcome', s.outcome,
                'sqlstate', s.error ->> 'sqlstate', 'message', s.error ->> 'message', 'error', s.error,
-               'output', s.output, 'started_at', pgfence._audit_ts(s.started_at),
+               'output', s.output, 'started_at', pgfence._ts(s.started_at),
                'idempotency_key', CASE WHEN s.kind = 'external' THEN 'pgfence-plan-' || s.plan_id || '-step-' || s.step_index END)),
              -- the login that wrote the receipt: from the receipt's event (same transaction)
              (SELECT e.db_user FROM pgfence.event e
@@ -128,7 +128,7 @@ BEGIN
              jsonb_strip_nulls(jsonb_build_object(
                'failure', p.failure, 'next_step', p.next_step, 'step_count', p.step_count,
                'steps_ok', (SELECT count(*) FROM pgfence.plan_step s WHERE s.plan_id = p.id AND s.outcome = 'ok'),
-               'heartbeat_expires_at', CASE WHEN p.status = 'executing' THEN pgfence._audit_ts(p.heartbeat_expires_at) END,
+               'heartbeat_expires_at', CASE WHEN p.status = 'executing' THEN pgfence._ts(p.heartbeat_expires_at) END,
                'heartbeat_lapsed', CASE WHEN p.status = 'executing' THEN p.heartbeat_expires_at < now() END,
                'compensates', p.compensates,
                'compensated_by', (SELECT array_agg(c.id ORDER BY c.id) FROM pgfence.plan c WHERE c.compensates = p.id))),
@@ -148,10 +148,10 @@ BEGIN
       SELECT now(), 'row', 'current', NULL, o.status, o.locked_by, o.fence::bigint,
              jsonb_strip_nulls(jsonb_build_object(
                'kind', o.kind, 'target', o.target,
-               'lease_expires_at', pgfence._audit_ts(o.lease_expires_at),
+               'lease_expires_at', pgfence._ts(o.lease_expires_at),
                'lease_lapsed', CASE WHEN o.status = 'running' THEN o.lease_expires_at < now() END,
                'issue_count', o.issue_count, 'external_ref', o.external_ref,
-               'external_state', o.external_state, 'polled_at', pgfence._audit_ts(o.polled_at),
+               'external_state', o.external_state, 'polled_at', pgfence._ts(o.polled_at),
                'poll_count', o.poll_count,
                'cancel_requested_by', o.cancel_requested_by, 'result', o.result, 'error', o.error)),
              NULL, 2, 0
@@ -169,7 +169,7 @@ BEGIN
       UNION ALL
       SELECT now(), 'row', 'current', NULL, d.status, d.saved_by, d.version,
              jsonb_strip_nulls(jsonb_build_object('kind', d.kind, 'version', d.version,
-                                                  'saved_at', pgfence._audit_ts(d.saved_at),
+                                                  'saved_at', pgfence._ts(d.saved_at),
                                                   'created_by', d.created_by, 'save_id', d.save_id)),
              NULL, 2, 0
       FROM pgfence.document d WHERE d.id = p_id)

@@ -34,7 +34,7 @@ def lapsed_then_sent(conn: psycopg.Connection, channel: str, key: str) -> int:
     mid = outbox.enqueue(conn, channel, "https://example.test/hook", {"n": 1}, idempotency_key=key)
     outbox.claim(conn, "w-lost", 1, [channel])
     conn.execute("UPDATE pgfence.outbox SET lease_expires_at = now() - interval '1 minute' WHERE id = %s", (mid,))
-    assert outbox.reclaim_stale(conn) == 1
+    assert outbox.reap(conn) == 1
     conn.execute("UPDATE pgfence.outbox SET next_attempt_at = now() WHERE id = %s", (mid,))
     (again,) = outbox.claim(conn, "w-ok", 1, [channel])
     assert outbox.mark_sent(conn, mid, again.attempt, {"http": 200})

@@ -185,9 +185,21 @@ def mark_failed(conn: AnyConn, message_id: int, attempt: int, error: str, *,
     return None if status is None else str(status)
 
 
-def reclaim_stale(conn: AnyConn, max_rows: int = 1000) -> int:
-    """Run the outbox reaper once; return how many lapsed claims it took back."""
+def reap(conn: AnyConn, max_rows: int = 1000) -> int:
+    """Run the outbox reaper (``outbox_reap``) once; return how many lapsed claims it took back.
+
+    Args:
+        conn: a connection (its transaction, if any, is the caller's).
+        max_rows: at most this many lapsed leases per call (1..), the rest wait for the next one.
+
+    Raises:
+        InvalidArgument: ``max_rows`` < 1 (22023).
+    """
     return int(scalar(conn, SQL_RECLAIM, (max_rows,)) or 0)
+
+
+#: Deprecated: the former name of :func:`reap` (as ``outbox_reclaim_stale`` is of ``outbox_reap``).
+reclaim_stale = reap
 
 
 def requeue(conn: AnyConn, message_id: int, extra_attempts: int | None = None) -> bool:

@@ -89,7 +89,7 @@ SELECT throws_ok($$SELECT * FROM pgfence.operation_request('tap.reset', 'branch-
 SELECT throws_ok($$SELECT * FROM pgfence.operation_request('tap.reset', 'branch-a', '{"to": "main"}', 'tap-key-a2')$$, 'PF201', NULL, 'different key, busy target: PF201');
 SELECT is(pg_temp.err($$SELECT * FROM pgfence.operation_request('tap.reset', 'branch-a', '{}', 'tap-key-a3')$$),
   format('PF201: Operation %s is queued for tap.reset branch-a (idempotency key tap-key-a, requested by alice at %s).',
-         pg_temp.op('a'), (SELECT pgfence._operation_ts(created_at) FROM pgfence.operation WHERE id = pg_temp.op('a'))),
+         pg_temp.op('a'), (SELECT pgfence._ts(created_at) FROM pgfence.operation WHERE id = pg_temp.op('a'))),
   'the PF201 DETAIL names the operation in flight');
 SELECT throws_ok($$SELECT * FROM pgfence.operation_request('tap.reset', 'branch-a')$$, 'PF201', NULL, 'a request without a key for a busy target: PF201');
 SELECT lives_ok($$INSERT INTO ids SELECT 'a-other-kind', id FROM pgfence.operation_request('tap.snapshot', 'branch-a')$$, 'another kind on the same target is a different (kind, target)');

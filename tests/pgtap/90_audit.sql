@@ -130,7 +130,7 @@ SELECT results_eq(
 
 -- The reapers run: nothing is stuck any more.
 SELECT is(pgfence.outbox_reap(), 1, 'the outbox reaper takes the lapsed lease back');
-SELECT is(pgfence.plan_reap_stale(), 1, 'the plan reaper marks the stale plan interrupted');
+SELECT is(pgfence.plan_reap(), 1, 'the plan reaper marks the stale plan interrupted');
 SELECT is(pgfence.operation_reap(), 1, 'the operation reaper requeues the operation that never called out');
 SELECT is((SELECT count(*)::int FROM pgfence.audit_stuck), 0, 'after the reapers, audit_stuck is empty');
 SELECT results_eq(
@@ -172,7 +172,7 @@ SELECT results_eq(
   $$SELECT status, reason, fences, lost_by, idempotency_key FROM pgfence.audit_duplicates WHERE module = 'plan'$$,
   $$VALUES ('executing', 'external_step_in_doubt', ARRAY[2::bigint], ARRAY['tap-px'], 'pgfence-plan-' || pg_temp.id('ext') || '-step-2')$$,
   'an external step in flight past the heartbeat is listed as in doubt, before any reaper ran');
-SELECT is(pgfence.plan_reap_stale(), 1, 'the reaper interrupts the plan');
+SELECT is(pgfence.plan_reap(), 1, 'the reaper interrupts the plan');
 SELECT results_eq(
   $$SELECT status, reason, since FROM pgfence.audit_duplicates WHERE module = 'plan'$$,
   $$VALUES ('failed', 'external_step_in_doubt', now())$$,
