@@ -175,3 +175,31 @@ def test_shares_must_name_the_modules(db: str) -> None:
         Executor(db, [module], ExecutorConfig(shares={"plans": 2}))
     with pytest.raises(ValueError, match="at least 1"):
         Executor(db, [module], ExecutorConfig(shares={"outbox": 0}))
+
+
+@pytest.mark.timeout(60)
+def test_without_settle_and_claim_the_outbox_uses_two_statements(
+        db: str, conn: psycopg.Connection[Any], caplog: pytest.LogCaptureFixture) -> None:
+    # A database whose functions are older than the glue (migrate not run yet after an upgrade).
+    conn.execute("DROP FUNCTION pgfence.outbox_settle_and_claim(bigint[], integer[], jsonb[], text,"
+                 " integer, text[], interval)")
+    ids = outbox.enqueue_many(conn, "old", ["r"] * 30, [{"i": i} for i in range(30)])
+    handler = _InFlight(0.0)
+    module = OutboxModule({"old": CallableTransport(handler.deliver)})
+    executor = Executor(db, [module], ExecutorConfig(concurrency=4, batch=5, poll_interval=0.2,
+                                                     reap_interval=30, grace=5))
+
+    async def scenario() -> None:
+        task = asyncio.create_task(executor.run())
+        try:
+            async with asyncio.timeout(30):
+                while _one(conn, "SELECT count(*) FROM pgfence.outbox WHERE status = 'sent'") < len(ids):
+                    await asyncio.sleep(0.05)
+        finally:
+            executor.stop()
+            await asyncio.wait_for(task, 30)
+
+    asyncio.run(scenario())
+    assert "settling and claiming in two statements" in caplog.text
+    assert handler.done == len(ids) and handler.most <= 4
+    assert _one(conn, "SELECT max(attempts) FROM pgfence.outbox") == 1
