@@ -209,7 +209,7 @@ class ExecutorConfig:
     listen_dsn: str | None = None
     prepare_threshold: int | None = 5
     shares: Mapping[str, int] = field(default_factory=dict)
-    prefetch_wait: float = 0.05
+    prefetch_wait: float = 0.1
 
 
 class Module(ABC):
@@ -614,8 +614,9 @@ class Executor:
         ``prefetch_wait`` for a slot (judged from its recent units)."""
         cfg = self.config
         limit = cfg.concurrency
+        # The last unit claimed ahead waits about batch / concurrency unit times for a slot.
         if s.module.prefetch and s.took is not None and cfg.prefetch_wait > 0 \
-                and s.took * (1 + 2 * cfg.batch / cfg.concurrency) <= cfg.prefetch_wait:
+                and s.took * (1 + cfg.batch / cfg.concurrency) <= cfg.prefetch_wait:
             limit += cfg.batch
         return limit - self._running - self._queued - self._reserved
 
@@ -859,6 +860,10 @@ class _SentItem:
     deadline: float  # time.monotonic() when its lease lapses
 
 
+#: ``OutboxModule._next_due`` when the last round did not say (ask outbox_next_due).
+_UNKNOWN = -1.0
+
+
 def _storable(receipt: Any, message: Claimed) -> dict[str, Any] | None:
     """The receipt as it will be stored: a JSON object, or a note saying why it could not be.
 
@@ -882,7 +887,8 @@ class OutboxModule(Module):
 
     Each claim round records the deliveries finished since the previous one and claims the
     next batch in one statement and one durable commit (``outbox_settle_and_claim``; on a
-    database that lacks it, ``outbox_mark_sent_many`` then ``outbox_claim``).
+    database that lacks it, ``outbox_mark_sent_many`` then ``outbox_claim``). A round with
+    nothing to settle (a wake-up) is a plain ``outbox_claim``.
 
     Args:
         routes: channel → transport. The key ``"*"`` is the fallback for other channels.
@@ -918,7 +924,7 @@ class OutboxModule(Module):
         self.lease = lease
         self.margin = margin
         self._sent: list[_SentItem] = []
-        self._next_due: float | None = None
+        self._next_due: float | None = None  # seconds, as of the last round (or _UNKNOWN)
         self._combined = True
         self.delivered = 0
 
@@ -959,6 +965,10 @@ class OutboxModule(Module):
                 return
 
     async def next_due(self) -> float | None:
+        if self._next_due == _UNKNOWN:
+            rows = await self.executor.fetch(sql.SQL_NEXT_DUE, (self.channels,))
+            due: dt.timedelta | None = rows[0][0] if rows else None
+            self._next_due = None if due is None else due.total_seconds()
         return self._next_due
 
     async def reap(self) -> int:
@@ -974,7 +984,8 @@ class OutboxModule(Module):
         and is never held up here, so a stop or a NOTIFY is still heard.
         """
         try:
-            if not self._combined:
+            if not sent or not self._combined:
+                # Nothing to settle (a wake-up): the plain claim is the shorter statement.
                 if sent:
                     self._log_sent(sent, await self._mark_sent(sent))
                     sent = []
@@ -1010,16 +1021,14 @@ class OutboxModule(Module):
         return [Claimed(*r[:10]) for r in rows[:-1]]
 
     async def _claim_alone(self, n: int) -> list[Claimed]:
-        """The claim on a database without ``outbox_settle_and_claim``."""
+        """``outbox_claim`` alone. When it comes back short, the next due time is asked for
+        later (:meth:`next_due`), after its messages were handed to the slots."""
         if n <= 0:
             return []
         rows: list[Claimed] = await self.executor.fetch(
             sql.SQL_CLAIM, (self.executor.worker_id, n, self.channels, self.lease),
             row_factory=class_row(Claimed))
-        self._next_due = 0.0
-        if len(rows) < n:
-            due = await self.executor.fetch(sql.SQL_NEXT_DUE, (self.channels,))
-            self._next_due = due[0][0].total_seconds() if due and due[0][0] is not None else None
+        self._next_due = 0.0 if len(rows) == n else _UNKNOWN
         return rows
 
     def _requeue(self, items: list[_SentItem]) -> None:
