@@ -203,3 +203,40 @@ def test_without_settle_and_claim_the_outbox_uses_two_statements(
     assert "settling and claiming in two statements" in caplog.text
     assert handler.done == len(ids) and handler.most <= 4
     assert _one(conn, "SELECT max(attempts) FROM pgfence.outbox") == 1
+
+
+@pytest.mark.timeout(60)
+def test_a_message_purged_before_its_mark_costs_no_other_message(
+        db: str, conn: psycopg.Connection[Any], caplog: pytest.LogCaptureFixture) -> None:
+    # The settle of a batch fails whole (P0002) when one of its messages is gone: the others are
+    # then marked one by one, and claiming goes on.
+    outbox.configure_channel(conn, "gone", lease=dt.timedelta(seconds=60))
+    ids = outbox.enqueue_many(conn, "gone", ["r"] * 20, [{"i": i} for i in range(20)])
+    delivered: list[int] = []
+
+    def deliver(message: Claimed) -> None:  # sync: runs in a thread, may block
+        delivered.append(message.id)
+        if message.id == ids[3]:
+            with psycopg.connect(db, autocommit=True) as c, c.transaction():
+                c.execute("SET LOCAL pgfence.purging = on")
+                c.execute("DELETE FROM pgfence.outbox WHERE id = %s", (message.id,))
+
+    module = OutboxModule({"gone": CallableTransport(deliver)})
+    executor = Executor(db, [module], ExecutorConfig(concurrency=4, batch=5, poll_interval=0.2,
+                                                     reap_interval=30, grace=5))
+
+    async def scenario() -> None:
+        task = asyncio.create_task(executor.run())
+        try:
+            async with asyncio.timeout(30):
+                while _one(conn, "SELECT count(*) FROM pgfence.outbox WHERE status = 'sent'") < 19:
+                    await asyncio.sleep(0.05)
+        finally:
+            executor.stop()
+            await asyncio.wait_for(task, 30)
+
+    asyncio.run(scenario())
+    assert sorted(delivered) == ids, "each delivered once"
+    assert _one(conn, "SELECT count(*) FROM pgfence.outbox") == 19
+    assert _one(conn, "SELECT max(attempts) FROM pgfence.outbox") == 1
+    assert "marking" in caplog.text and f"could not mark outbox#{ids[3]} sent" in caplog.text

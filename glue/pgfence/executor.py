@@ -133,31 +133,35 @@ def _sever(conn: psycopg.AsyncConnection[Any]) -> None:
             sock.close()
 
 
-@contextlib.asynccontextmanager
-async def bounded(conn: psycopg.AsyncConnection[Any], seconds: float,
-                  what: str) -> AsyncIterator[None]:
+class bounded:  # used like a function: ``async with bounded(conn, seconds, what):``
     """Bound the database calls made on ``conn`` inside the block to ``seconds`` in total.
 
     Past the bound the connection is severed (:func:`_sever`) and :class:`NoAnswer` raised,
-    whatever TCP says: a peer that acknowledges packets but never answers is caught too.
+    whatever TCP says: a peer that acknowledges packets but never answers is caught too. (A
+    class rather than a generator-based context manager: it is on every database call.)
     """
-    fired = False
 
-    def fire() -> None:
-        nonlocal fired
-        fired = True
-        _sever(conn)
+    __slots__ = ("conn", "fired", "handle", "seconds", "what")
 
-    handle = asyncio.get_running_loop().call_later(max(seconds, 0.01), fire)
-    try:
-        yield
-    except psycopg.OperationalError as exc:
-        if fired:
-            raise NoAnswer(f"{what}: no answer from the server within {seconds:.1f}s "
+    def __init__(self, conn: psycopg.AsyncConnection[Any], seconds: float, what: str) -> None:
+        self.conn, self.seconds, self.what = conn, seconds, what
+        self.fired = False
+        self.handle: asyncio.TimerHandle | None = None
+
+    def _fire(self) -> None:
+        self.fired = True
+        _sever(self.conn)
+
+    async def __aenter__(self) -> None:
+        self.handle = asyncio.get_running_loop().call_later(max(self.seconds, 0.01), self._fire)
+
+    async def __aexit__(self, kind: type[BaseException] | None, exc: BaseException | None,
+                        tb: object) -> None:
+        if self.handle is not None:
+            self.handle.cancel()
+        if self.fired and isinstance(exc, psycopg.OperationalError):
+            raise NoAnswer(f"{self.what}: no answer from the server within {self.seconds:.1f}s "
                            "(connection closed)") from exc
-        raise
-    finally:
-        handle.cancel()
 
 
 def default_worker_id() -> str:
@@ -263,8 +267,8 @@ class _Served:
     """What the executor tracks of one module: its queued and running units, whether it may
     have due work (``dirty``), when it has more due, and how long its recent units took."""
 
-    __slots__ = ("dirty", "due_at", "failures", "generation", "index", "module", "queue",
-                 "reserved", "retry_at", "running", "share", "sweep", "took")
+    __slots__ = ("dirty", "due_at", "failures", "full", "generation", "index", "module", "queue",
+                 "reserved", "retry_at", "running", "share", "sweeps", "took")
 
     def __init__(self, module: Module, index: int, share: int) -> None:
         self.module = module
@@ -276,8 +280,9 @@ class _Served:
         self.generation = 0  # bumped by every nudge (NOTIFY, sweep): a claim racing it stays dirty
         self.due_at: float | None = None  # time.monotonic() of its next due work, if known
         self.took: float | None = None  # recent unit durations (exponential average), seconds
-        self.sweep: asyncio.Task[None] | None = None  # its claim sweep in flight
-        self.reserved = 0  # slots its sweep may still fill
+        self.sweeps: set[asyncio.Task[None]] = set()  # its claim sweeps in flight
+        self.reserved = 0  # slots its sweeps may still fill
+        self.full = False  # its last claim round got all it asked for (a backlog)
         self.failures = 0  # claim sweeps failed in a row
         self.retry_at = 0.0  # time.monotonic() before which a failed module is not asked again
 
@@ -354,11 +359,6 @@ class Executor:
         """True once :meth:`stop` was called (SIGTERM/SIGINT): modules stop starting new work."""
         return self._stopping.is_set()
 
-    @property
-    def in_flight(self) -> int:
-        """Units of work running in a slot now, of every module."""
-        return self._running
-
     async def sleep_unless_stopping(self, seconds: float) -> bool:
         """Sleep up to ``seconds``; return early (True) as soon as the executor is stopping."""
         with contextlib.suppress(asyncio.TimeoutError):
@@ -394,7 +394,7 @@ class Executor:
         self.pool = AsyncConnectionPool(
             self.dsn, min_size=1, max_size=self.config.pool_size, open=False,
             kwargs=self.connect_kwargs(self.dsn, "executor"), name="pgfence-executor",
-            timeout=self.config.query_timeout, check=self._check_idle, reset=self._on_return,
+            timeout=self.config.query_timeout, check=self._check_idle,
         )
         # Start-up work side by side: the pool's first connection and the listener's are made
         # while the check runs on a connection of its own, so the first claim follows the check.
@@ -413,8 +413,8 @@ class Executor:
             await self._dispatch()
             await self._drain()
         finally:
-            tasks = [t for t in (listener, reaper, *self._slots, *(s.sweep for s in self._served))
-                     if t is not None]
+            tasks = [t for t in (listener, reaper, *self._slots,
+                                 *(t for s in self._served for t in s.sweeps)) if t is not None]
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
@@ -464,14 +464,12 @@ class Executor:
                 hint=f"GRANT pgfence_executor TO {_ident(login)};")
 
     # -- the pool -----------------------------------------------------------------------------
-    async def _on_return(self, conn: psycopg.AsyncConnection[Any]) -> None:
-        self._returned[conn] = time.monotonic()
-
     async def _check_idle(self, conn: psycopg.AsyncConnection[Any]) -> None:
         """The pool's check before handing out a connection that sat idle: one round trip
-        within ``probe_timeout`` (a broken or half-open one fails and is replaced)."""
-        idle = time.monotonic() - self._returned.get(conn, 0.0)
-        if idle < self.config.pool_check_idle:
+        within ``probe_timeout`` (a broken or half-open one fails and is replaced). A new
+        connection (never returned yet) was just made: no check."""
+        returned = self._returned.get(conn)
+        if returned is None or time.monotonic() - returned < self.config.pool_check_idle:
             return
         async with bounded(conn, self.config.probe_timeout, "pool check of an idle connection"):
             await conn.execute("SELECT 1")
@@ -533,6 +531,8 @@ class Executor:
                 if served is not None:
                     for s in served:
                         s.nudge()
+                    if self._started.is_set() and not self._stopping.is_set():
+                        self._launch()  # the claim goes out now, not after the dispatcher's turn
                     self._wake.set()
                 elif note.channel == SELF_CHECK_CHANNEL and note.payload == self._check_token:
                     self._check_heard.set()
@@ -609,21 +609,24 @@ class Executor:
                     await self._wake.wait()
 
     def _room(self, s: _Served) -> int:
-        """How many units ``s`` may claim now: the free slots, plus up to ``batch`` ahead of
-        them for a module whose units are quick, while the last of them would wait at most
-        ``prefetch_wait`` for a slot (judged from its recent units)."""
+        """How many units ``s`` may claim now: the free slots, plus a batch ahead of them per
+        claim round in flight for a module whose units are quick, while the last of them would
+        wait at most ``prefetch_wait`` for a slot (judged from its recent units)."""
         cfg = self.config
         limit = cfg.concurrency
-        # The last unit claimed ahead waits about batch / concurrency unit times for a slot.
+        ahead = self._depth(s) * cfg.batch
+        # The last unit claimed ahead waits about ahead / concurrency unit times for a slot.
         if s.module.prefetch and s.took is not None and cfg.prefetch_wait > 0 \
-                and s.took * (1 + cfg.batch / cfg.concurrency) <= cfg.prefetch_wait:
-            limit += cfg.batch
+                and s.took * (1 + ahead / cfg.concurrency) <= cfg.prefetch_wait:
+            limit += ahead
         return limit - self._running - self._queued - self._reserved
 
     def _launch(self) -> None:
-        """Start a claim sweep for each module that may have due work, one sweep per module
-        at a time (a sweep claims in rounds of ``batch``; the next round is asked for while the
-        units of the last one run).
+        """Start a claim sweep for each module that may have due work. A sweep claims in
+        rounds of ``batch``, the next round asked for while the units of the last one run; one
+        sweep per module at a time, except for a module whose units are quick (the outbox):
+        while it has a backlog it has two rounds in flight side by side, so that their commits
+        overlap, and with them this process's work.
 
         Modules are served least-served first (their busy slots over their share); while
         another module with possibly due work comes after it, a module gets no more than its
@@ -634,7 +637,7 @@ class Executor:
         cfg = self.config
         stopping = self._stopping.is_set()
         now = time.monotonic()
-        wanted = [s for s in self._served if s.sweep is None and s.retry_at <= now
+        wanted = [s for s in self._served if len(s.sweeps) < self._depth(s) and s.retry_at <= now
                   and (s.module.pending_outcomes() or (s.dirty and not stopping))]
         if not wanted:
             return
@@ -648,24 +651,46 @@ class Executor:
                     fair = max(1, cfg.concurrency * s.share // max(active, 1))
                     room = min(room, fair - s.busy)
             room = max(room, 0)
+            depth = self._depth(s)
+            if depth > 1:
+                room = min(room, cfg.batch)  # one round each, side by side
             if room == 0 and not s.module.pending_outcomes():
                 continue
-            s.reserved = room
+            s.reserved += room
             self._reserved += room
-            s.sweep = asyncio.create_task(self._sweep(s, room), name=f"pgfence-{s.module.name}-claim")
+            task = asyncio.create_task(self._sweep(s, room), name=f"pgfence-{s.module.name}-claim")
+            s.sweeps.add(task)
+            # A second round side by side only while the module has a backlog (its last round
+            # came back full): it overlaps the two commits and this process's work with them.
+            if depth > len(s.sweeps) and s.full and s.dirty and not stopping:
+                more = min(self._room(s), cfg.batch)
+                if more > 0 and not any(o.dirty for o in wanted[pos + 1:]):
+                    s.reserved += more
+                    self._reserved += more
+                    task = asyncio.create_task(self._sweep(s, more),
+                                               name=f"pgfence-{s.module.name}-claim")
+                    s.sweeps.add(task)
+
+    def _depth(self, s: _Served) -> int:
+        """Claim sweeps ``s`` may have in flight: two (of one round each) for a module whose
+        units are quick."""
+        return 2 if s.module.prefetch else 1
 
     async def _sweep(self, s: _Served, slots: int) -> None:
-        """One claim sweep of ``s`` for up to ``slots`` units (0: only record its outcomes)."""
+        """One claim sweep of ``s`` for up to ``slots`` units (0: only record its outcomes);
+        ``slots`` were reserved for it by :meth:`_launch`."""
         cfg = self.config
         generation = s.generation
         claimed = 0
+        held = slots
         try:
             async for jobs in s.module.claim(slots):
                 # Handed to the slots before the next round is asked for: whatever that round
                 # raises, these units run (not left to their leases).
-                held = min(len(jobs), s.reserved)
-                s.reserved -= held
-                self._reserved -= held
+                done = min(len(jobs), held)
+                held -= done
+                s.reserved -= done
+                self._reserved -= done
                 self._enqueue(s, jobs)
                 claimed += len(jobs)
         except Exception as exc:
@@ -678,6 +703,7 @@ class Executor:
                            if claimed else "", delay)
         else:
             s.failures = 0
+            s.full = claimed >= slots > 0
             if claimed < slots and s.generation == generation:
                 # Drained (nothing more due now): asked again on a NOTIFY, its due time or the
                 # sweep. A module that answers "due now" although it got fewer units than it
@@ -687,9 +713,11 @@ class Executor:
                     due = await s.module.next_due()
                     s.due_at = None if due is None else time.monotonic() + max(due, 0.002)
         finally:
-            self._reserved -= s.reserved
-            s.reserved = 0
-            s.sweep = None
+            s.reserved -= held
+            self._reserved -= held
+            task = asyncio.current_task()
+            if task is not None:
+                s.sweeps.discard(task)
             self._wake.set()
 
     # -- slots ------------------------------------------------------------------------------
@@ -764,7 +792,7 @@ class Executor:
             now = time.monotonic()
             pending = any(s.module.pending_outcomes() for s in self._served)
             if not (self._running or self._queued or pending
-                    or any(s.sweep for s in self._served)):
+                    or any(s.sweeps for s in self._served)):
                 return
             timeout = deadline - now
             if timeout <= 0:
@@ -833,12 +861,21 @@ class Executor:
             if retry_until is not None:
                 bound = min(bound, max(retry_until - time.monotonic(), 0.1))
             try:
-                async with self.pool.connection(timeout=bound) as conn, \
-                        bounded(conn, bound, "database call"):
-                    cur = conn.cursor(row_factory=row_factory) if row_factory else conn.cursor()
-                    async with cur:
-                        await cur.execute(query, params)
-                        return await cur.fetchall() if cur.description else []
+                async with self.pool.connection(timeout=bound) as conn:
+                    try:
+                        async with bounded(conn, bound, "database call"):
+                            cur = conn.cursor(row_factory=row_factory) if row_factory \
+                                else conn.cursor()
+                            async with cur:
+                                await cur.execute(query, params)
+                                res = cur.pgresult  # not cur.description: it builds columns
+                                return await cur.fetchall() if res is not None and res.nfields \
+                                    else []
+                    finally:
+                        # When it went back to the pool (an idle one is checked before reuse).
+                        # Not the pool's reset callback: that returns every connection through
+                        # a task of the pool's, a hop on every call.
+                        self._returned[conn] = time.monotonic()
             except psycopg.OperationalError as exc:
                 attempt += 1
                 delay = min(self.config.reconnect_max, 0.05 * 2 ** min(attempt, 10))
@@ -923,6 +960,9 @@ class OutboxModule(Module):
             self.channels = sorted(self.routes)
         self.lease = lease
         self.margin = margin
+        # The channels as an array literal, made once (cheaper than adapting the list per call).
+        self._channels = None if self.channels is None else "{" + ",".join(
+            '"' + c.replace("\\", "\\\\").replace('"', '\\"') + '"' for c in self.channels) + "}"
         self._sent: list[_SentItem] = []
         self._next_due: float | None = None  # seconds, as of the last round (or _UNKNOWN)
         self._combined = True
@@ -966,7 +1006,7 @@ class OutboxModule(Module):
 
     async def next_due(self) -> float | None:
         if self._next_due == _UNKNOWN:
-            rows = await self.executor.fetch(sql.SQL_NEXT_DUE, (self.channels,))
+            rows = await self.executor.fetch(sql.SQL_NEXT_DUE, (self._channels,))
             due: dt.timedelta | None = rows[0][0] if rows else None
             self._next_due = None if due is None else due.total_seconds()
         return self._next_due
@@ -990,19 +1030,18 @@ class OutboxModule(Module):
                     self._log_sent(sent, await self._mark_sent(sent))
                     sent = []
                 return await self._claim_alone(n)
-            ids = [i.message.id for i in sent]
-            attempts = [i.message.attempt for i in sent]
+            # The arrays as literals: joining numbers is cheaper than adapting list elements.
+            ids = "{" + ",".join([str(i.message.id) for i in sent]) + "}"
+            attempts = "{" + ",".join([str(i.message.attempt) for i in sent]) + "}"
             receipts = ([Jsonb(i.receipt) if i.receipt is not None else None for i in sent]
                         if any(i.receipt is not None for i in sent) else None)
             try:
                 rows = await self.executor.fetch(
                     SQL_SETTLE_AND_CLAIM, (ids, attempts, receipts, self.executor.worker_id,
-                                           n, self.channels, self.lease))
+                                           n, self._channels, self.lease))
             except psycopg.OperationalError:
                 raise
             except psycopg.Error:
-                if not sent:
-                    raise
                 # E.g. a message purged meanwhile (P0002), or the claim failed: nothing of the
                 # call was committed. Record the marks on their own, then claim on its own.
                 self._log_sent(sent, await self._mark_sent(sent))
@@ -1026,7 +1065,7 @@ class OutboxModule(Module):
         if n <= 0:
             return []
         rows: list[Claimed] = await self.executor.fetch(
-            sql.SQL_CLAIM, (self.executor.worker_id, n, self.channels, self.lease),
+            sql.SQL_CLAIM, (self.executor.worker_id, n, self._channels, self.lease),
             row_factory=class_row(Claimed))
         self._next_due = 0.0 if len(rows) == n else _UNKNOWN
         return rows
