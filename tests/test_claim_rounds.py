@@ -22,12 +22,11 @@ import pytest
 from pgfence import operation as op_api
 from pgfence import outbox, plan
 from pgfence.executor import ExecutorConfig, Module, OutboxModule
-from pgfence.operation.handlers import ExternalState, Issued
 from pgfence.operation.module import OperationModule
 from pgfence.outbox import Claimed
 from pgfence.plan.module import PlanModule
 from pgfence.transports import CallableTransport
-from support import executor_until
+from support import InstantOperation, executor_until
 
 # Fails the second, fourth, ... transaction that moves a row of `table` from `from_status` to
 # `to_status` (a claim), on its first such row; the others pass. A sequence counts them (it is
@@ -128,29 +127,6 @@ def test_plan_failed_round_starts_what_earlier_rounds_claimed(
     assert "claimed before it were started" in caplog.text, caplog.text
 
 
-class _Instant:
-    """An operation handler whose external operation has ended by its first poll."""
-
-    idempotent = True
-    poll_interval = 0.05
-    can_cancel = False
-
-    async def issue(self, op: Any) -> Issued:
-        return Issued(f"ext-{op.id}")
-
-    async def poll(self, op: Any, ref: str) -> ExternalState:
-        return ExternalState("succeeded", {"ref": ref})
-
-    async def cancel(self, op: Any, ref: str) -> None:
-        return None
-
-    async def finish(self, op: Any, ref: str, state: ExternalState) -> dict[str, Any] | None:
-        return {"done": ref}
-
-    async def aclose(self) -> None:
-        return None
-
-
 @pytest.mark.timeout(60)
 def test_operation_failed_round_starts_what_earlier_rounds_claimed(
         db: str, conn: psycopg.Connection[Any], caplog: pytest.LogCaptureFixture) -> None:
@@ -163,7 +139,7 @@ def test_operation_failed_round_starts_what_earlier_rounds_claimed(
                                  ).fetchone()[0])  # type: ignore[index]
 
     caplog.set_level(logging.WARNING, logger="pgfence")
-    module = OperationModule({"rounds.op": _Instant()}, lease=dt.timedelta(seconds=60))
+    module = OperationModule({"rounds.op": InstantOperation()}, lease=dt.timedelta(seconds=60))
     asyncio.run(serve_until(db, module, all_succeeded, timeout=30))
     fences = Counter(r[0] for r in conn.execute("SELECT fence FROM pgfence.operation"))
     assert fences == {1: 12}, "every operation finished under its first claim (no takeover)"

@@ -20,39 +20,16 @@ import pytest
 from pgfence import operation as op_api
 from pgfence import outbox, plan
 from pgfence.executor import Executor, ExecutorConfig, OutboxModule
-from pgfence.operation.handlers import ExternalState, Issued
 from pgfence.operation.module import OperationModule
 from pgfence.outbox import Claimed
 from pgfence.plan.module import PlanModule
 from pgfence.transports import CallableTransport
+from support import InstantOperation, executor_until
 
 #: The slowest wait (database clock, approval or request -> finished) allowed for the plans and
 #: the operation. One slot turnover is 0.5 s (each slot frees every 0.5 s); the bound leaves room
 #: for a loaded machine and is still a quarter of the 10 s backlog they used to wait behind.
 BOUND_S = 2.5
-
-
-class _Instant:
-    """An operation handler whose external operation has ended by its first poll."""
-
-    idempotent = True
-    poll_interval = 0.05
-    can_cancel = False
-
-    async def issue(self, op: Any) -> Issued:
-        return Issued(f"ext-{op.id}")
-
-    async def poll(self, op: Any, ref: str) -> ExternalState:
-        return ExternalState("succeeded", {"ref": ref})
-
-    async def cancel(self, op: Any, ref: str) -> None:
-        return None
-
-    async def finish(self, op: Any, ref: str, state: ExternalState) -> dict[str, Any] | None:
-        return {"done": ref}
-
-    async def aclose(self) -> None:
-        return None
 
 
 class _InFlight:
@@ -81,6 +58,14 @@ def _one(conn: psycopg.Connection[Any], query: str, params: tuple[Any, ...] = ()
     return row[0]
 
 
+def _sent(conn: psycopg.Connection[Any]) -> int:
+    return int(_one(conn, "SELECT count(*) FROM pgfence.outbox WHERE status = 'sent'"))
+
+
+#: Four slots, batches of five, a quick sweep.
+SMALL = ExecutorConfig(concurrency=4, batch=5, poll_interval=0.2, reap_interval=30, grace=5)
+
+
 @pytest.mark.timeout(120)
 def test_a_backlog_in_one_module_holds_no_other_module_back(db: str, conn: psycopg.Connection[Any]) -> None:
     outbox.configure_channel(conn, "slow", lease=dt.timedelta(seconds=60))
@@ -94,7 +79,7 @@ def test_a_backlog_in_one_module_holds_no_other_module_back(db: str, conn: psyco
     handler = _InFlight(0.5)
     outbox_module = OutboxModule({"slow": CallableTransport(handler.deliver)})
     modules = [outbox_module, PlanModule(heartbeat=dt.timedelta(seconds=60)),
-               OperationModule({"fair.op": _Instant()}, lease=dt.timedelta(seconds=60))]
+               OperationModule({"fair.op": InstantOperation()}, lease=dt.timedelta(seconds=60))]
     # A long sweep interval: the plans and the operation are found through their NOTIFYs.
     config = ExecutorConfig(concurrency=4, batch=4, poll_interval=30, reap_interval=30, grace=1)
     executor = Executor(db, modules, config)
@@ -186,20 +171,7 @@ def test_without_settle_and_claim_the_outbox_uses_two_statements(
     ids = outbox.enqueue_many(conn, "old", ["r"] * 30, [{"i": i} for i in range(30)])
     handler = _InFlight(0.0)
     module = OutboxModule({"old": CallableTransport(handler.deliver)})
-    executor = Executor(db, [module], ExecutorConfig(concurrency=4, batch=5, poll_interval=0.2,
-                                                     reap_interval=30, grace=5))
-
-    async def scenario() -> None:
-        task = asyncio.create_task(executor.run())
-        try:
-            async with asyncio.timeout(30):
-                while _one(conn, "SELECT count(*) FROM pgfence.outbox WHERE status = 'sent'") < len(ids):
-                    await asyncio.sleep(0.05)
-        finally:
-            executor.stop()
-            await asyncio.wait_for(task, 30)
-
-    asyncio.run(scenario())
+    asyncio.run(executor_until(db, module, lambda: _sent(conn) == len(ids), config=SMALL))
     assert "settling and claiming in two statements" in caplog.text
     assert handler.done == len(ids) and handler.most <= 4
     assert _one(conn, "SELECT max(attempts) FROM pgfence.outbox") == 1
@@ -222,20 +194,7 @@ def test_a_message_purged_before_its_mark_costs_no_other_message(
                 c.execute("DELETE FROM pgfence.outbox WHERE id = %s", (message.id,))
 
     module = OutboxModule({"gone": CallableTransport(deliver)})
-    executor = Executor(db, [module], ExecutorConfig(concurrency=4, batch=5, poll_interval=0.2,
-                                                     reap_interval=30, grace=5))
-
-    async def scenario() -> None:
-        task = asyncio.create_task(executor.run())
-        try:
-            async with asyncio.timeout(30):
-                while _one(conn, "SELECT count(*) FROM pgfence.outbox WHERE status = 'sent'") < 19:
-                    await asyncio.sleep(0.05)
-        finally:
-            executor.stop()
-            await asyncio.wait_for(task, 30)
-
-    asyncio.run(scenario())
+    asyncio.run(executor_until(db, module, lambda: _sent(conn) == 19, config=SMALL))
     assert sorted(delivered) == ids, "each delivered once"
     assert _one(conn, "SELECT count(*) FROM pgfence.outbox") == 19
     assert _one(conn, "SELECT max(attempts) FROM pgfence.outbox") == 1
