@@ -35,8 +35,9 @@ which decide. What it does:
   capped at its fair share while another module waits, so a backlog in one module (slow
   webhooks after an outage) never keeps a plan or an operation waiting longer than the next
   freed slot. A module whose units are quick (the outbox, while its recent deliveries took
-  little time: ``prefetch_wait``) may claim up to ``batch`` more than the free slots, so a
-  small ``concurrency`` still claims full batches.
+  little time: ``prefetch_wait``) may claim ahead of the free slots (a batch per claim round
+  in flight), so a small ``concurrency`` still claims full batches, and while it has a
+  backlog it keeps two claim rounds in flight side by side, so that their commits overlap.
 - **Deliver**: each message runs in a slot with a timeout that ends before its lease (counted
   from the claim). Successful outcomes are settled in batches: the next claim round settles
   every delivery finished since the last one and claims the next batch in one statement and
@@ -178,9 +179,9 @@ class ExecutorConfig:
     :attr:`Module.name`, default 1 each) when they compete for slots: with several modules
     having due work, each holds about ``concurrency * share / total`` slots, and a freed slot
     goes to the least served one. ``prefetch_wait``: a module whose units are quick (the
-    outbox) may claim up to ``batch`` units more than the free slots while the last of them
-    would wait at most this long for a slot, judged from its recent delivery times (0 = never
-    claim ahead of the free slots).
+    outbox) may claim a batch more than the free slots per claim round in flight (two) while
+    the last of them would wait at most this long for a slot, judged from its recent delivery
+    times (0 = never claim ahead of the free slots).
 
     Liveness (see the module docstring and README, Running in production): ``query_timeout``
     bounds every database call on the client (never past the lease or heartbeat of the work
