@@ -638,8 +638,12 @@ class Executor:
         cfg = self.config
         stopping = self._stopping.is_set()
         now = time.monotonic()
-        wanted = [s for s in self._served if len(s.sweeps) < self._depth(s) and s.retry_at <= now
-                  and (s.module.pending_outcomes() or (s.dirty and not stopping))]
+        # A second sweep beside one in flight only while the module has a backlog (its last
+        # round came back full); outcomes otherwise wait for the sweep in flight to end.
+        wanted = [s for s in self._served if s.retry_at <= now and (
+            not s.sweeps or (len(s.sweeps) < self._depth(s) and s.full and s.dirty
+                             and not stopping))
+            and (s.module.pending_outcomes() or (s.dirty and not stopping))]
         if not wanted:
             return
         wanted.sort(key=lambda s: (s.busy / s.share, s.index))
@@ -661,8 +665,8 @@ class Executor:
             self._reserved += room
             task = asyncio.create_task(self._sweep(s, room), name=f"pgfence-{s.module.name}-claim")
             s.sweeps.add(task)
-            # A second round side by side only while the module has a backlog (its last round
-            # came back full): it overlaps the two commits and this process's work with them.
+            # The second round side by side (with a backlog): it overlaps the two commits, and
+            # this process's work with them.
             if depth > len(s.sweeps) and s.full and s.dirty and not stopping:
                 more = min(self._room(s), cfg.batch)
                 if more > 0 and not any(o.dirty for o in wanted[pos + 1:]):
