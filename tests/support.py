@@ -21,6 +21,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from pgfence.db import create_database
 from pgfence.executor import Executor, ExecutorConfig, Module
 from pgfence.migrate import migrate
+from pgfence.operation.handlers import ExternalState, Issued
 
 TESTS = Path(__file__).resolve().parent
 
@@ -148,6 +149,29 @@ def scalar(dsn: str, query: str, params: Sequence[Any] = ()) -> Any:
     with psycopg.connect(dsn, autocommit=True) as conn:
         row = conn.execute(query, params).fetchone()
     return None if row is None else row[0]
+
+
+class InstantOperation:
+    """An operation handler whose external operation has ended by its first poll."""
+
+    idempotent = True
+    poll_interval = 0.05
+    can_cancel = False
+
+    async def issue(self, op: Any) -> Issued:
+        return Issued(f"ext-{op.id}")
+
+    async def poll(self, op: Any, ref: str) -> ExternalState:
+        return ExternalState("succeeded", {"ref": ref})
+
+    async def cancel(self, op: Any, ref: str) -> None:
+        return None
+
+    async def finish(self, op: Any, ref: str, state: ExternalState) -> dict[str, Any] | None:
+        return {"done": ref}
+
+    async def aclose(self) -> None:
+        return None
 
 
 async def executor_until(db: str, module: Module, done: Callable[[], bool], *,

@@ -90,6 +90,21 @@ def test_executor_config_is_validated(db: str, tmp_path: object) -> None:
     assert "unknown table(s) route" in run(db, "executor", "--config", str(bad), code=2)
 
 
+def test_executor_shares_are_validated(db: str, tmp_path: object) -> None:
+    from pathlib import Path
+
+    out = run(db, "executor", "--route", "x=noop", "--share", "plan=2", code=2)
+    assert "no module plan runs here (modules: outbox)" in out
+    assert "expected a whole number from 1 to 1000, got '0'" in run(
+        db, "executor", "--route", "x=noop", "--share", "outbox=0", code=2)
+    bad = Path(str(tmp_path)) / "shares.toml"
+    bad.write_text('[routes]\nx = "noop"\n[shares]\noutbox = "two"\n')
+    assert "outbox must be a whole number from 1 to 1000, got 'two'" in run(
+        db, "executor", "--config", str(bad), code=2)
+    out = run(db, "executor", "--route", "x=noop", "--prefetch-wait", "-1", code=2)
+    assert "is not in the range 0<=x<=60" in out
+
+
 def _config(tmp_path: object, executor: str, routes: str = 'x = "bogus-transport"') -> str:
     from pathlib import Path
 

@@ -20,20 +20,34 @@ which decide. What it does:
   session no longer holds its LISTENs. The pool checks a connection that sat idle before
   handing it out, with the same bound.
 - **Start**: the schema version must match (SchemaMismatch) and the login must be allowed to
-  call what its modules call (MissingPrivilege, naming the GRANT).
-- **Claim**: in rounds of up to ``batch``, never more than the free delivery slots
-  (``concurrency``). Each round is its own short transaction, and its units are started before
-  the next round is asked for: a round that fails (a connection lost mid-sweep, a pooler
-  error, a restart) cannot strand what the earlier rounds of the sweep claimed. No transaction
-  is open while a delivery runs.
-- **Deliver**: each message runs in its own task with a timeout shorter than its lease.
-  Outcomes go back through the fenced SQL functions; successful ones are grouped into one
-  ``outbox_mark_sent_many`` per burst. A failure to record an outcome is logged and retried
-  until the lease would lapse; after that the reaper takes the message back (at least once).
+  call what its modules call (MissingPrivilege, naming the GRANT). The check, the pool's
+  first connection and the listener's are made at the same time, so the first claim follows
+  the check at once.
+- **Claim**: in rounds of up to ``batch``. Each round is its own short transaction, and its
+  units are handed to the delivery slots before the next round is asked for: a round that
+  fails (a connection lost mid-sweep, a pooler error, a restart) cannot strand what the
+  earlier rounds of the sweep claimed. No transaction is open while a delivery runs. A module
+  is asked again when something may be due for it: a NOTIFY on its channel, its next due
+  time, a full round last time, the sweep.
+- **Slots and fairness**: ``concurrency`` delivery slots, served by long-lived slot workers
+  (no task per unit). Free slots are offered to the modules in the order of their use of
+  their share (``shares``, equal by default): the least served module with due work first,
+  capped at its fair share while another module waits, so a backlog in one module (slow
+  webhooks after an outage) never keeps a plan or an operation waiting longer than the next
+  freed slot. A module whose units are quick (the outbox, while its recent deliveries took
+  little time: ``prefetch_wait``) may claim ahead of the free slots (a batch per claim round
+  in flight), so a small ``concurrency`` still claims full batches, and while it has a
+  backlog it keeps two claim rounds in flight side by side, so that their commits overlap.
+- **Deliver**: each message runs in a slot with a timeout that ends before its lease (counted
+  from the claim). Successful outcomes are settled in batches: the next claim round settles
+  every delivery finished since the last one and claims the next batch in one statement and
+  one durable commit (``outbox_settle_and_claim``). A failure to record an outcome is logged
+  and retried until the lease would lapse; after that the reaper takes the message back (at
+  least once).
 - **Reaper**: each module's reaper runs every ``reap_interval`` seconds.
-- **Shutdown**: SIGTERM/SIGINT stop claiming; in-flight deliveries get ``grace`` seconds to
-  finish and be recorded; whatever is left is abandoned to its lease. SIGKILL is survived by
-  leases alone.
+- **Shutdown**: SIGTERM/SIGINT stop claiming; in-flight (and already claimed) deliveries get
+  ``grace`` seconds to finish and be recorded; whatever is left is abandoned to its lease.
+  SIGKILL is survived by leases alone.
 
 Modules plug in through :class:`Module`; the outbox is :class:`OutboxModule`.
 """
@@ -41,6 +55,7 @@ Modules plug in through :class:`Module`; the outbox is :class:`OutboxModule`.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import datetime as dt
 import json
@@ -50,7 +65,6 @@ import random
 import signal
 import socket
 import time
-import uuid
 import weakref
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequence
@@ -69,11 +83,21 @@ from .outbox import Claimed
 from .transports import PermanentError, RetryableError, Transport
 
 SQL_UNTIL = "SELECT greatest(%s::timestamptz - now(), interval '0')"
-# A function that does not exist is not a missing grant: its calls fail (and are logged) on
-# their own, module by module.
-SQL_MISSING_GRANTS = (
-    "SELECT f FROM unnest(%s::text[]) AS f WHERE to_regprocedure(f) IS NOT NULL"
-    " AND NOT has_function_privilege(to_regprocedure(f), 'EXECUTE')"
+# At start: the modules' functions that do not exist (a module may fall back to older ones), those
+# the login may not execute (a function that does not exist is not a missing grant: its calls
+# fail, and are logged, on their own), and the login.
+SQL_START_CHECK = (
+    "WITH f(sig) AS (SELECT unnest(%s::text[]))"
+    " SELECT ARRAY(SELECT sig FROM f WHERE to_regprocedure(sig) IS NULL),"
+    " ARRAY(SELECT sig FROM f WHERE to_regprocedure(sig) IS NOT NULL"
+    " AND NOT has_function_privilege(to_regprocedure(sig), 'EXECUTE')), current_user::text"
+)
+#: The outbox's claim round: settle the deliveries finished since the last one, claim the next.
+SETTLE_AND_CLAIM = ("pgfence.outbox_settle_and_claim(bigint[], integer[], jsonb[], text, integer,"
+                    " text[], interval)")
+SQL_SETTLE_AND_CLAIM = (
+    "SELECT * FROM pgfence.outbox_settle_and_claim(%s::bigint[], %s::int[], %s::jsonb[], %s::text,"
+    " %s::int, %s::text[], %s::interval)"
 )
 #: The channel of the start-up self-check NOTIFY (payload: a token of this executor).
 SELF_CHECK_CHANNEL = "pgfence_self_check"
@@ -110,41 +134,54 @@ def _sever(conn: psycopg.AsyncConnection[Any]) -> None:
             sock.close()
 
 
-@contextlib.asynccontextmanager
-async def bounded(conn: psycopg.AsyncConnection[Any], seconds: float,
-                  what: str) -> AsyncIterator[None]:
+class bounded:  # used like a function: ``async with bounded(conn, seconds, what):``
     """Bound the database calls made on ``conn`` inside the block to ``seconds`` in total.
 
     Past the bound the connection is severed (:func:`_sever`) and :class:`NoAnswer` raised,
-    whatever TCP says: a peer that acknowledges packets but never answers is caught too.
+    whatever TCP says: a peer that acknowledges packets but never answers is caught too. (A
+    class rather than a generator-based context manager: it is on every database call.)
     """
-    fired = False
 
-    def fire() -> None:
-        nonlocal fired
-        fired = True
-        _sever(conn)
+    __slots__ = ("conn", "fired", "handle", "seconds", "what")
 
-    handle = asyncio.get_running_loop().call_later(max(seconds, 0.01), fire)
-    try:
-        yield
-    except psycopg.OperationalError as exc:
-        if fired:
-            raise NoAnswer(f"{what}: no answer from the server within {seconds:.1f}s "
+    def __init__(self, conn: psycopg.AsyncConnection[Any], seconds: float, what: str) -> None:
+        self.conn, self.seconds, self.what = conn, seconds, what
+        self.fired = False
+        self.handle: asyncio.TimerHandle | None = None
+
+    def _fire(self) -> None:
+        self.fired = True
+        _sever(self.conn)
+
+    async def __aenter__(self) -> None:
+        self.handle = asyncio.get_running_loop().call_later(max(self.seconds, 0.01), self._fire)
+
+    async def __aexit__(self, kind: type[BaseException] | None, exc: BaseException | None,
+                        tb: object) -> None:
+        if self.handle is not None:
+            self.handle.cancel()
+        if self.fired and isinstance(exc, psycopg.OperationalError):
+            raise NoAnswer(f"{self.what}: no answer from the server within {self.seconds:.1f}s "
                            "(connection closed)") from exc
-        raise
-    finally:
-        handle.cancel()
 
 
 def default_worker_id() -> str:
     """``host:pid:random`` — unique per process, readable in ``outbox_leases``."""
-    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+    return f"{socket.gethostname()}:{os.getpid()}:{os.urandom(3).hex()}"
 
 
 @dataclass
 class ExecutorConfig:
     """Executor settings. Durations are seconds (float).
+
+    Slots: ``concurrency`` units of work (deliveries, plan runs, operations) at once; each
+    claim round asks for at most ``batch``. ``shares`` weighs the modules (by
+    :attr:`Module.name`, default 1 each) when they compete for slots: with several modules
+    having due work, each holds about ``concurrency * share / total`` slots, and a freed slot
+    goes to the least served one. ``prefetch_wait``: a module whose units are quick (the
+    outbox) may claim a batch more than the free slots per claim round in flight (two) while
+    the last of them would wait at most this long for a slot, judged from its recent delivery
+    times (0 = never claim ahead of the free slots).
 
     Liveness (see the module docstring and README, Running in production): ``query_timeout``
     bounds every database call on the client (never past the lease or heartbeat of the work
@@ -176,6 +213,8 @@ class ExecutorConfig:
     liveness: Liveness = field(default_factory=Liveness)
     listen_dsn: str | None = None
     prepare_threshold: int | None = 5
+    shares: Mapping[str, int] = field(default_factory=dict)
+    prefetch_wait: float = 0.1
 
 
 class Module(ABC):
@@ -186,9 +225,14 @@ class Module(ABC):
     #: The functions this module calls, by signature: the login must be allowed to execute them
     #: (checked at start; pgfence_executor grants them all).
     functions: tuple[str, ...] = ()
+    #: True if its units are independent and usually quick (outbox deliveries): the executor may
+    #: then claim some ahead of the free slots while recent units took little time.
+    prefetch: bool = False
 
     def bind(self, executor: Executor) -> None:
-        """Called once before the executor starts; keep a reference for the pool and config."""
+        """Called once, after the start-up check, before the first claim; keep a reference for
+        the pool and config (``executor.missing_functions`` names the functions of
+        :attr:`functions` that the database lacks)."""
         self.executor = executor
 
     @abstractmethod
@@ -196,13 +240,19 @@ class Module(ABC):
         """Claim up to ``slots`` units of work in rounds; yield each round's jobs (one per unit).
 
         Implement it as an async generator that yields right after each claiming statement: the
-        executor starts a round's jobs before it asks for the next round, so an exception raised
-        by a later round (it ends the sweep and is logged) cannot leave the units that earlier
-        rounds claimed unstarted until their leases lapse.
+        executor hands a round's jobs to its slots before it asks for the next round, so an
+        exception raised by a later round (it ends the sweep and is logged) cannot leave the
+        units that earlier rounds claimed unstarted until their leases lapse. ``slots`` is 0
+        only when :meth:`pending_outcomes` is not 0: record those outcomes, claim nothing.
         """
 
+    def pending_outcomes(self) -> int:
+        """How many finished units wait for their outcome to be recorded by the next
+        :meth:`claim` round (the executor calls it soon, with ``slots`` 0 if none are free)."""
+        return 0
+
     async def next_due(self) -> float | None:
-        """Seconds until this module has due work (None = nothing scheduled)."""
+        """Seconds until this module has due work (None = nothing scheduled or unknown)."""
         return None
 
     async def reap(self) -> int:
@@ -214,6 +264,38 @@ class Module(ABC):
         return None
 
 
+class _Served:
+    """What the executor tracks of one module: its queued and running units, whether it may
+    have due work (``dirty``), when it has more due, and how long its recent units took."""
+
+    __slots__ = ("dirty", "due_at", "failures", "full", "generation", "index", "module", "queue",
+                 "reserved", "retry_at", "running", "share", "sweeps", "took")
+
+    def __init__(self, module: Module, index: int, share: int) -> None:
+        self.module = module
+        self.index = index
+        self.share = share
+        self.queue: collections.deque[tuple[Job, float]] = collections.deque()
+        self.running = 0
+        self.dirty = True
+        self.generation = 0  # bumped by every nudge (NOTIFY, sweep): a claim racing it stays dirty
+        self.due_at: float | None = None  # time.monotonic() of its next due work, if known
+        self.took: float | None = None  # recent unit durations (exponential average), seconds
+        self.sweeps: set[asyncio.Task[None]] = set()  # its claim sweeps in flight
+        self.reserved = 0  # slots its sweeps may still fill
+        self.full = False  # its last claim round got all it asked for (a backlog)
+        self.failures = 0  # claim sweeps failed in a row
+        self.retry_at = 0.0  # time.monotonic() before which a failed module is not asked again
+
+    @property
+    def busy(self) -> int:
+        return self.running + len(self.queue) + self.reserved
+
+    def nudge(self) -> None:
+        self.dirty = True
+        self.generation += 1
+
+
 class Executor:
     """Runs modules until :meth:`stop` (or SIGTERM/SIGINT with :meth:`run_forever`).
 
@@ -221,6 +303,10 @@ class Executor:
         dsn: the database (libpq URI / key=value).
         modules: the modules to serve (e.g. ``[OutboxModule(routes)]``).
         config: :class:`ExecutorConfig`.
+
+    Raises:
+        ValueError: two modules share a name, or ``config.shares`` names no module or gives a
+            share below 1.
     """
 
     def __init__(self, dsn: str, modules: Sequence[Module],
@@ -228,18 +314,40 @@ class Executor:
         self.dsn = dsn
         self.modules = list(modules)
         self.config = config or ExecutorConfig()
+        names = [m.name for m in self.modules]
+        if len(set(names)) != len(names):
+            raise ValueError(f"module names must be unique, got {names}")
+        if unknown := sorted(set(self.config.shares) - set(names)):
+            raise ValueError(f"shares name no module: {', '.join(unknown)} (modules: "
+                             f"{', '.join(names)})")
+        if bad := sorted(k for k, v in self.config.shares.items() if int(v) < 1):
+            raise ValueError(f"a share must be at least 1: {', '.join(bad)}")
+        self._served = [_Served(m, i, int(self.config.shares.get(m.name, 1)))
+                        for i, m in enumerate(self.modules)]
+        self._by_channel: dict[str, list[_Served]] = {}
+        for s in self._served:
+            for ch in s.module.notify_channels:
+                self._by_channel.setdefault(ch, []).append(s)
         self.pool: AsyncConnectionPool | None = None
         self._wake = asyncio.Event()
         self._stopping = asyncio.Event()
-        self._inflight: set[asyncio.Task[None]] = set()
-        self._saturated = False
+        self._started = asyncio.Event()  # the start-up check passed
+        self._slots: set[asyncio.Task[None]] = set()
+        self._idle: collections.deque[asyncio.Future[None]] = collections.deque()
+        self._running = 0
+        self._queued = 0
+        self._reserved = 0
+        self._sweep_at = 0.0
         self._returned: weakref.WeakKeyDictionary[Any, float] = weakref.WeakKeyDictionary()
-        self._check_token = uuid.uuid4().hex
+        self._check_token = os.urandom(16).hex()
         self._check_heard = asyncio.Event()
         self.listener_connects = 0  # observable for tests: how many times LISTEN was (re)issued
         #: The start-up self-check: True = a NOTIFY sent on the main connection reached the
         #: listener, False = it did not within probe_timeout, None = not run (yet).
         self.self_check: bool | None = None
+        #: Signatures of the modules' :attr:`Module.functions` that the database does not have
+        #: (read at start; a module may fall back to older functions).
+        self.missing_functions: frozenset[str] = frozenset()
 
     # -- lifecycle --------------------------------------------------------------------------
     def stop(self) -> None:
@@ -284,27 +392,33 @@ class Executor:
         MissingPrivilege (the login may not call what a module calls; the message names the
         GRANT), psycopg.OperationalError (the database is unreachable at start).
         """
-        await self._preflight()
         self.pool = AsyncConnectionPool(
             self.dsn, min_size=1, max_size=self.config.pool_size, open=False,
             kwargs=self.connect_kwargs(self.dsn, "executor"), name="pgfence-executor",
-            timeout=self.config.query_timeout, check=self._check_idle, reset=self._on_return,
+            timeout=self.config.query_timeout, check=self._check_idle,
         )
-        await self.pool.open(wait=True, timeout=30)
-        for module in self.modules:
-            module.bind(self)
-        logger.info("executor %s started: modules=%s concurrency=%d batch=%d poll=%.1fs",
-                    self.worker_id, ",".join(m.name for m in self.modules),
-                    self.config.concurrency, self.config.batch, self.config.poll_interval)
+        # Start-up work side by side: the pool's first connection and the listener's are made
+        # while the check runs on a connection of its own, so the first claim follows the check.
+        await self.pool.open(wait=False)
         listener = asyncio.create_task(self._listen(), name="pgfence-listener")
-        reaper = asyncio.create_task(self._reap_loop(), name="pgfence-reaper")
+        reaper: asyncio.Task[None] | None = None
         try:
+            await self._preflight()
+            for module in self.modules:
+                module.bind(self)
+            self._started.set()
+            logger.info("executor %s started: modules=%s concurrency=%d batch=%d poll=%.1fs",
+                        self.worker_id, ",".join(m.name for m in self.modules),
+                        self.config.concurrency, self.config.batch, self.config.poll_interval)
+            reaper = asyncio.create_task(self._reap_loop(), name="pgfence-reaper")
             await self._dispatch()
             await self._drain()
         finally:
-            for task in (listener, reaper):
+            tasks = [t for t in (listener, reaper, *self._slots,
+                                 *(t for s in self._served for t in s.sweeps)) if t is not None]
+            for task in tasks:
                 task.cancel()
-            await asyncio.gather(listener, reaper, return_exceptions=True)
+            await asyncio.gather(*tasks, return_exceptions=True)
             for module in self.modules:
                 with contextlib.suppress(Exception):
                     await module.aclose()
@@ -324,7 +438,7 @@ class Executor:
 
     def _on_signal(self, sig: int) -> None:
         logger.warning("executor %s: %s received, no new claims; %d in flight get %.0fs",
-                       self.worker_id, signal.Signals(sig).name, len(self._inflight),
+                       self.worker_id, signal.Signals(sig).name, self._running,
                        self.config.grace)
         self.stop()
 
@@ -335,10 +449,12 @@ class Executor:
                 bounded(conn, self.config.query_timeout, "start-up check"):
             check_version(await aschema_version(conn))
             wanted = sorted({f for m in self.modules for f in m.functions})
-            cur = await conn.execute(SQL_MISSING_GRANTS, (wanted,))
-            missing = [str(r[0]) for r in await cur.fetchall()]
-            cur = await conn.execute("SELECT current_user")
-            login = (await cur.fetchone() or ("?",))[0]
+            cur = await conn.execute(SQL_START_CHECK, (wanted,))
+            row = await cur.fetchone()
+        absent: list[str] = list(row[0] or ()) if row else []
+        missing: list[str] = list(row[1] or ()) if row else []
+        login: str = str(row[2]) if row else "?"
+        self.missing_functions = frozenset(absent)
         if missing:
             raise MissingPrivilege(
                 f"database login {login} may not execute {', '.join(missing)}: the executor "
@@ -349,21 +465,24 @@ class Executor:
                 hint=f"GRANT pgfence_executor TO {_ident(login)};")
 
     # -- the pool -----------------------------------------------------------------------------
-    async def _on_return(self, conn: psycopg.AsyncConnection[Any]) -> None:
-        self._returned[conn] = time.monotonic()
-
     async def _check_idle(self, conn: psycopg.AsyncConnection[Any]) -> None:
         """The pool's check before handing out a connection that sat idle: one round trip
-        within ``probe_timeout`` (a broken or half-open one fails and is replaced)."""
-        idle = time.monotonic() - self._returned.get(conn, 0.0)
-        if idle < self.config.pool_check_idle:
+        within ``probe_timeout`` (a broken or half-open one fails and is replaced). A new
+        connection (never returned yet) was just made: no check."""
+        returned = self._returned.get(conn)
+        if returned is None or time.monotonic() - returned < self.config.pool_check_idle:
             return
         async with bounded(conn, self.config.probe_timeout, "pool check of an idle connection"):
             await conn.execute("SELECT 1")
 
     # -- wake-up ----------------------------------------------------------------------------
+    def _nudge_all(self) -> None:
+        for s in self._served:
+            s.nudge()
+        self._wake.set()
+
     async def _listen(self) -> None:
-        channels = sorted({c for m in self.modules for c in m.notify_channels})
+        channels = sorted(self._by_channel)
         if not channels:
             return
         cfg = self.config
@@ -381,7 +500,7 @@ class Executor:
                         logger.warning("listener reconnected after %d failed attempt(s); sweeping",
                                        failures)
                     failures = 0
-                    self._wake.set()  # NOTIFYs sent while we were away are lost: sweep now
+                    self._nudge_all()  # NOTIFYs sent while we were away are lost: sweep now
                     if checking is None:
                         checking = asyncio.create_task(self._self_check(),
                                                        name="pgfence-self-check")
@@ -406,11 +525,17 @@ class Executor:
         raising (a lost or half-open connection: NoAnswer)."""
         cfg = self.config
         warned = False
+        by_channel = self._by_channel
         while not self._stopping.is_set():
             async for note in conn.notifies(timeout=cfg.probe_interval):
-                if note.channel != SELF_CHECK_CHANNEL:
+                served = by_channel.get(note.channel)
+                if served is not None:
+                    for s in served:
+                        s.nudge()
+                    if self._started.is_set() and not self._stopping.is_set():
+                        self._launch()  # the claim goes out now, not after the dispatcher's turn
                     self._wake.set()
-                elif note.payload == self._check_token:
+                elif note.channel == SELF_CHECK_CHANNEL and note.payload == self._check_token:
                     self._check_heard.set()
             async with bounded(conn, cfg.probe_timeout, "listener heartbeat"):
                 cur = await conn.execute("SELECT pg_catalog.pg_listening_channels()")
@@ -426,10 +551,11 @@ class Executor:
                     warned = True
                     for ch in missing:
                         await conn.execute(f"LISTEN {ch}")
-                    self._wake.set()
+                    self._nudge_all()
 
     async def _self_check(self) -> None:
         """Once, at start: a NOTIFY sent on a pooled connection must reach the listener."""
+        await self._started.wait()  # after the start-up check: the first claim goes first
         started = time.monotonic()
         try:
             await self.fetch("SELECT pg_catalog.pg_notify(%s, %s)",
@@ -453,82 +579,238 @@ class Executor:
 
     # -- dispatch ---------------------------------------------------------------------------
     async def _dispatch(self) -> None:
+        """Start claim sweeps whenever a module may have due work and a slot is free (or
+        outcomes wait to be recorded); in between, sleep until a NOTIFY, a freed slot, a
+        finished sweep, the next due time or the sweep timer."""
         cfg = self.config
-        failures = 0
+        self._sweep_at = time.monotonic() + cfg.poll_interval
         while not self._stopping.is_set():
             self._wake.clear()
-            timeout = cfg.poll_interval
-            free = cfg.concurrency - len(self._inflight)
-            failed = False
-            # Each module on its own: one module's failure (a database error, a poisoned row)
-            # must not stop the others from claiming.
-            for module in self.modules:
-                if free <= 0:
-                    break
-                started = 0
-                try:
-                    async for jobs in module.claim(free):
-                        # Started before the next round is asked for: whatever that round
-                        # raises, these units are running (not left to their leases).
-                        for job in jobs:
-                            self._spawn(job)
-                        started += len(jobs)
-                        free -= len(jobs)
-                        if jobs:
-                            await asyncio.sleep(0)  # let them start before the next query
-                except Exception as exc:
-                    failed = True
-                    logger.warning("%s claim failed (%s: %s)%s", module.name, type(exc).__name__,
-                                   str(exc).strip().splitlines()[0] if str(exc) else "",
-                                   f"; the {started} unit(s) claimed before it were started"
-                                   if started else "")
-            self._saturated = free <= 0
-            if not self._saturated:
-                for module in self.modules:
-                    try:
-                        due = await module.next_due()
-                    except Exception:
-                        failed = True
-                        continue
-                    if due is not None:
-                        timeout = min(timeout, max(due, 0.001))
-            if failed:
-                failures += 1
-                timeout = min(timeout, cfg.reconnect_max, 0.1 * 2 ** min(failures - 1, 10))
-                logger.warning("retrying in %.2fs", timeout)
-            else:
-                failures = 0
-            if self._saturated:
-                # a finishing job sets _wake; the timeout is only a safety net
-                timeout = cfg.poll_interval
+            now = time.monotonic()
+            if now >= self._sweep_at:
+                self._sweep_at = now + cfg.poll_interval
+                for s in self._served:
+                    s.nudge()
+            for s in self._served:
+                if s.due_at is not None and s.due_at <= now:
+                    s.due_at = None
+                    s.nudge()
+            self._launch()
+            timeout = max(self._sweep_at - now, 0.0)
+            for s in self._served:
+                if s.due_at is not None:
+                    timeout = min(timeout, s.due_at - now)
+                if s.retry_at > now and (s.dirty or s.module.pending_outcomes()):
+                    timeout = min(timeout, s.retry_at - now)
+            if timeout <= 0:
+                continue
             # asyncio.timeout, not wait_for: no extra task between a NOTIFY and the next claim
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(timeout):
                     await self._wake.wait()
 
-    def _spawn(self, job: Job) -> None:
-        task = asyncio.create_task(job())
-        self._inflight.add(task)
-        task.add_done_callback(self._done)
+    def _room(self, s: _Served) -> int:
+        """How many units ``s`` may claim now: the free slots, plus a batch ahead of them per
+        claim round in flight for a module whose units are quick, while the last of them would
+        wait at most ``prefetch_wait`` for a slot (judged from its recent units)."""
+        cfg = self.config
+        limit = cfg.concurrency
+        ahead = self._depth(s) * cfg.batch
+        # The last unit claimed ahead waits about ahead / concurrency unit times for a slot.
+        if s.module.prefetch and s.took is not None and cfg.prefetch_wait > 0 \
+                and s.took * (1 + ahead / cfg.concurrency) <= cfg.prefetch_wait:
+            limit += ahead
+        return limit - self._running - self._queued - self._reserved
 
-    def _done(self, task: asyncio.Task[None]) -> None:
-        self._inflight.discard(task)
-        if not task.cancelled() and task.exception() is not None:
-            logger.error("job crashed: %r", task.exception())
-        if self._saturated:
-            self._saturated = False
+    def _launch(self) -> None:
+        """Start a claim sweep for each module that may have due work. A sweep claims in
+        rounds of ``batch``, the next round asked for while the units of the last one run; one
+        sweep per module at a time, except for a module whose units are quick (the outbox):
+        while it has a backlog it has two rounds in flight side by side, so that their commits
+        overlap, and with them this process's work.
+
+        Modules are served least-served first (their busy slots over their share); while
+        another module with possibly due work comes after it, a module gets no more than its
+        fair share of the slots, so a backlog in one never holds the others off for longer than
+        the next freed slot. Slots a module leaves unused go to the next one; a module capped
+        by its share stays due and gets the rest once the others are served.
+        """
+        cfg = self.config
+        stopping = self._stopping.is_set()
+        now = time.monotonic()
+        # A second sweep beside one in flight only while the module has a backlog (its last
+        # round came back full); outcomes otherwise wait for the sweep in flight to end.
+        wanted = [s for s in self._served if s.retry_at <= now and (
+            not s.sweeps or (len(s.sweeps) < self._depth(s) and s.full and s.dirty
+                             and not stopping))
+            and (s.module.pending_outcomes() or (s.dirty and not stopping))]
+        if not wanted:
+            return
+        wanted.sort(key=lambda s: (s.busy / s.share, s.index))
+        active = sum(s.share for s in self._served if s.dirty or s.busy)
+        for pos, s in enumerate(wanted):
+            room = 0
+            if s.dirty and not stopping:
+                room = self._room(s)
+                if any(o.dirty for o in wanted[pos + 1:]):
+                    fair = max(1, cfg.concurrency * s.share // max(active, 1))
+                    room = min(room, fair - s.busy)
+            room = max(room, 0)
+            depth = self._depth(s)
+            if depth > 1:
+                room = min(room, cfg.batch)  # one round each, side by side
+            if room == 0 and not s.module.pending_outcomes():
+                continue
+            s.reserved += room
+            self._reserved += room
+            task = asyncio.create_task(self._sweep(s, room), name=f"pgfence-{s.module.name}-claim")
+            s.sweeps.add(task)
+            # The second round side by side (with a backlog): it overlaps the two commits, and
+            # this process's work with them.
+            if depth > len(s.sweeps) and s.full and s.dirty and not stopping:
+                more = min(self._room(s), cfg.batch)
+                if more > 0 and not any(o.dirty for o in wanted[pos + 1:]):
+                    s.reserved += more
+                    self._reserved += more
+                    task = asyncio.create_task(self._sweep(s, more),
+                                               name=f"pgfence-{s.module.name}-claim")
+                    s.sweeps.add(task)
+
+    def _depth(self, s: _Served) -> int:
+        """Claim sweeps ``s`` may have in flight: two (of one round each) for a module whose
+        units are quick."""
+        return 2 if s.module.prefetch else 1
+
+    async def _sweep(self, s: _Served, slots: int) -> None:
+        """One claim sweep of ``s`` for up to ``slots`` units (0: only record its outcomes);
+        ``slots`` were reserved for it by :meth:`_launch`."""
+        cfg = self.config
+        generation = s.generation
+        claimed = 0
+        held = slots
+        try:
+            async for jobs in s.module.claim(slots):
+                # Handed to the slots before the next round is asked for: whatever that round
+                # raises, these units run (not left to their leases).
+                done = min(len(jobs), held)
+                held -= done
+                s.reserved -= done
+                self._reserved -= done
+                self._enqueue(s, jobs)
+                claimed += len(jobs)
+        except Exception as exc:
+            s.failures += 1
+            delay = min(cfg.reconnect_max, 0.1 * 2 ** min(s.failures - 1, 10))
+            s.retry_at = time.monotonic() + delay
+            logger.warning("%s claim failed (%s: %s)%s; retrying in %.2fs", s.module.name,
+                           type(exc).__name__, str(exc).strip().splitlines()[0] if str(exc) else "",
+                           f"; the {claimed} unit(s) claimed before it were started"
+                           if claimed else "", delay)
+        else:
+            s.failures = 0
+            s.full = claimed >= slots > 0
+            if claimed < slots and s.generation == generation:
+                # Drained (nothing more due now): asked again on a NOTIFY, its due time or the
+                # sweep. A module that answers "due now" although it got fewer units than it
+                # asked for (another executor holds them) looks again a moment later.
+                s.dirty = False
+                with contextlib.suppress(Exception):
+                    due = await s.module.next_due()
+                    s.due_at = None if due is None else time.monotonic() + max(due, 0.002)
+        finally:
+            s.reserved -= held
+            self._reserved -= held
+            task = asyncio.current_task()
+            if task is not None:
+                s.sweeps.discard(task)
             self._wake.set()
 
-    async def _drain(self) -> None:
-        if not self._inflight:
+    # -- slots ------------------------------------------------------------------------------
+    def _enqueue(self, s: _Served, jobs: list[Job]) -> None:
+        """Queue a round's units for the slots; wake idle slot workers or start new ones."""
+        if not jobs:
             return
-        _, pending = await asyncio.wait(set(self._inflight), timeout=self.config.grace)
-        if pending:
+        now = time.monotonic()
+        s.queue.extend((job, now) for job in jobs)
+        self._queued += len(jobs)
+        for _ in range(len(jobs)):
+            while self._idle:
+                waiter = self._idle.popleft()
+                if not waiter.done():
+                    waiter.set_result(None)
+                    break
+            else:
+                if len(self._slots) < self.config.concurrency:
+                    task = asyncio.create_task(self._slot(), name="pgfence-slot")
+                    self._slots.add(task)
+                    task.add_done_callback(self._slots.discard)
+
+    def _next_unit(self) -> tuple[_Served, Job] | None:
+        """The next queued unit, of the module that runs the fewest units for its share."""
+        best: _Served | None = None
+        for s in self._served:
+            if s.queue and (best is None or s.running * best.share < best.running * s.share):
+                best = s
+        if best is None:
+            return None
+        job, _ = best.queue.popleft()
+        self._queued -= 1
+        return best, job
+
+    async def _slot(self) -> None:
+        """A slot worker: runs queued units one after the other; idles when there are none."""
+        loop = asyncio.get_running_loop()
+        while True:
+            unit = self._next_unit()
+            if unit is None:
+                waiter: asyncio.Future[None] = loop.create_future()
+                self._idle.append(waiter)
+                await waiter
+                continue
+            s, job = unit
+            s.running += 1
+            self._running += 1
+            started = time.monotonic()
+            try:
+                await job()
+            except asyncio.CancelledError:
+                task = asyncio.current_task()
+                if task is not None and task.cancelling():
+                    raise
+                logger.error("%s job ended by cancellation", s.module.name)
+            except Exception as exc:
+                logger.error("job crashed: %r", exc)
+            finally:
+                took = time.monotonic() - started
+                s.took = took if s.took is None else s.took + (took - s.took) * 0.2
+                s.running -= 1
+                self._running -= 1
+                self._wake.set()
+
+    async def _drain(self) -> None:
+        """After stop: in-flight and claimed units get ``grace`` seconds, their outcomes are
+        recorded as they finish; whatever is left then is abandoned to its lease."""
+        deadline = time.monotonic() + self.config.grace
+        while True:
+            self._wake.clear()
+            self._launch()  # stopping: sweeps that only record outcomes
+            now = time.monotonic()
+            pending = any(s.module.pending_outcomes() for s in self._served)
+            if not (self._running or self._queued or pending
+                    or any(s.sweeps for s in self._served)):
+                return
+            timeout = deadline - now
+            if timeout <= 0:
+                break
+            for s in self._served:
+                if s.retry_at > now and s.module.pending_outcomes():
+                    timeout = min(timeout, s.retry_at - now)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(timeout):
+                    await self._wake.wait()
+        if self._running or self._queued:
             logger.warning("grace period over: abandoning %d in-flight job(s) to their leases",
-                           len(pending))
-            for task in pending:
-                task.cancel()
-            await asyncio.gather(*pending, return_exceptions=True)
+                           self._running + self._queued)
 
     async def _reap_loop(self) -> None:
         while not self._stopping.is_set():
@@ -536,15 +818,17 @@ class Executor:
                 await asyncio.wait_for(self._stopping.wait(), self.config.reap_interval)
             if self._stopping.is_set():
                 return
-            for module in self.modules:
+            for s in self._served:
                 try:
-                    n = await module.reap()
+                    n = await s.module.reap()
                 except Exception as exc:
-                    logger.warning("%s reaper failed: %s", module.name, exc)
+                    logger.warning("%s reaper failed: %s", s.module.name, exc)
                     continue
                 if n:
-                    logger.warning("%s reaper took back %d lapsed claim(s)", module.name, n)
+                    logger.warning("%s reaper took back %d lapsed claim(s)", s.module.name, n)
+                    s.nudge()
                     self._wake.set()
+
 
     # -- database helpers for modules ----------------------------------------------------
     async def retry_wait(self, exc: RetryableError) -> dt.timedelta | None:
@@ -582,12 +866,21 @@ class Executor:
             if retry_until is not None:
                 bound = min(bound, max(retry_until - time.monotonic(), 0.1))
             try:
-                async with self.pool.connection(timeout=bound) as conn, \
-                        bounded(conn, bound, "database call"):
-                    cur = conn.cursor(row_factory=row_factory) if row_factory else conn.cursor()
-                    async with cur:
-                        await cur.execute(query, params)
-                        return await cur.fetchall() if cur.description else []
+                async with self.pool.connection(timeout=bound) as conn:
+                    try:
+                        async with bounded(conn, bound, "database call"):
+                            cur = conn.cursor(row_factory=row_factory) if row_factory \
+                                else conn.cursor()
+                            async with cur:
+                                await cur.execute(query, params)
+                                res = cur.pgresult  # not cur.description: it builds columns
+                                return await cur.fetchall() if res is not None and res.nfields \
+                                    else []
+                    finally:
+                        # When it went back to the pool (an idle one is checked before reuse).
+                        # Not the pool's reset callback: that returns every connection through
+                        # a task of the pool's, a hop on every call.
+                        self._returned[conn] = time.monotonic()
             except psycopg.OperationalError as exc:
                 attempt += 1
                 delay = min(self.config.reconnect_max, 0.05 * 2 ** min(attempt, 10))
@@ -600,12 +893,17 @@ class Executor:
 # ===============================================================================================
 # Outbox
 # ===============================================================================================
-@dataclass
+@dataclass(slots=True)
 class _SentItem:
+    """A delivered message whose ``sent`` is still to be recorded (by the next claim round)."""
+
     message: Claimed
     receipt: dict[str, Any] | None
-    deadline: float
-    done: asyncio.Future[bool]
+    deadline: float  # time.monotonic() when its lease lapses
+
+
+#: ``OutboxModule._next_due`` when the last round did not say (ask outbox_next_due).
+_UNKNOWN = -1.0
 
 
 def _storable(receipt: Any, message: Claimed) -> dict[str, Any] | None:
@@ -629,6 +927,11 @@ def _storable(receipt: Any, message: Claimed) -> dict[str, Any] | None:
 class OutboxModule(Module):
     """Delivers outbox messages through the transport routed for each channel.
 
+    Each claim round records the deliveries finished since the previous one and claims the
+    next batch in one statement and one durable commit (``outbox_settle_and_claim``; on a
+    database that lacks it, ``outbox_mark_sent_many`` then ``outbox_claim``). A round with
+    nothing to settle (a wake-up) is a plain ``outbox_claim``.
+
     Args:
         routes: channel → transport. The key ``"*"`` is the fallback for other channels.
         channels: claim only these channels; None = the routed channels, or all channels when
@@ -641,11 +944,13 @@ class OutboxModule(Module):
     name = "outbox"
     notify_channels = (sql.NOTIFY_CHANNEL,)
     functions = ("pgfence.outbox_claim(text, integer, text[], interval)",
+                 SETTLE_AND_CLAIM,
                  "pgfence.outbox_mark_sent_many(bigint[], integer[], jsonb[])",
                  "pgfence.outbox_mark_sent(bigint, integer, jsonb)",
                  "pgfence.outbox_mark_failed(bigint, integer, text, boolean, interval)",
                  "pgfence.outbox_reap(integer)",
                  "pgfence.outbox_next_due(text[])")
+    prefetch = True
 
     def __init__(self, routes: Mapping[str, Transport], *, channels: Sequence[str] | None = None,
                  lease: dt.timedelta | None = None, margin: float = 2.0) -> None:
@@ -660,18 +965,25 @@ class OutboxModule(Module):
             self.channels = sorted(self.routes)
         self.lease = lease
         self.margin = margin
-        self._sent: asyncio.Queue[_SentItem] = asyncio.Queue()
-        self._completer: asyncio.Task[None] | None = None
+        # The channels as an array literal, made once (cheaper than adapting the list per call).
+        self._channels = None if self.channels is None else "{" + ",".join(
+            '"' + c.replace("\\", "\\\\").replace('"', '\\"') + '"' for c in self.channels) + "}"
+        self._sent: list[_SentItem] = []
+        self._next_due: float | None = None  # seconds, as of the last round (or _UNKNOWN)
+        self._combined = True
         self.delivered = 0
 
     def bind(self, executor: Executor) -> None:
         super().bind(executor)
-        self._completer = asyncio.create_task(self._complete_loop(), name="pgfence-outbox-marks")
+        self._combined = SETTLE_AND_CLAIM not in executor.missing_functions
+        if not self._combined:
+            logger.warning("the database has no %s (run `pgfence migrate`): settling and "
+                           "claiming in two statements", SETTLE_AND_CLAIM)
 
     async def aclose(self) -> None:
-        if self._completer is not None:
-            self._completer.cancel()
-            await asyncio.gather(self._completer, return_exceptions=True)
+        for item in self._sent:
+            self._unrecorded(item, "the executor stopped first")
+        self._sent = []
         for transport in {id(t): t for t in self.routes.values()}.values():
             with contextlib.suppress(Exception):
                 await transport.aclose()
@@ -679,45 +991,173 @@ class OutboxModule(Module):
     def _transport(self, channel: str) -> Transport | None:
         return self.routes.get(channel) or self.routes.get("*")
 
+    def pending_outcomes(self) -> int:
+        return len(self._sent)
+
     async def claim(self, slots: int) -> AsyncIterator[list[Job]]:
-        batch = min(slots, self.executor.config.batch)
-        while slots > 0:
-            rows: list[Claimed] = await self.executor.fetch(
-                sql.SQL_CLAIM, (self.executor.worker_id, min(batch, slots), self.channels,
-                                self.lease), row_factory=class_row(Claimed))
-            yield [self._job(message) for message in rows]
+        batch = self.executor.config.batch
+        while True:
+            n = min(batch, slots)
+            sent, self._sent = self._sent, []
+            if n <= 0 and not sent:
+                return
+            # The lease runs from the claim: counted from before the request, to be safe.
+            asked = time.monotonic()
+            rows = await self._settle_and_claim(sent, max(n, 0))
+            yield [self._job(message, asked) for message in rows]
             slots -= len(rows)
-            if len(rows) < batch:
-                break
+            if len(rows) < n or slots <= 0:
+                return
 
     async def next_due(self) -> float | None:
-        rows = await self.executor.fetch(sql.SQL_NEXT_DUE, (self.channels,))
-        due = rows[0][0] if rows else None
-        return None if due is None else due.total_seconds()
+        if self._next_due == _UNKNOWN:
+            rows = await self.executor.fetch(sql.SQL_NEXT_DUE, (self._channels,))
+            due: dt.timedelta | None = rows[0][0] if rows else None
+            self._next_due = None if due is None else due.total_seconds()
+        return self._next_due
 
     async def reap(self) -> int:
         rows = await self.executor.fetch(sql.SQL_RECLAIM, (1000,))
         return int(rows[0][0]) if rows else 0
 
-    def _job(self, message: Claimed) -> Job:
-        async def run() -> None:
-            await self.deliver(message)
+    # -- one round: settle, then claim ----------------------------------------------------------
+    async def _settle_and_claim(self, sent: list[_SentItem], n: int) -> list[Claimed]:
+        """Record ``sent`` and claim up to ``n`` messages (0: settle only); log each outcome.
+
+        Raises what the round raised. Outcomes a lost connection left unrecorded go back to
+        the next round (until their leases would lapse): the dispatcher retries with backoff
+        and is never held up here, so a stop or a NOTIFY is still heard.
+        """
+        try:
+            if not sent or not self._combined:
+                # Nothing to settle (a wake-up): the plain claim is the shorter statement.
+                if sent:
+                    self._log_sent(sent, await self._mark_sent(sent))
+                    sent = []
+                return await self._claim_alone(n)
+            # The arrays as literals: joining numbers is cheaper than adapting list elements.
+            ids = "{" + ",".join([str(i.message.id) for i in sent]) + "}"
+            attempts = "{" + ",".join([str(i.message.attempt) for i in sent]) + "}"
+            receipts = ([Jsonb(i.receipt) if i.receipt is not None else None for i in sent]
+                        if any(i.receipt is not None for i in sent) else None)
+            try:
+                rows = await self.executor.fetch(
+                    SQL_SETTLE_AND_CLAIM, (ids, attempts, receipts, self.executor.worker_id,
+                                           n, self._channels, self.lease))
+            except psycopg.OperationalError:
+                raise
+            except psycopg.Error:
+                # E.g. a message purged meanwhile (P0002), or the claim failed: nothing of the
+                # call was committed. Record the marks on their own, then claim on its own.
+                self._log_sent(sent, await self._mark_sent(sent))
+                sent = []
+                return await self._settle_and_claim([], n) if n > 0 else []
+        except psycopg.OperationalError:
+            # No answer: whether it committed is unknown. The marks are fenced, so recording
+            # them again is safe; what a claim took (if anything) is left to its leases.
+            self._requeue(sent)
+            raise
+        last = rows[-1]
+        due: dt.timedelta | None = last[11]
+        self._next_due = None if due is None else due.total_seconds()
+        if sent:
+            self._log_sent(sent, set(last[10] or ()))
+        return [Claimed(*r[:10]) for r in rows[:-1]]
+
+    async def _claim_alone(self, n: int) -> list[Claimed]:
+        """``outbox_claim`` alone. When it comes back short, the next due time is asked for
+        later (:meth:`next_due`), after its messages were handed to the slots."""
+        if n <= 0:
+            return []
+        rows: list[Claimed] = await self.executor.fetch(
+            sql.SQL_CLAIM, (self.executor.worker_id, n, self._channels, self.lease),
+            row_factory=class_row(Claimed))
+        self._next_due = 0.0 if len(rows) == n else _UNKNOWN
+        return rows
+
+    def _requeue(self, items: list[_SentItem]) -> None:
+        """Give unrecorded outcomes to the next round, those whose lease has not lapsed."""
+        now = time.monotonic()
+        keep = [i for i in items if i.deadline > now]
+        for item in items:
+            if item.deadline <= now:
+                self._unrecorded(item, "its lease lapsed first")
+        self._sent[:0] = keep
+
+    @staticmethod
+    def _unrecorded(item: _SentItem, why: str) -> None:
+        logger.error("could not record the outcome of outbox#%d attempt %d (%s); the reaper "
+                     "will take it back when the lease lapses", item.message.id,
+                     item.message.attempt, why)
+
+    def _log_sent(self, sent: list[_SentItem], marked: set[int]) -> None:
+        info = logger.isEnabledFor(logging.INFO)
+        for item in sent:
+            m = item.message
+            if m.id not in marked:
+                logger.warning("stale    outbox#%d attempt %d delivered but its claim was "
+                               "taken over; the new owner delivers again (at least once)",
+                               m.id, m.attempt)
+            elif info:
+                logger.info("sent     outbox#%d %s -> %s attempt %d", m.id, m.channel,
+                            m.recipient, m.attempt)
+
+    async def _mark_sent(self, items: list[_SentItem]) -> set[int]:
+        """``outbox_mark_sent_many`` for ``items``; one by one if the batch is refused.
+
+        Raises psycopg.OperationalError (a lost connection: nothing is known)."""
+        params = ([i.message.id for i in items], [i.message.attempt for i in items],
+                  [Jsonb(i.receipt) if i.receipt is not None else None for i in items])
+        try:
+            rows = await self.executor.fetch(sql.SQL_MARK_SENT_MANY, params)
+            return {int(r[0]) for r in rows}
+        except psycopg.OperationalError:
+            raise
+        except Exception as exc:
+            # E.g. a message purged meanwhile (P0002): record the others one by one, so that a
+            # single bad item does not send every message of the batch out again.
+            logger.warning("batch mark failed (%s); marking %d message(s) one by one",
+                           exc, len(items))
+            marked: set[int] = set()
+            for item in items:
+                try:
+                    rows = await self.executor.fetch(
+                        sql.SQL_MARK_SENT, (item.message.id, item.message.attempt,
+                                            Jsonb(item.receipt) if item.receipt else None))
+                except psycopg.OperationalError:
+                    raise
+                except Exception as one:
+                    logger.error("could not mark outbox#%d sent: %s", item.message.id, one)
+                    continue
+                if rows and rows[0][0]:
+                    marked.add(item.message.id)
+            return marked
+
+    # -- one delivery -------------------------------------------------------------------------
+    def _job(self, message: Claimed, claimed_at: float) -> Job:
+        def run() -> Coroutine[Any, Any, None]:
+            return self.deliver(message, claimed_at)
         return run
 
-    async def deliver(self, message: Claimed) -> None:
-        """Deliver one claimed message and record the outcome under its fence."""
+    async def deliver(self, message: Claimed, claimed_at: float | None = None) -> None:
+        """Deliver one claimed message and record the outcome under its fence.
+
+        ``claimed_at``: ``time.monotonic()`` when its claim was asked for (None = now); its
+        lease, measured on the database clock, runs from then. A success is recorded by the
+        next claim round (with the other deliveries finished meanwhile); a failure at once.
+        """
         started = time.monotonic()
-        # The lease is measured on the database clock; this local deadline only bounds our own
-        # wait so that the outcome reaches the database before the lease can lapse.
-        lease_s = message.lease.total_seconds()
-        deadline = started + lease_s
+        # This local deadline only bounds our own wait, so that the outcome reaches the
+        # database before the lease can lapse.
+        deadline = (started if claimed_at is None else claimed_at) + message.lease.total_seconds()
+        left = deadline - started
         # Leave `margin` seconds to record the outcome; with a very short lease, half of it.
-        budget = lease_s - self.margin if lease_s > 2 * self.margin else lease_s / 2
+        budget = left - self.margin if left > 2 * self.margin else max(left / 2, 0.001)
         transport = self._transport(message.channel)
         error: str | None = None
+        raw: Any = None
         retryable = True
         retry_after: dt.timedelta | None = None
-        receipt: dict[str, Any] | None = None
         # asyncio.timeout, not wait_for: no extra task before the handler starts
         deadline_cm = asyncio.timeout(budget)
         try:
@@ -725,7 +1165,6 @@ class OutboxModule(Module):
                 raise PermanentError(f"no route for channel {message.channel!r}")
             async with deadline_cm:
                 raw = await transport.deliver(message)
-            receipt = _storable(raw, message)
         except RetryableError as exc:
             error, retry_after = str(exc), await self.executor.retry_wait(exc)
         except PermanentError as exc:
@@ -741,84 +1180,27 @@ class OutboxModule(Module):
             raise
         except Exception as exc:
             error = f"{type(exc).__name__}: {exc}"
-        elapsed_ms = (time.monotonic() - started) * 1000
+        if error is None:
+            self.delivered += 1
+            self._sent.append(_SentItem(message, _storable(raw, message), deadline))
+            return
         try:
-            if error is None:
-                fut: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
-                await self._sent.put(_SentItem(message, receipt, deadline, fut))
-                marked = await fut
-                self.delivered += 1
-                if marked:
-                    logger.info("sent     outbox#%d %s -> %s attempt %d (%.0f ms)", message.id,
-                                message.channel, message.recipient, message.attempt, elapsed_ms)
-                else:
-                    logger.warning("stale    outbox#%d attempt %d delivered but its claim was "
-                                   "taken over; the new owner delivers again (at least once)",
-                                   message.id, message.attempt)
+            rows = await self.executor.fetch(
+                sql.SQL_MARK_FAILED,
+                (message.id, message.attempt, error[:8000], retryable, retry_after),
+                retry_until=deadline)
+            status = rows[0][0] if rows else None
+            if status is None:
+                logger.warning("stale    outbox#%d attempt %d failed (%s) but its claim "
+                               "was taken over", message.id, message.attempt, error)
             else:
-                rows = await self.executor.fetch(
-                    sql.SQL_MARK_FAILED,
-                    (message.id, message.attempt, error[:8000], retryable, retry_after),
-                    retry_until=deadline)
-                status = rows[0][0] if rows else None
-                if status is None:
-                    logger.warning("stale    outbox#%d attempt %d failed (%s) but its claim "
-                                   "was taken over", message.id, message.attempt, error)
-                else:
-                    log = logger.info if status == "pending" else logger.warning
-                    log("%-8s outbox#%d %s -> %s attempt %d/%d: %s", status, message.id,
-                        message.channel, message.recipient, message.attempt,
-                        message.max_attempts, error)
+                log = logger.info if status == "pending" else logger.warning
+                log("%-8s outbox#%d %s -> %s attempt %d/%d: %s", status, message.id,
+                    message.channel, message.recipient, message.attempt,
+                    message.max_attempts, error)
         except asyncio.CancelledError:
             raise
         except Exception as exc:
             logger.error("could not record the outcome of outbox#%d attempt %d (%s); the reaper "
                          "will take it back when the lease lapses", message.id, message.attempt,
                          exc)
-
-    async def _complete_loop(self) -> None:
-        """Group successful deliveries into one fenced ``outbox_mark_sent_many`` per burst."""
-        while True:
-            items = [await self._sent.get()]
-            while not self._sent.empty() and len(items) < 1000:
-                items.append(self._sent.get_nowait())
-            try:
-                marked = await self._mark_sent(items)
-            except Exception as exc:
-                for item in items:
-                    if not item.done.done():
-                        item.done.set_exception(exc)
-                continue
-            for item in items:
-                if not item.done.done():
-                    item.done.set_result(item.message.id in marked)
-
-    async def _mark_sent(self, items: list[_SentItem]) -> set[int]:
-        deadline = min(i.deadline for i in items)
-        params = ([i.message.id for i in items], [i.message.attempt for i in items],
-                  [Jsonb(i.receipt) if i.receipt is not None else None for i in items])
-        try:
-            rows = await self.executor.fetch(sql.SQL_MARK_SENT_MANY, params, retry_until=deadline)
-            return {int(r[0]) for r in rows}
-        except psycopg.OperationalError:
-            raise  # the database is gone past the deadline: every item's lease will lapse
-        except Exception as exc:
-            # E.g. a message purged meanwhile (P0002): record the others one by one, so that a
-            # single bad item does not send every message of the batch out again.
-            logger.warning("batch mark failed (%s); marking %d message(s) one by one",
-                           exc, len(items))
-            marked: set[int] = set()
-            for item in items:
-                try:
-                    rows = await self.executor.fetch(
-                        sql.SQL_MARK_SENT, (item.message.id, item.message.attempt,
-                                            Jsonb(item.receipt) if item.receipt else None),
-                        retry_until=item.deadline)
-                except psycopg.OperationalError:
-                    raise
-                except Exception as one:
-                    logger.error("could not mark outbox#%d sent: %s", item.message.id, one)
-                    continue
-                if rows and rows[0][0]:
-                    marked.add(item.message.id)
-            return marked

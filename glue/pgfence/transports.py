@@ -45,13 +45,13 @@ import socket
 import threading
 from collections.abc import Awaitable, Callable
 from email.message import EmailMessage
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import parse_qs, urlparse
 
-import aiohttp
-import aiosmtplib
-
 from .outbox import Claimed
+
+if TYPE_CHECKING:
+    import aiohttp
 
 logger = logging.getLogger(__name__)
 
@@ -175,6 +175,8 @@ class WebhookTransport:
     def __init__(self, url: str | None = None, *, timeout: float = 10.0,
                  headers: dict[str, str] | None = None,
                  allow_hosts: list[str] | None = None) -> None:
+        import aiohttp  # imported when first used: it takes longer to import than to start an executor
+
         self.url = url
         self.timeout = aiohttp.ClientTimeout(total=timeout)
         self.headers = dict(headers or {})
@@ -189,12 +191,16 @@ class WebhookTransport:
                    for pat in self.allow_hosts)
 
     def _client(self) -> aiohttp.ClientSession:
+        import aiohttp
+
         if self._session is None or self._session.closed:
             self._session = aiohttp.ClientSession(timeout=self.timeout,
                                                   headers={"User-Agent": "pgfence-executor"})
         return self._session
 
     async def deliver(self, message: Claimed) -> Receipt:
+        import aiohttp
+
         target = self.url or message.recipient
         parsed = urlparse(target)
         if parsed.scheme not in ("http", "https"):
@@ -277,6 +283,8 @@ class SmtpTransport:
         return f"<{local}@{self.domain}>"
 
     async def deliver(self, message: Claimed) -> Receipt:
+        import aiosmtplib  # imported when first used, like aiohttp
+
         subject = message.payload.get("subject")
         text = message.payload.get("text", message.payload.get("body"))
         if not isinstance(subject, str) or not isinstance(text, str):

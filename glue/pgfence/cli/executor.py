@@ -61,6 +61,9 @@ _LEVELS = ["debug", "info", "warning", "error"]
 SETTINGS: tuple[Setting, ...] = (
     Setting("concurrency", click.IntRange(1, 10000), 16, "Deliveries (units of work) at once."),
     Setting("batch", click.IntRange(1, 10000), 10, "Units per claim round."),
+    Setting("prefetch_wait", click.FloatRange(0, 60), 0.1,
+            "While recent outbox deliveries were quick, claim up to two batches ahead of the free "
+            "slots if the last one would wait at most N seconds for a slot (0 = never)."),
     Setting("poll_interval", click.FloatRange(0.05, 3600), 5.0,
             "Sweep every N seconds even without NOTIFY."),
     Setting("reap_interval", click.FloatRange(0.05, 3600), 10.0,
@@ -192,6 +195,22 @@ def _operation_module(specs: dict[str, str], lease_s: float) -> Module:
         raise click.BadParameter(str(exc), param_hint="--op-lease") from exc
 
 
+def _shares(table: dict[str, Any], path: Path | None, given: tuple[str, ...]) -> dict[str, int]:
+    """The module shares: the ``[shares]`` table, then ``--share MODULE=N`` (which wins)."""
+    out: dict[str, int] = {}
+    for key, value in table.items():
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 1000:
+            raise click.BadParameter(f"{key} must be a whole number from 1 to 1000, got {value!r}",
+                                     param_hint=f"[shares] in {path}")
+        out[key] = value
+    for name, spec in _pairs(given, "MODULE=N", "--share").items():
+        if not spec.isdigit() or not 1 <= int(spec) <= 1000:
+            raise click.BadParameter(f"{name}: expected a whole number from 1 to 1000, got {spec!r}",
+                                     param_hint="--share")
+        out[name] = int(spec)
+    return out
+
+
 def _pairs(items: tuple[str, ...], what: str, option: str) -> dict[str, str]:
     out: dict[str, str] = {}
     for item in items:
@@ -210,14 +229,20 @@ def _pairs(items: tuple[str, ...], what: str, option: str) -> dict[str, str]:
 @click.option("--op-kind", "op_kinds", multiple=True, metavar="KIND=HANDLER",
               help="Run operations of KIND with HANDLER (repeatable): "
                    "simulator:<url>[?idempotent=1|0&poll=<s>] | python:module:factory.")
+@click.option("--share", "shares", multiple=True, metavar="MODULE=N",
+              help="Weigh MODULE (outbox, plan, operation) N when modules compete for slots "
+                   "(repeatable; default 1 each): each holds about concurrency*N/total slots, "
+                   "and a freed slot goes to the least served module with due work.")
 @click.option("--config", "config_path", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="TOML file: an [executor] table with any of the settings below (underscores "
-                   "for dashes), [routes] and [operations] tables. Command-line options win.")
+                   "for dashes), [routes], [operations] and [shares] tables. Command-line "
+                   "options win.")
 @_settings_options
 @pass_state
 @click.pass_context
 def executor_cmd(ctx: click.Context, state: CliState, /, routes: tuple[str, ...],
-                 op_kinds: tuple[str, ...], config_path: Path | None, **given: Any) -> None:
+                 op_kinds: tuple[str, ...], shares: tuple[str, ...], config_path: Path | None,
+                 **given: Any) -> None:
     """Deliver outbox messages, run approved plans and long operations: LISTEN, sweep, claim, act, record.
 
     \b
@@ -237,6 +262,8 @@ def executor_cmd(ctx: click.Context, state: CliState, /, routes: tuple[str, ...]
       [routes]
       orders = "webhook"
       audit = "log"
+      [shares]
+      plan = 2
 
     SIGTERM stops claiming and lets in-flight deliveries finish within --grace seconds. At start
     the executor checks the schema version and that its login may call what it will call
@@ -244,14 +271,16 @@ def executor_cmd(ctx: click.Context, state: CliState, /, routes: tuple[str, ...]
     (otherwise it warns: wake-ups then wait for the sweep).
     """
     conf = _load_config(config_path)
-    if extra := set(conf) - {"executor", "routes", "operations"}:
+    if extra := set(conf) - {"executor", "routes", "operations", "shares"}:
         raise click.BadParameter(f"unknown table(s) {', '.join(sorted(extra))}; expected "
-                                 "[executor], [routes], [operations]", param_hint="--config")
+                                 "[executor], [routes], [operations], [shares]",
+                                 param_hint="--config")
     v = resolve_settings(ctx, given, _table(conf, "executor", config_path), config_path)
     route_specs = _strings(_table(conf, "routes", config_path), "routes", config_path)
     route_specs.update(_pairs(routes, "CHANNEL=TRANSPORT", "--route"))
     op_specs = _strings(_table(conf, "operations", config_path), "operations", config_path)
     op_specs.update(_pairs(op_kinds, "KIND=HANDLER", "--op-kind"))
+    share_of = _shares(_table(conf, "shares", config_path), config_path, shares)
     if not route_specs and not op_specs and v["plans"] == "off":
         raise click.UsageError("give at least one --route CHANNEL=TRANSPORT or --op-kind "
                                "KIND=HANDLER (or a [routes] / [operations] table), or --plans")
@@ -265,6 +294,7 @@ def executor_cmd(ctx: click.Context, state: CliState, /, routes: tuple[str, ...]
     config = ExecutorConfig(
         concurrency=v["concurrency"], batch=v["batch"], poll_interval=v["poll_interval"],
         reap_interval=v["reap_interval"], grace=v["grace"], query_timeout=v["query_timeout"],
+        prefetch_wait=v["prefetch_wait"], shares=share_of,
         probe_interval=v["probe_interval"], probe_timeout=v["probe_timeout"],
         listen_dsn=v["listen_dsn"], prepare_threshold=5 if v["prepare"] else None,
         liveness=Liveness(connect_timeout=state.connect_timeout,
@@ -286,6 +316,10 @@ def executor_cmd(ctx: click.Context, state: CliState, /, routes: tuple[str, ...]
                                   heartbeat=dt.timedelta(seconds=hb) if hb else None))
     if op_specs:
         modules.append(_operation_module(op_specs, v["op_lease"]))
+    names = {m.name for m in modules}
+    if unknown := sorted(set(share_of) - names):
+        raise click.BadParameter(f"no module {', '.join(unknown)} runs here (modules: "
+                                 f"{', '.join(sorted(names))})", param_hint="--share")
     executor = Executor(resolve_dsn(state.dsn), modules, config)
     logging.getLogger("pgfence").setLevel(v["log_level"].upper())
     executor.run_forever()

@@ -1,0 +1,72 @@
+-- pgfence functions/19_outbox_batch.sql — outbox (module 1): the executor's claim round.
+--
+-- Public: outbox_settle_and_claim(ids, attempts, receipts, worker, batch, channels, lease)
+--           -> the claimed messages, then one row with the ids settled and the next due time
+-- Called by executors (pgfence_executor) in place of outbox_mark_sent_many + outbox_claim (+
+-- outbox_next_due): one round trip and one durable commit per batch instead of two or three.
+-- It calls those functions, so every mark is fenced and every claim locked exactly as theirs;
+-- the claim is committed before the call returns, so before any of its deliveries starts.
+-- Errors: functions/ERRORS.md.
+
+CREATE OR REPLACE FUNCTION pgfence.outbox_settle_and_claim(
+  p_ids      bigint[],
+  p_attempts integer[],
+  p_receipts jsonb[],
+  p_worker   text,
+  p_batch    integer,
+  p_channels text[] DEFAULT NULL,
+  p_lease    interval DEFAULT NULL
+)
+RETURNS TABLE (
+  id               bigint,
+  channel          text,
+  recipient        text,
+  payload          jsonb,
+  idempotency_key  text,
+  attempt          integer,
+  max_attempts     integer,
+  lease            interval,
+  lease_expires_at timestamptz,
+  created_at       timestamptz,
+  sent             bigint[],
+  next_due         interval
+)
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pgfence, pg_temp
+AS $$
+DECLARE
+  v_sent bigint[] := '{}';
+BEGIN
+  -- Checked before anything is written, so that a bad batch never leaves a half-done call.
+  IF p_batch IS NULL OR p_batch NOT BETWEEN 0 AND 10000 THEN
+    RAISE EXCEPTION 'outbox_settle_and_claim: batch must be between 0 and 10000, got %', p_batch
+      USING ERRCODE = '22023',
+            DETAIL = 'batch is how many messages to claim after settling; 0 settles only.',
+            HINT = 'Claim at most as many messages as you can deliver within one lease.';
+  END IF;
+  -- The settle first: its errors (22004, 22023, P0002) abort the call before anything is claimed.
+  IF p_ids IS NULL OR p_attempts IS NULL OR cardinality(p_ids) > 0 OR cardinality(p_attempts) > 0
+     OR cardinality(p_receipts) > 0 THEN
+    v_sent := ARRAY(SELECT s FROM pgfence.outbox_mark_sent_many(p_ids, p_attempts, p_receipts) AS s);
+  END IF;
+  IF p_batch > 0 THEN
+    RETURN QUERY
+    SELECT c.id, c.channel, c.recipient, c.payload, c.idempotency_key, c.attempt, c.max_attempts,
+           c.lease, c.lease_expires_at, c.created_at, NULL::bigint[], NULL::interval
+    FROM pgfence.outbox_claim(p_worker, p_batch, p_channels, p_lease) c;
+  END IF;
+  -- Last, one row with the settlement: a statement of its own, so it sees the claim above.
+  RETURN QUERY
+  SELECT NULL::bigint, NULL::text, NULL::text, NULL::jsonb, NULL::text, NULL::integer,
+         NULL::integer, NULL::interval, NULL::timestamptz, NULL::timestamptz, v_sent,
+         pgfence.outbox_next_due(p_channels);
+END
+$$;
+REVOKE ALL ON FUNCTION pgfence.outbox_settle_and_claim(bigint[], integer[], jsonb[], text, integer, text[], interval) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION pgfence.outbox_settle_and_claim(bigint[], integer[], jsonb[], text, integer, text[], interval)
+  TO pgfence_executor, pgfence_admin;
+COMMENT ON FUNCTION pgfence.outbox_settle_and_claim(bigint[], integer[], jsonb[], text, integer, text[], interval) IS
+  'Mark a batch of messages sent and claim the next batch in one statement and one durable commit.
+The executor''s hot path: outbox_mark_sent_many(p_ids, p_attempts, p_receipts), then outbox_claim(p_worker, p_batch, p_channels, p_lease), in one transaction, so a batch costs one round trip and one commit instead of two. Every mark is fenced exactly as in outbox_mark_sent_many (element i of ids/attempts/receipts is one message and its fence), and the claim locks with SKIP LOCKED exactly as outbox_claim; the claim is committed when the call returns, before any of its messages can be delivered. Empty ids and attempts settle nothing; p_batch 0 claims nothing (then p_worker and p_lease are not read).
+Returns the claimed messages (the columns of outbox_claim, oldest due first; sent and next_due NULL), then always one last row whose claim columns are NULL: sent = the ids this call moved to sent (the others were stale claims, lost races), next_due = outbox_next_due(p_channels) after this claim (0: more is due now; NULL: nothing pending).
+Errors: 22004 (ids or attempts NULL), 22023 (batch outside 0..10000; ids, attempts and receipts of different lengths; with batch 1 or more: empty worker, lease not in (0, 1 day]), P0002 (an unknown id: nothing is marked or claimed).';
