@@ -114,7 +114,10 @@ BEGIN
                     LIMIT p_batch
                     FOR UPDATE SKIP LOCKED)
               || ARRAY(SELECT e.id FROM pgfence.plan e
-                       WHERE e.status = 'executing' AND e.worker IS NULL AND e.heartbeat_expires_at >= now()
+                       -- the heartbeat as a difference: a filter, never an index condition on
+                       -- plan_heartbeat_idx, which holds every live run (docs/query-plans.md#plan)
+                       WHERE e.status = 'executing' AND e.worker IS NULL
+                         AND e.heartbeat_expires_at - now() >= interval '0'
                          AND (NOT p_external_only
                               OR (SELECT s.kind FROM pgfence.plan_step s
                                   WHERE s.plan_id = e.id AND s.step_index = e.next_step) = 'external')

@@ -76,17 +76,20 @@ BEGIN
   -- fails and takes them back with it.
   INSERT INTO pgfence.document_revision (document_id, version, op, content, save_id, saved_by, saved_at)
   VALUES (NEW.id, NEW.version, v_op, NEW.content, NEW.save_id, NEW.saved_by, NEW.saved_at);
-  INSERT INTO pgfence.event (module, item_id, event, from_status, to_status, actor, fence, detail)
-  VALUES ('document', NEW.id, v_op, OLD.status, NEW.status, NEW.saved_by, NEW.version,
-          jsonb_strip_nulls(jsonb_build_object('kind', NEW.kind, 'based_on', OLD.version,
-                                               'save_id', NEW.save_id)));
+  -- The save event only if the kind logs saves (document_kind.log_saves); a delete always.
+  IF v_op = 'delete' OR (SELECT k.log_saves FROM pgfence.document_kind k WHERE k.kind = NEW.kind) THEN
+    INSERT INTO pgfence.event (module, item_id, event, from_status, to_status, actor, fence, detail)
+    VALUES ('document', NEW.id, v_op, OLD.status, NEW.status, NEW.saved_by, NEW.version,
+            jsonb_strip_nulls(jsonb_build_object('kind', NEW.kind, 'based_on', OLD.version,
+                                                 'save_id', NEW.save_id)));
+  END IF;
   RETURN NEW;
 END
 $$;
 REVOKE ALL ON FUNCTION pgfence.tg_document_write() FROM PUBLIC;
 COMMENT ON FUNCTION pgfence.tg_document_write() IS
   'Trigger: every write to a document makes exactly the next version, kept as a revision.
-BEFORE INSERT/UPDATE/DELETE trigger on pgfence.document, for any writer (psql included): a document starts live at version 1; every update makes exactly the next version (PF002 otherwise); only live -> live and live -> deleted are allowed (PF001); identity columns never change (PF002); rows are never deleted (PF002: the tombstone stays). Stamps created_at/saved_at from now(). For an update it also keeps the new version as an immutable pgfence.document_revision row (the receipt of its save_id) and logs save/delete to pgfence.event (actor = saved_by, fence = version), in the same statement: one trigger on the hot path, not a guard plus an AFTER trigger.';
+BEFORE INSERT/UPDATE/DELETE trigger on pgfence.document, for any writer (psql included): a document starts live at version 1; every update makes exactly the next version (PF002 otherwise); only live -> live and live -> deleted are allowed (PF001); identity columns never change (PF002); rows are never deleted (PF002: the tombstone stays). Stamps created_at/saved_at from now(). For an update it also keeps the new version as an immutable pgfence.document_revision row (the receipt of its save_id) and logs save (if the kind''s log_saves is on) and delete to pgfence.event (actor = saved_by, fence = version), in the same statement: one trigger on the hot path, not a guard plus an AFTER trigger.';
 
 CREATE OR REPLACE TRIGGER document_write
   BEFORE INSERT OR UPDATE OR DELETE ON pgfence.document

@@ -5,12 +5,14 @@
 -- documents may hold (content_type object, array or any; max_bytes of JSON text) and how
 -- document_merge resolves a conflict: attributes (by top-level key, like record), none (never,
 -- like sheet) or function (an application's merge_function, run with the caller's privileges).
--- record and sheet are built in: only their max_bytes and description can change.
+-- record and sheet are built in: only their max_bytes, description and log_saves can change.
+-- log_saves (migration 0014): whether a save writes a save event (default true); revisions,
+-- creates, deletes, conflicts and replays are written either way.
 -- Errors: functions/ERRORS.md.
 
 CREATE OR REPLACE VIEW pgfence.document_kinds AS
 SELECT k.kind, k.merge, k.merge_function, k.content_type, k.max_bytes, k.builtin, k.description,
-       k.updated_at
+       k.updated_at, k.log_saves
 FROM pgfence.document_kind k;
 REVOKE ALL ON pgfence.document_kinds FROM PUBLIC;
 GRANT SELECT ON pgfence.document_kinds TO pgfence_client, pgfence_admin;
@@ -22,9 +24,10 @@ COMMENT ON COLUMN pgfence.document_kinds.merge IS 'How document_merge resolves a
 COMMENT ON COLUMN pgfence.document_kinds.merge_function IS 'For merge = function: f(base, local, stored jsonb) RETURNS jsonb {"content", "conflicts"}; NULL otherwise.';
 COMMENT ON COLUMN pgfence.document_kinds.content_type IS 'The JSON type a document''s content must have: object, array, or any (anything but null).';
 COMMENT ON COLUMN pgfence.document_kinds.max_bytes IS 'The largest content accepted by create and save, in bytes of its JSON text.';
-COMMENT ON COLUMN pgfence.document_kinds.builtin IS 'Built in (record, sheet): only max_bytes and description can change.';
+COMMENT ON COLUMN pgfence.document_kinds.builtin IS 'Built in (record, sheet): only max_bytes, description and log_saves can change.';
 COMMENT ON COLUMN pgfence.document_kinds.description IS 'What the kind is for, as whoever registered it wrote it.';
 COMMENT ON COLUMN pgfence.document_kinds.updated_at IS 'When the kind was last registered or changed.';
+COMMENT ON COLUMN pgfence.document_kinds.log_saves IS 'Whether each save writes a save event to the event log (creates, deletes, conflicts and replays always do; the revision is written either way).';
 
 CREATE OR REPLACE FUNCTION pgfence.document_register_kind(
   p_kind           text,
@@ -32,10 +35,11 @@ CREATE OR REPLACE FUNCTION pgfence.document_register_kind(
   p_merge_function regprocedure DEFAULT NULL,
   p_content_type   text DEFAULT NULL,
   p_max_bytes      integer DEFAULT NULL,
-  p_description    text DEFAULT NULL
+  p_description    text DEFAULT NULL,
+  p_log_saves      boolean DEFAULT NULL
 )
 RETURNS TABLE (kind text, merge text, merge_function regprocedure, content_type text,
-               max_bytes integer, builtin boolean, description text)
+               max_bytes integer, builtin boolean, description text, log_saves boolean)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pgfence, pg_temp
 AS $$
@@ -79,7 +83,7 @@ BEGIN
      AND (coalesce(p_merge, v_cur.merge) <> v_cur.merge
           OR p_merge_function IS NOT NULL
           OR coalesce(p_content_type, v_cur.content_type) <> v_cur.content_type) THEN
-    RAISE EXCEPTION 'document_register_kind: "%" is built in; only max_bytes and description can change', p_kind
+    RAISE EXCEPTION 'document_register_kind: "%" is built in; only max_bytes, description and log_saves can change', p_kind
       USING ERRCODE = '22023', DETAIL = format('%s is built in with merge %s and content_type %s.', p_kind, v_cur.merge, v_cur.content_type),
             HINT = 'Register a kind of your own with the merge you need.';
   END IF;
@@ -121,25 +125,28 @@ BEGIN
             HINT = 'Pass p_merge => ''function'' with it, or leave merge_function NULL.';
   END IF;
 
-  INSERT INTO pgfence.document_kind AS k (kind, merge, merge_function, content_type, max_bytes, description)
+  INSERT INTO pgfence.document_kind AS k (kind, merge, merge_function, content_type, max_bytes, description,
+                                          log_saves)
   VALUES (p_kind,
           coalesce(p_merge, v_cur.merge),
           CASE WHEN coalesce(p_merge, v_cur.merge) = 'function'
                THEN coalesce(p_merge_function, v_cur.merge_function) END,
           coalesce(p_content_type, v_cur.content_type, 'object'),
           coalesce(p_max_bytes, v_cur.max_bytes, 1048576),
-          coalesce(p_description, v_cur.description))
+          coalesce(p_description, v_cur.description),
+          coalesce(p_log_saves, v_cur.log_saves, true))
   ON CONFLICT ON CONSTRAINT document_kind_pkey DO UPDATE
     SET merge = EXCLUDED.merge, merge_function = EXCLUDED.merge_function,
         content_type = EXCLUDED.content_type, max_bytes = EXCLUDED.max_bytes,
-        description = EXCLUDED.description, updated_at = now();
+        description = EXCLUDED.description, log_saves = EXCLUDED.log_saves, updated_at = now();
   RETURN QUERY
-  SELECT k.kind, k.merge, k.merge_function, k.content_type, k.max_bytes, k.builtin, k.description
+  SELECT k.kind, k.merge, k.merge_function, k.content_type, k.max_bytes, k.builtin, k.description,
+         k.log_saves
   FROM pgfence.document_kind k WHERE k.kind = p_kind;
 END
 $$;
-REVOKE ALL ON FUNCTION pgfence.document_register_kind(text, text, regprocedure, text, integer, text) FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION pgfence.document_register_kind(text, text, regprocedure, text, integer, text) TO pgfence_admin;
-COMMENT ON FUNCTION pgfence.document_register_kind(text, text, regprocedure, text, integer, text) IS
+REVOKE ALL ON FUNCTION pgfence.document_register_kind(text, text, regprocedure, text, integer, text, boolean) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION pgfence.document_register_kind(text, text, regprocedure, text, integer, text, boolean) TO pgfence_admin;
+COMMENT ON FUNCTION pgfence.document_register_kind(text, text, regprocedure, text, integer, text, boolean) IS
   'Admin: register a document kind or change one (NULL keeps the current value).
-A new kind defaults to content_type object and max_bytes 1 MiB. merge: attributes (three-way merge by top-level key, like record), none (never merges, like sheet) or function (merge_function f(base, local, stored jsonb) RETURNS jsonb {"content", "conflicts"}, IMMUTABLE or STABLE; it runs with the privileges of whoever calls document_merge, so grant them EXECUTE on it). Built-in kinds (record, sheet) only take a new max_bytes or description. Returns the stored kind. Errors: 22004 (missing kind, merge or merge_function), 22023 (bad name, merge, content_type, max_bytes, description over 1000 characters or function signature; changing a built-in''s merge), 42883 (merge_function names no function: an OID of nothing, or the kind''s function was dropped).';
+A new kind defaults to content_type object and max_bytes 1 MiB. merge: attributes (three-way merge by top-level key, like record), none (never merges, like sheet) or function (merge_function f(base, local, stored jsonb) RETURNS jsonb {"content", "conflicts"}, IMMUTABLE or STABLE; it runs with the privileges of whoever calls document_merge, so grant them EXECUTE on it). log_saves: whether each save writes a save event (default true; creates, deletes, conflicts and replays are always logged, and the revision is written either way). Built-in kinds (record, sheet) only take a new max_bytes, description or log_saves. Returns the stored kind. Errors: 22004 (missing kind, merge or merge_function), 22023 (bad name, merge, content_type, max_bytes, description over 1000 characters or function signature; changing a built-in''s merge), 42883 (merge_function names no function: an OID of nothing, or the kind''s function was dropped).';

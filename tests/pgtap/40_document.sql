@@ -3,14 +3,14 @@
 -- SQLSTATE. Cells that need two sessions at once are in 41_document_concurrency.sql.
 BEGIN;
 \ir helpers/setup.sql
-SELECT plan(188);
+SELECT plan(206);
 
 -- =============================================================================================
 -- Catalog: signatures, definer, volatility, privileges
 -- =============================================================================================
 CREATE TEMP TABLE fns (name text, args text[], definer boolean, vol text, client boolean, admin boolean);
 INSERT INTO fns VALUES
-  ('document_register_kind', ARRAY['text','text','regprocedure','text','integer','text'], true, 'volatile', false, true),
+  ('document_register_kind', ARRAY['text','text','regprocedure','text','integer','text','boolean'], true, 'volatile', false, true),
   ('document_create',        ARRAY['text','jsonb','text','text'],                       true, 'volatile', true,  true),
   ('document_get',           ARRAY['bigint'],                                           true, 'stable',   true,  true),
   ('document_revision',      ARRAY['bigint','bigint'],                                  true, 'stable',   true,  true),
@@ -385,6 +385,49 @@ SET LOCAL ROLE pgfence_client;
 SELECT throws_ok($$SELECT * FROM pgfence.document_merge('tap-peek', '{}', '{}', '{}')$$, '42501', NULL,
   'as pgfence_client the application''s merge runs with the client''s rights, not pgfence''s owner''s (42501)');
 RESET ROLE;
+
+-- =============================================================================================
+-- log_saves (migration 0014): a kind says whether its saves write a save event; the revisions,
+-- creates, deletes, conflicts and replays are kept either way (audit_documents counts them)
+-- =============================================================================================
+SELECT results_eq($$SELECT kind, log_saves FROM pgfence.document_kinds WHERE builtin ORDER BY kind$$,
+  $$VALUES ('record'::text, true), ('sheet'::text, true)$$, 'log_saves: the built-in kinds log their saves by default');
+SELECT results_eq($$SELECT log_saves FROM pgfence.document_register_kind('tap-quiet', 'attributes', p_log_saves => false)$$,
+  $$VALUES (false)$$, 'log_saves: a kind registered with p_log_saves => false');
+SELECT results_eq($$SELECT log_saves FROM pgfence.document_register_kind('tap-quiet', p_description => 'still quiet')$$,
+  $$VALUES (false)$$, 'log_saves: NULL keeps the kind''s setting');
+SELECT results_eq($$SELECT log_saves FROM pgfence.document_register_kind('tap-loud', 'none')$$,
+  $$VALUES (true)$$, 'log_saves: a new kind logs its saves unless told otherwise');
+INSERT INTO ids SELECT 'quiet', pgfence.document_create('tap-quiet', '{"a": 1}', 'ann');
+SELECT results_eq($$SELECT outcome, version FROM pgfence.document_save((SELECT id FROM ids WHERE name = 'quiet'), 1, '{"a": 2}', 'ann', 'tap-q-1')$$,
+  $$VALUES ('saved'::text, 2::bigint)$$, 'log_saves off: the save is made');
+SELECT results_eq($$SELECT outcome, version FROM pgfence.document_save((SELECT id FROM ids WHERE name = 'quiet'), 1, '{"a": 3}', 'bob')$$,
+  $$VALUES ('conflict'::text, 2::bigint)$$, 'log_saves off: a stale save is still a conflict');
+SELECT results_eq($$SELECT outcome, version, replayed FROM pgfence.document_save((SELECT id FROM ids WHERE name = 'quiet'), 1, '{"a": 2}', 'ann', 'tap-q-1')$$,
+  $$VALUES ('saved'::text, 2::bigint, true)$$, 'log_saves off: a retried save is still answered from its receipt');
+SELECT results_eq($$SELECT version, op, save_id FROM pgfence.document_history((SELECT id FROM ids WHERE name = 'quiet')) ORDER BY version$$,
+  $$VALUES (1::bigint, 'create'::text, NULL::text), (2::bigint, 'save'::text, 'tap-q-1'::text)$$,
+  'log_saves off: every version is still kept as a revision (the receipt of its save_id)');
+SELECT results_eq($$SELECT event FROM pgfence.event WHERE module = 'document' AND item_id = (SELECT id FROM ids WHERE name = 'quiet') ORDER BY id$$,
+  $$VALUES ('create'::text), ('conflict'::text), ('replay'::text)$$,
+  'log_saves off: no save event; create, conflict and replay are logged');
+SELECT results_eq($$SELECT revisions, conflicts_1h, conflicts_24h, replays_24h, last_conflict_by FROM pgfence.audit_documents WHERE document_id = (SELECT id FROM ids WHERE name = 'quiet')$$,
+  $$VALUES (2::bigint, 1::bigint, 1::bigint, 1::bigint, 'bob'::text)$$,
+  'log_saves off: audit_documents still counts the revisions, conflicts and replays');
+SELECT lives_ok($$SELECT * FROM pgfence.document_register_kind('tap-quiet', p_log_saves => true)$$, 'log_saves turned back on');
+SELECT results_eq($$SELECT outcome FROM pgfence.document_save((SELECT id FROM ids WHERE name = 'quiet'), 2, '{"a": 4}', 'ann')$$,
+  $$VALUES ('saved'::text)$$, 'log_saves on again: a save');
+SELECT results_eq($$SELECT event, fence FROM pgfence.event WHERE module = 'document' AND item_id = (SELECT id FROM ids WHERE name = 'quiet') AND event = 'save'$$,
+  $$VALUES ('save'::text, 3::bigint)$$, 'log_saves on again: the next save is logged, at once (no session cache)');
+SELECT lives_ok($$SELECT * FROM pgfence.document_register_kind('tap-quiet', p_log_saves => false)$$, 'log_saves off again');
+SELECT results_eq($$SELECT outcome, version FROM pgfence.document_delete((SELECT id FROM ids WHERE name = 'quiet'), 3, 'ann')$$,
+  $$VALUES ('deleted'::text, 4::bigint)$$, 'log_saves off: a delete');
+SELECT results_eq($$SELECT count(*) FROM pgfence.event WHERE module = 'document' AND item_id = (SELECT id FROM ids WHERE name = 'quiet') AND event = 'delete'$$,
+  $$VALUES (1::bigint)$$, 'log_saves off: a delete is always logged');
+SELECT results_eq($$SELECT log_saves FROM pgfence.document_register_kind('record', p_log_saves => false)$$,
+  $$VALUES (false)$$, 'log_saves: a built-in kind''s setting can change');
+SELECT results_eq($$SELECT log_saves FROM pgfence.document_register_kind('record', p_log_saves => true)$$,
+  $$VALUES (true)$$, 'log_saves: and back');
 
 SELECT * FROM finish();
 ROLLBACK;

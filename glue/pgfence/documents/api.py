@@ -43,7 +43,7 @@ SQL_DELETE = "SELECT * FROM pgfence.document_delete(%s::bigint, %s::bigint, %s::
 SQL_MERGE = "SELECT * FROM pgfence.document_merge(%s::text, %s::jsonb, %s::jsonb, %s::jsonb)"
 SQL_REGISTER_KIND = (
     "SELECT * FROM pgfence.document_register_kind(%s::text, %s::text, %s::regprocedure,"
-    " %s::text, %s::int, %s::text)"
+    " %s::text, %s::int, %s::text, %s::boolean)"
 )
 SQL_KINDS = "SELECT * FROM pgfence.document_kinds ORDER BY kind"
 
@@ -230,12 +230,14 @@ def merge(conn: AnyConn, kind: str, base: Any, local: Any, stored: Any) -> Merge
 
 def register_kind(conn: AnyConn, kind: str, merge: str | None = None, *,
                   merge_function: str | None = None, content_type: str | None = None,
-                  max_bytes: int | None = None, description: str | None = None
-                  ) -> dict[str, Any]:
+                  max_bytes: int | None = None, description: str | None = None,
+                  log_saves: bool | None = None) -> dict[str, Any]:
     """Admin: register or change a kind (None keeps the current value); returns the stored kind.
 
     ``merge`` is ``attributes``, ``none`` or ``function`` (then ``merge_function`` is a
-    signature such as ``'app.merge_todo(jsonb,jsonb,jsonb)'``).
+    signature such as ``'app.merge_todo(jsonb,jsonb,jsonb)'``). ``log_saves`` (default true for
+    a new kind): whether each save writes a save event; revisions, creates, deletes, conflicts
+    and replays are kept either way.
 
     Raises: InvalidArgument (22004/22023: bad name, merge, content type, max_bytes, signature,
     a description over 1000 characters), psycopg.errors.UndefinedFunction (42883: the merge
@@ -243,7 +245,8 @@ def register_kind(conn: AnyConn, kind: str, merge: str | None = None, *,
     """
     with translated(), conn.cursor(row_factory=dict_row) as cur:
         cur.execute(SQL_REGISTER_KIND,
-                    (kind, merge, merge_function, content_type, max_bytes, description))
+                    (kind, merge, merge_function, content_type, max_bytes, description,
+                     log_saves))
         return _one(cur.fetchone(), "document_register_kind")  # type: ignore[no-any-return]
 
 
