@@ -5,7 +5,9 @@ life of a session (a generic plan after five calls, or at once with plan_cache_m
 force_generic_plan), and the first calls plan it with constants folded in (custom plans). A
 plan chosen under unlucky statistics can then read a whole index or table on every call. Each
 test builds one statistics state — a table analysed while empty and filled since, analysed with
-only finished history (nothing in flight), or analysed while much was in flight — calls the
+only finished history (nothing in flight), analysed while much was in flight, or analysed with
+only history and then many runs or operations in flight (2,000 or more, with live heartbeats and
+leases: the claims must not read them) — calls the
 functions an executor or a client calls per item, in a session forced to custom plans and in one
 forced to generic plans, and checks every scan of the module's tables. Scan names (see
 ``support.PlanScans``): an index scan by its index, ``<index> (walk)`` when it has no index
@@ -31,7 +33,7 @@ def cases(*stats: str) -> Any:
     return mark
 
 
-IN_FLIGHT = cases("stats-of-empty-table", "analyzed-idle", "analyzed-busy")
+IN_FLIGHT = cases("stats-of-empty-table", "analyzed-idle", "analyzed-busy", "many-in-flight")
 
 
 def _session(db: str, cache: str, relations: set[str]) -> tuple[psycopg.Connection[Any], PlanScans]:
@@ -63,6 +65,10 @@ def _plans(conn: psycopg.Connection[Any], n: int, state: str) -> None:
     moves = {
         "executed": "PERFORM pgfence.plan_approve(v, 'bob'); PERFORM pgfence.plan_start(v, 'w0');"
                     " PERFORM pgfence.plan_run_step(v, 'w0', 1); PERFORM pgfence.plan_run_step(v, 'w0', 1);",
+        # executed with a heartbeat of a second: its deadline is in the past a second later
+        "executed-lapsed": "PERFORM pgfence.plan_approve(v, 'bob'); PERFORM pgfence.plan_start(v, 'w0', '1 second');"
+                           " PERFORM pgfence.plan_run_step(v, 'w0', 1); PERFORM pgfence.plan_run_step(v, 'w0', 1);",
+        "in-flight": "PERFORM pgfence.plan_approve(v, 'bob'); PERFORM pgfence.plan_start(v, 'w9', '1 day');",
         "pending": "",
         "approved": "PERFORM pgfence.plan_approve(v, 'bob');",
         "executing": "PERFORM pgfence.plan_approve(v, 'bob'); PERFORM pgfence.plan_start(v, 'w1');",
@@ -86,6 +92,15 @@ def _plan_state(conn: psycopg.Connection[Any], stats: str) -> None:
     elif stats == "analyzed-idle":  # analysed with only finished plans: nothing in flight
         _plans(conn, 1500, "executed")
         conn.execute("ANALYZE pgfence.plan, pgfence.plan_step")
+    elif stats == "many-in-flight":
+        # Analysed with only a history whose heartbeats lapsed long ago: every live deadline is
+        # past the statistics, so "heartbeat_expires_at >= now()" looks like it matches nothing
+        # and plan_heartbeat_idx like the cheapest way to the released runs; then many runs in
+        # flight (live heartbeats), which that index holds, every one of them.
+        _plans(conn, 600, "executed-lapsed")
+        conn.execute("SELECT pg_sleep(1.1)")
+        conn.execute("ANALYZE pgfence.plan, pgfence.plan_step")
+        _plans(conn, 1500, "in-flight")
     else:  # analyzed-busy: analysed while most plans were in flight; history comes later
         in_flight = {"pending": 600, "approved": 400, "executing": 400, "released": 200}
     for state, n in in_flight.items():
@@ -189,6 +204,11 @@ def _operation_state(conn: psycopg.Connection[Any], stats: str) -> None:
         _operations(conn, 1000, "hist", "succeeded")
         _operations(conn, 1000, "hist", "succeeded")
         conn.execute("ANALYZE pgfence.operation")
+    elif stats == "many-in-flight":  # analysed with only history; then many running at once
+        _operations(conn, 1000, "hist", "succeeded")
+        conn.execute("ANALYZE pgfence.operation")
+        in_flight = [(300, "other", "queued"), (1000, "mine", "running"), (1000, "mine", "running"),
+                     (50, "mine", "queued")]
     else:  # analyzed-busy: analysed while most operations were in flight
         in_flight = [(800, "other", "queued"), (800, "mine", "running"), (400, "mine", "queued")]
     for n, kind, state in in_flight:
