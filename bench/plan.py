@@ -7,6 +7,13 @@ the number is bounded by commit latency. Two trivial SQL actions are measured:
 - ``noop``: returns its args (the pure cost of pgfence's per-step bookkeeping);
 - ``insert``: inserts one row into a table (a step with a real database effect).
 
+Next to each, in the same run (issue 14's target: a pgfence step >= 0.9x of it), a hand-written
+equivalent: a procedure that, per step and in one committed transaction, locks the run's row
+(``SELECT ... FOR UPDATE``), runs the action (``EXECUTE``, as any runner of named actions must),
+inserts the receipt and moves the run on. It has none of pgfence's guarantees beyond that: no
+owner or token check, no heartbeat, no check that the action is the approved one, no error
+receipt, no event log, no PF107 stamp (a receipt only from the transaction that began the step).
+
 ``run(dsn)`` is what ``bench/run.py`` calls; it migrates the database (a no-op when up to
 date), creates its fixtures (table ``public.bench_plan_rows``, two functions, two actions),
 runs each variant ``repeats`` times and returns the numbers. Standalone:
@@ -28,6 +35,7 @@ from pgfence import plan
 from pgfence.migrate import migrate
 
 STEPS = 1000
+TARGET = 0.9
 
 _SETUP = """
 CREATE TABLE IF NOT EXISTS public.bench_plan_rows (plan_id bigint, step int, PRIMARY KEY (plan_id, step));
@@ -37,6 +45,28 @@ CREATE OR REPLACE FUNCTION public.bench_plan_insert(p jsonb) RETURNS jsonb
   LANGUAGE sql SET search_path = public AS $$
   INSERT INTO bench_plan_rows VALUES ((p ->> 'plan')::bigint, (p ->> 'step')::int);
   SELECT '{}'::jsonb
+$$;
+CREATE TABLE IF NOT EXISTS public.bench_hand_run (id bigint PRIMARY KEY, next_step int NOT NULL,
+                                                  step_count int NOT NULL);
+CREATE TABLE IF NOT EXISTS public.bench_hand_receipt (run_id bigint, step int, output jsonb,
+                                                      at timestamptz NOT NULL DEFAULT now(),
+                                                      PRIMARY KEY (run_id, step));
+CREATE OR REPLACE PROCEDURE public.bench_hand_execute(p_run bigint, p_fn text, p_tag text)
+LANGUAGE plpgsql AS $$
+DECLARE
+  v_run public.bench_hand_run;
+  v_out jsonb;
+BEGIN
+  LOOP
+    SELECT * INTO v_run FROM public.bench_hand_run WHERE id = p_run FOR UPDATE;
+    EXIT WHEN v_run.next_step > v_run.step_count;
+    EXECUTE format('SELECT %s($1)', p_fn) INTO v_out
+      USING jsonb_build_object('plan', p_tag, 'step', v_run.next_step);
+    INSERT INTO public.bench_hand_receipt (run_id, step, output) VALUES (p_run, v_run.next_step, v_out);
+    UPDATE public.bench_hand_run SET next_step = next_step + 1 WHERE id = p_run;
+    COMMIT;
+  END LOOP;
+END
 $$;
 """
 
@@ -51,6 +81,19 @@ def _one_run(conn: psycopg.Connection[Any], action: str, tag: str) -> float:
     elapsed = time.perf_counter() - started
     if result.status != "executed" or len(result.receipts) != STEPS:
         raise RuntimeError(f"plan {pid} ended {result.status} with {len(result.receipts)} receipts")
+    return STEPS / elapsed
+
+
+def _one_hand_run(conn: psycopg.Connection[Any], fn: str, run_id: int) -> float:
+    """The hand-written runner over STEPS steps; return its steps/s."""
+    conn.execute("INSERT INTO public.bench_hand_run VALUES (%s, 1, %s)", (run_id, STEPS))
+    started = time.perf_counter()
+    conn.execute("CALL public.bench_hand_execute(%s, %s, %s)", (run_id, fn, str(run_id)))
+    elapsed = time.perf_counter() - started
+    row = conn.execute("SELECT count(*) FROM public.bench_hand_receipt WHERE run_id = %s",
+                       (run_id,)).fetchone()
+    if row is None or row[0] != STEPS:
+        raise RuntimeError(f"hand-written run {run_id} wrote {row} receipts")
     return STEPS / elapsed
 
 
@@ -71,14 +114,27 @@ def run(dsn: str, repeats: int = 3) -> dict[str, Any]:
             "fsync": fsync[0] if fsync else None,
             "synchronous_commit": sync_commit[0] if sync_commit else None,
         }
-        for variant in ("noop", "insert"):
-            rates = [_one_run(conn, f"bench.{variant}", f"{i}") for i in range(repeats)]
+        conn.execute("TRUNCATE public.bench_hand_run, public.bench_hand_receipt")
+        for v, variant in enumerate(("noop", "insert")):
+            rates, hand = [], []
+            for i in range(repeats):  # interleaved: pgfence, hand-written, pgfence, ...
+                rates.append(_one_run(conn, f"bench.{variant}", f"{v * 100 + i}"))
+                hand.append(_one_hand_run(conn, f"public.bench_plan_{variant}",
+                                          1000 + v * 100 + i))
             out[f"{variant}_steps_per_s"] = round(statistics.median(rates), 1)
             out[f"{variant}_runs"] = [round(r, 1) for r in rates]
+            out[f"{variant}_hand_steps_per_s"] = round(statistics.median(hand), 1)
+            out[f"{variant}_hand_runs"] = [round(r, 1) for r in hand]
+            out[f"{variant}_ratio"] = round(out[f"{variant}_steps_per_s"]
+                                            / out[f"{variant}_hand_steps_per_s"], 2)
     print(f"plan: CALL plan_execute, {STEPS}-step plan, median of {repeats}: "
           f"{out['noop_steps_per_s']} steps/s (noop action), "
           f"{out['insert_steps_per_s']} steps/s (one INSERT per step); "
           f"fsync={out['fsync']}, synchronous_commit={out['synchronous_commit']}")
+    for variant in ("noop", "insert"):
+        ratio = out[f"{variant}_ratio"]
+        print(f"  hand-written runner ({variant}): {out[f'{variant}_hand_steps_per_s']} steps/s;"
+              f" target: pgfence >= {TARGET}x of it: {ratio}x {'MET' if ratio >= TARGET else 'MISSED'}")
     return out
 
 

@@ -224,7 +224,7 @@ COMMENT ON COLUMN pgfence.audit_documents.version IS 'The current version.';
 COMMENT ON COLUMN pgfence.audit_documents.revisions IS
   'How many versions are kept: every write (create, save, delete) is one revision, so it equals version.';
 COMMENT ON COLUMN pgfence.audit_documents.writes_24h IS
-  'Create, save and delete events in the last 24 hours.';
+  'Create, save and delete events in the last 24 hours (saves only of kinds whose log_saves is on: document_kinds).';
 COMMENT ON COLUMN pgfence.audit_documents.conflicts_1h IS
   'Compare-and-swap saves refused as conflict (a writer saved on a stale version) in the last hour.';
 COMMENT ON COLUMN pgfence.audit_documents.conflicts_24h IS 'The same in the last 24 hours.';
