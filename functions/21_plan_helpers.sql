@@ -98,10 +98,14 @@ Used on the lost-race path to tell a stale call from an unknown id.';
 
 CREATE OR REPLACE FUNCTION pgfence._plan_step_key(p_id bigint, p_step integer)
 RETURNS text
-LANGUAGE sql IMMUTABLE PARALLEL SAFE
+-- PL/pgSQL: a SQL function with a SET clause is not inlined, and is then planned on every call
+-- (once per step of every plan_run_step); this expression takes PL/pgSQL's simple-expression path.
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
 SET search_path = pg_catalog, pgfence, pg_temp
 AS $$
-  SELECT 'pgfence-plan-' || p_id || '-step-' || p_step;
+BEGIN
+  RETURN 'pgfence-plan-' || p_id || '-step-' || p_step;
+END
 $$;
 REVOKE ALL ON FUNCTION pgfence._plan_step_key(bigint, integer) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION pgfence._plan_step_key(bigint, integer) TO pgfence_client, pgfence_executor, pgfence_admin;
