@@ -33,10 +33,14 @@ DROP FUNCTION IF EXISTS pgfence._ts(timestamptz);
 
 CREATE OR REPLACE FUNCTION pgfence._ts(p_at timestamptz)
 RETURNS text
-LANGUAGE sql IMMUTABLE PARALLEL SAFE
+-- PL/pgSQL, like _is_name: a SQL function with a SET clause is never inlined, and is then
+-- planned again on every call (this one runs in the operation event trigger, per claim and poll).
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
 SET search_path = pg_catalog, pgfence, pg_temp
 AS $$
-  SELECT to_char(p_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"');
+BEGIN
+  RETURN to_char(p_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"');
+END
 $$;
 REVOKE ALL ON FUNCTION pgfence._ts(timestamptz) FROM PUBLIC;
 COMMENT ON FUNCTION pgfence._ts(timestamptz) IS
@@ -46,10 +50,12 @@ Errors: none.';
 
 CREATE OR REPLACE FUNCTION pgfence._is_name(p_name text)
 RETURNS boolean
-LANGUAGE sql IMMUTABLE PARALLEL SAFE
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE  -- not sql: see _ts
 SET search_path = pg_catalog, pgfence, pg_temp
 AS $$
-  SELECT p_name ~ '^[a-z0-9][a-z0-9_.-]{0,62}$';
+BEGIN
+  RETURN p_name ~ '^[a-z0-9][a-z0-9_.-]{0,62}$';
+END
 $$;
 REVOKE ALL ON FUNCTION pgfence._is_name(text) FROM PUBLIC;
 COMMENT ON FUNCTION pgfence._is_name(text) IS

@@ -183,7 +183,10 @@ BEGIN
     WHERE d.id = p_id AND d.version = p_expected_version AND d.status = 'live'
     RETURNING d.version, d.saved_at INTO v_version, v_saved_at;
     IF FOUND THEN
-      RETURN QUERY SELECT 'saved'::text, v_version, NULL::jsonb, p_saved_by, v_saved_at, false, false;
+      -- the answer from variables, not a query: the hot path runs no statement after the UPDATE
+      outcome := 'saved'; version := v_version; content := NULL; saved_by := p_saved_by;
+      saved_at := v_saved_at; deleted := false; replayed := false;
+      RETURN NEXT;
       RETURN;
     END IF;
     -- Lost the race. If the winner was this very save (the same save_id, sent again while the

@@ -664,10 +664,14 @@ DROP FUNCTION IF EXISTS pgfence._ts(timestamptz);
 
 CREATE OR REPLACE FUNCTION pgfence._ts(p_at timestamptz)
 RETURNS text
-LANGUAGE sql IMMUTABLE PARALLEL SAFE
+-- PL/pgSQL, like _is_name: a SQL function with a SET clause is never inlined, and is then
+-- planned again on every call (this one runs in the operation event trigger, per claim and poll).
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
 SET search_path = pg_catalog, pgfence, pg_temp
 AS $$
-  SELECT to_char(p_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"');
+BEGIN
+  RETURN to_char(p_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"');
+END
 $$;
 REVOKE ALL ON FUNCTION pgfence._ts(timestamptz) FROM PUBLIC;
 COMMENT ON FUNCTION pgfence._ts(timestamptz) IS
@@ -677,10 +681,12 @@ Errors: none.';
 
 CREATE OR REPLACE FUNCTION pgfence._is_name(p_name text)
 RETURNS boolean
-LANGUAGE sql IMMUTABLE PARALLEL SAFE
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE  -- not sql: see _ts
 SET search_path = pg_catalog, pgfence, pg_temp
 AS $$
-  SELECT p_name ~ '^[a-z0-9][a-z0-9_.-]{0,62}$';
+BEGIN
+  RETURN p_name ~ '^[a-z0-9][a-z0-9_.-]{0,62}$';
+END
 $$;
 REVOKE ALL ON FUNCTION pgfence._is_name(text) FROM PUBLIC;
 COMMENT ON FUNCTION pgfence._is_name(text) IS
@@ -5922,7 +5928,10 @@ BEGIN
     WHERE d.id = p_id AND d.version = p_expected_version AND d.status = 'live'
     RETURNING d.version, d.saved_at INTO v_version, v_saved_at;
     IF FOUND THEN
-      RETURN QUERY SELECT 'saved'::text, v_version, NULL::jsonb, p_saved_by, v_saved_at, false, false;
+      -- the answer from variables, not a query: the hot path runs no statement after the UPDATE
+      outcome := 'saved'; version := v_version; content := NULL; saved_by := p_saved_by;
+      saved_at := v_saved_at; deleted := false; replayed := false;
+      RETURN NEXT;
       RETURN;
     END IF;
     -- Lost the race. If the winner was this very save (the same save_id, sent again while the
