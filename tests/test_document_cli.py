@@ -6,11 +6,12 @@ import json
 import time
 from pathlib import Path
 
+import psycopg
 from click.testing import CliRunner
 
 from pgfence.cli import main
 from pgfence.cli.document import EXIT_CONFLICT
-from pgfence.documents import Draft, DraftStore
+from pgfence.documents import Draft, DraftStore, api
 
 
 def cli(dsn: str, *args: str, input: str | None = None) -> tuple[int, str, str]:
@@ -75,6 +76,22 @@ def test_kinds(db: str) -> None:
     assert code == 0
     assert {k["kind"]: k["merge"] for k in json.loads(out)} == {"record": "attributes",
                                                                 "sheet": "none"}
+
+
+def test_a_kind_without_save_events_keeps_its_revisions_and_conflicts(db: str) -> None:
+    # register_kind(log_saves=False): saves write no event; revisions and conflicts stay.
+    with psycopg.connect(db, autocommit=True) as conn:
+        assert api.register_kind(conn, "quiet", "attributes", log_saves=False)["log_saves"] is False
+        assert {k["kind"]: k["log_saves"] for k in api.kinds(conn)} == {
+            "quiet": False, "record": True, "sheet": True}
+        doc = api.create(conn, "quiet", {"a": 1}, "ann")
+        assert api.save(conn, doc, 1, {"a": 2}, "ann").outcome == "saved"
+        assert api.save(conn, doc, 1, {"a": 3}, "bob").outcome == "conflict"
+        assert sorted(r["version"] for r in api.history(conn, doc)) == [1, 2]
+        events = [e for (e,) in conn.execute(
+            "SELECT event FROM pgfence.event WHERE module = 'document' AND item_id = %s ORDER BY id",
+            (doc,))]
+        assert events == ["create", "conflict"]
 
 
 def test_drafts_list_and_discard(tmp_path: Path) -> None:
