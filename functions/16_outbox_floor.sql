@@ -4,8 +4,8 @@
 -- time no pending message is below, so the entries of messages claimed and sent since the last
 -- VACUUM, which a snapshot held open keeps in the index, are stepped over in one index descent
 -- instead of one by one (issue 14; docs/query-plans.md#the-claim-floor). Kept in sequences
--- (migration 0015): not transactional, every session reads the latest value whatever its
--- snapshot. Private: _outbox_floor() (read, and raise it when due), _outbox_floor_lower(at)
+-- (created below): not transactional, so every session reads the latest value whatever its
+-- snapshot, and a setval is seen at once. Private: _outbox_floor() (read, and raise it when due), _outbox_floor_lower(at)
 -- (the writers' side: triggers outbox_floor_insert / outbox_floor_update), _outbox_floor_check()
 -- (the reaper's self-check), _outbox_floor_reset(), _outbox_us / _outbox_at (conversions).
 --
@@ -31,6 +31,31 @@
 -- floor, as they walked from the start before. A snapshot held open (the pressure case) holds
 -- no lock and stops nothing.
 
+-- The floor's state: created here rather than in a migration, as sequences hold no rows a
+-- migration would have to carry forward (IF NOT EXISTS: every migrate re-applies this file and
+-- then resets the floor, below). Values are microseconds since 2000-01-01 UTC (the server's own
+-- epoch), the minimum meaning "no floor" (-infinity).
+CREATE SEQUENCE IF NOT EXISTS pgfence.outbox_floor_seq AS bigint
+  MINVALUE -9223372036854775808 START WITH -9223372036854775808 NO CYCLE;
+COMMENT ON SEQUENCE pgfence.outbox_floor_seq IS
+  'The outbox claim floor: no pending message is due before it. Not an API.
+Microseconds since 2000-01-01 UTC; the minimum = none. Kept by functions/16_outbox_floor.sql.';
+CREATE SEQUENCE IF NOT EXISTS pgfence.outbox_floor_guard_seq AS bigint
+  MINVALUE -9223372036854775808 START WITH -9223372036854775808 NO CYCLE;
+COMMENT ON SEQUENCE pgfence.outbox_floor_guard_seq IS
+  'The highest value the outbox claim floor may be raised to next. Not an API.
+A writer of a pending message due before it lowers it (and the floor).';
+CREATE SEQUENCE IF NOT EXISTS pgfence.outbox_floor_arm_seq AS bigint
+  MINVALUE 0 START WITH 0 NO CYCLE;
+COMMENT ON SEQUENCE pgfence.outbox_floor_arm_seq IS
+  'Whether the outbox claim floor''s guard is published, waiting to be raised to (1) or not (0).
+Not an API.';
+CREATE SEQUENCE IF NOT EXISTS pgfence.outbox_floor_armed_at_seq AS bigint
+  MINVALUE -9223372036854775808 START WITH -9223372036854775808 NO CYCLE;
+COMMENT ON SEQUENCE pgfence.outbox_floor_armed_at_seq IS
+  'When the outbox claim floor''s guard was last published. Not an API.
+Microseconds since 2000-01-01 UTC: the floor moves at most every 50 ms.';
+
 CREATE OR REPLACE FUNCTION pgfence._outbox_us(p_at timestamptz)
 RETURNS bigint
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
@@ -41,7 +66,8 @@ AS $$
 $$;
 REVOKE ALL ON FUNCTION pgfence._outbox_us(timestamptz) FROM PUBLIC;
 COMMENT ON FUNCTION pgfence._outbox_us(timestamptz) IS
-  'Private: a time as microseconds since 2000-01-01 UTC (the claim floor''s unit); -infinity = the minimum.
+  'Private: a time as microseconds since 2000-01-01 UTC (the claim floor''s unit).
+-infinity = the minimum.
 Exact: the inverse of pgfence._outbox_at. NULL for NULL.
 Errors: none.';
 
@@ -101,7 +127,8 @@ END
 $$;
 REVOKE ALL ON FUNCTION pgfence._outbox_floor_lower(timestamptz) FROM PUBLIC;
 COMMENT ON FUNCTION pgfence._outbox_floor_lower(timestamptz) IS
-  'Private: a message is pending and due at p_at: lower the claim floor and its guard to p_at if above.
+  'Private: a message is pending, due at p_at: lower the claim floor and its guard to p_at.
+Only if they are above it.
 Called after the row is written (triggers outbox_floor_insert, outbox_floor_update, and the
 reaper''s check); why that suffices: functions/16_outbox_floor.sql. NULL does nothing.
 Errors: none.';
@@ -151,7 +178,8 @@ END
 $$;
 REVOKE ALL ON FUNCTION pgfence._outbox_floor_move() FROM PUBLIC;
 COMMENT ON FUNCTION pgfence._outbox_floor_move() IS
-  'Private: raise the claim floor to the published guard if no writer that read an older one is open; publish the next.
+  'Private: raise the claim floor to its guard when no writer that read an older guard is open.
+Then publish the next guard.
 Caller holds the floor''s mutex, in READ COMMITTED (pgfence._outbox_floor). Returns the floor
 (microseconds since 2000-01-01 UTC). The algorithm: functions/16_outbox_floor.sql.
 Errors: none.';
@@ -185,7 +213,7 @@ END
 $$;
 REVOKE ALL ON FUNCTION pgfence._outbox_floor() FROM PUBLIC;
 COMMENT ON FUNCTION pgfence._outbox_floor() IS
-  'Private: the claim floor (no pending message is due before it), raised first when that is due.
+  'Private: the claim floor (no pending message is due before it), first raised when that is due.
 Called by outbox_claim before its walk. Raises it at most every 50 ms, only in READ COMMITTED,
 and skips that when another session holds the floor''s lock. -infinity = no floor.
 Errors: none.';
@@ -209,7 +237,7 @@ END
 $$;
 REVOKE ALL ON FUNCTION pgfence._outbox_floor_check() FROM PUBLIC;
 COMMENT ON FUNCTION pgfence._outbox_floor_check() IS
-  'Private: lower the claim floor to any pending message below it (rows written with the triggers bypassed).
+  'Private: lower the claim floor to a pending message below it (written with triggers bypassed).
 Called by outbox_reap. Walks outbox_due_idx below the floor.
 Errors: none.';
 
@@ -272,7 +300,8 @@ END
 $$;
 REVOKE ALL ON FUNCTION pgfence.tg_outbox_floor_update() FROM PUBLIC;
 COMMENT ON FUNCTION pgfence.tg_outbox_floor_update() IS
-  'Trigger: a message made pending again (retry, reap, requeue) or due earlier lowers the claim floor if below it.
+  'Trigger: a message pending again (retry, reap, requeue) or due earlier lowers the claim floor.
+Only when it is due before the floor''s guard.
 AFTER UPDATE row trigger on pgfence.outbox, filtered by its WHEN condition: a claim or a mark
 never calls it. Why: functions/16_outbox_floor.sql.';
 

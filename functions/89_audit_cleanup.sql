@@ -74,7 +74,7 @@ ORDER BY age(h.xmin) DESC, h.pid;
 REVOKE ALL ON pgfence.audit_cleanup_blockers FROM PUBLIC;
 GRANT SELECT ON pgfence.audit_cleanup_blockers TO pgfence_admin, pg_monitor;
 COMMENT ON VIEW pgfence.audit_cleanup_blockers IS
-  'What holds back VACUUM in this database, oldest first: transactions, replication slots, prepared transactions.
+  'What holds back VACUUM in this database, oldest first: transactions, slots, prepared transactions.
 A row is a holder of an xmin: VACUUM keeps every row version deleted after it, so dead rows and
 index entries pile up in the outbox, plans and operations, and claims walk past them. warn: open
 longer than pgfence.cleanup_warn_after (default 5 minutes; a slot: inactive). The reading
