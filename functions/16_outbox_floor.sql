@@ -9,6 +9,10 @@
 -- (the writers' side: triggers outbox_floor_insert / outbox_floor_update), _outbox_floor_check()
 -- (the reaper's self-check), _outbox_floor_reset(), _outbox_us / _outbox_at (conversions).
 --
+-- The floor is a pair (due time, id), the claims' order: a bulk enqueue gives thousands of
+-- messages one due time, and only the id tells the sent ones from the pending. "Before" and
+-- "the earliest" below are in that order.
+--
 -- Why no pending message is below the floor. The floor is raised in two steps, under an
 -- advisory lock (the mutex), and only in READ COMMITTED (each statement then sees every commit
 -- before it):
@@ -45,6 +49,20 @@ CREATE SEQUENCE IF NOT EXISTS pgfence.outbox_floor_guard_seq AS bigint
 COMMENT ON SEQUENCE pgfence.outbox_floor_guard_seq IS
   'The highest value the outbox claim floor may be raised to next. Not an API.
 A writer of a pending message due before it lowers it (and the floor).';
+CREATE SEQUENCE IF NOT EXISTS pgfence.outbox_floor_id_seq AS bigint
+  MINVALUE -9223372036854775808 START WITH -9223372036854775808 NO CYCLE;
+COMMENT ON SEQUENCE pgfence.outbox_floor_id_seq IS
+  'The outbox claim floor''s message id: no pending message is before (floor, this id). Not an API.
+Due order is (next_attempt_at, id): a bulk enqueue gives every message one due time.';
+CREATE SEQUENCE IF NOT EXISTS pgfence.outbox_floor_guard_id_seq AS bigint
+  MINVALUE -9223372036854775808 START WITH -9223372036854775808 NO CYCLE;
+COMMENT ON SEQUENCE pgfence.outbox_floor_guard_id_seq IS
+  'The message id of the outbox claim floor''s guard (with outbox_floor_guard_seq). Not an API.';
+CREATE SEQUENCE IF NOT EXISTS pgfence.outbox_floor_version_seq AS bigint
+  MINVALUE 0 START WITH 0 NO CYCLE;
+COMMENT ON SEQUENCE pgfence.outbox_floor_version_seq IS
+  'Bumped before and after every write of the outbox claim floor (odd while writing). Not an API.
+Readers retry when it changed under them, so a floor is never read half-written.';
 CREATE SEQUENCE IF NOT EXISTS pgfence.outbox_floor_arm_seq AS bigint
   MINVALUE 0 START WITH 0 NO CYCLE;
 COMMENT ON SEQUENCE pgfence.outbox_floor_arm_seq IS
@@ -88,35 +106,95 @@ COMMENT ON FUNCTION pgfence._outbox_at(bigint) IS
 The inverse of pgfence._outbox_us. NULL for NULL.
 Errors: none.';
 
--- The writers' side: lower the floor (and the guard) to p_at when a message is now pending and
--- due before the guard. The read of the guard is the only cost of an ordinary write.
-CREATE OR REPLACE FUNCTION pgfence._outbox_floor_lower(p_at timestamptz)
+-- The floor is a pair (due time, id) in two sequences, written under the mutex between two
+-- bumps of the version sequence (a seqlock) and read by _outbox_floor_read, which retries when
+-- the version moved: a claim never starts from a floor half old, half new.
+CREATE OR REPLACE FUNCTION pgfence._outbox_floor_read(OUT p_at bigint, OUT p_id bigint)
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pgfence, pg_temp
+AS $$
+DECLARE
+  v_before bigint;
+BEGIN
+  FOR i IN 1..3 LOOP
+    v_before := (SELECT v.last_value FROM pgfence.outbox_floor_version_seq v);
+    p_at := (SELECT f.last_value FROM pgfence.outbox_floor_seq f);
+    p_id := (SELECT f.last_value FROM pgfence.outbox_floor_id_seq f);
+    IF v_before % 2 = 0 AND v_before = (SELECT v.last_value FROM pgfence.outbox_floor_version_seq v) THEN
+      RETURN;
+    END IF;
+  END LOOP;
+  -- written under us three times: no floor for this call (always true, never wrong)
+  p_at := -9223372036854775808;
+  p_id := -9223372036854775808;
+END
+$$;
+REVOKE ALL ON FUNCTION pgfence._outbox_floor_read() FROM PUBLIC;
+COMMENT ON FUNCTION pgfence._outbox_floor_read() IS
+  'Private: the claim floor (microseconds since 2000-01-01 UTC, message id), never half-written.
+Retries while a writer is at work; after three tries returns no floor (the minimum pair).
+Errors: none.';
+
+CREATE OR REPLACE FUNCTION pgfence._outbox_floor_write(p_at bigint, p_id bigint)
 RETURNS void
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pgfence, pg_temp
 AS $$
 DECLARE
-  v_at bigint := pgfence._outbox_us(p_at);
+  v_version bigint := (SELECT v.last_value FROM pgfence.outbox_floor_version_seq v);
+BEGIN
+  -- even, so that an interrupted write (odd) heals on the next one
+  v_version := v_version + 1 + v_version % 2;
+  PERFORM setval('pgfence.outbox_floor_version_seq', v_version);
+  PERFORM setval('pgfence.outbox_floor_seq', p_at);
+  PERFORM setval('pgfence.outbox_floor_id_seq', p_id);
+  PERFORM setval('pgfence.outbox_floor_version_seq', v_version + 1);
+END
+$$;
+REVOKE ALL ON FUNCTION pgfence._outbox_floor_write(bigint, bigint) FROM PUBLIC;
+COMMENT ON FUNCTION pgfence._outbox_floor_write(bigint, bigint) IS
+  'Private: set the claim floor to (p_at microseconds since 2000-01-01 UTC, message id p_id).
+The caller holds the floor''s mutex. Bumps the version before and after (_outbox_floor_read).
+Errors: none.';
+
+-- The writers' side: lower the floor (and the guard) to (p_at, p_id) when a message is now
+-- pending and due before the guard. The read of the guard is the only cost of an ordinary write.
+CREATE OR REPLACE FUNCTION pgfence._outbox_floor_lower(p_at timestamptz, p_id bigint)
+RETURNS void
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pgfence, pg_temp
+AS $$
+DECLARE
+  v_at  bigint := pgfence._outbox_us(p_at);
+  v_gat bigint;
+  v_gid bigint;
+  v_fat bigint;
+  v_fid bigint;
   c_lock    CONSTANT bigint := 7094185336601403393;  -- the claim floor's mutex
   c_writers CONSTANT bigint := 7094185336601403394;  -- the writers' lock
 BEGIN
-  IF v_at IS NULL THEN
+  IF v_at IS NULL OR p_id IS NULL THEN
     RETURN;
   END IF;
   -- held (shared) until this transaction ends: the floor is not raised past what it reads next
   PERFORM pg_advisory_xact_lock_shared(c_writers);
-  IF v_at >= (SELECT g.last_value FROM pgfence.outbox_floor_guard_seq g) THEN
+  -- the due time alone decides (one sequence: never half-written); a tie is settled below
+  IF v_at > (SELECT g.last_value FROM pgfence.outbox_floor_guard_seq g) THEN
     RETURN;
   END IF;
   -- a session lock released at once (setval is not transactional, so nothing waits for the
   -- commit); released on any error too
   PERFORM pg_advisory_lock(c_lock);
   BEGIN
-    IF v_at < (SELECT f.last_value FROM pgfence.outbox_floor_seq f) THEN
-      PERFORM setval('pgfence.outbox_floor_seq', v_at);
-    END IF;
-    IF v_at < (SELECT g.last_value FROM pgfence.outbox_floor_guard_seq g) THEN
+    SELECT g.last_value, gi.last_value INTO v_gat, v_gid
+    FROM pgfence.outbox_floor_guard_seq g, pgfence.outbox_floor_guard_id_seq gi;
+    IF (v_at, p_id) < (v_gat, v_gid) THEN
       PERFORM setval('pgfence.outbox_floor_guard_seq', v_at);
+      PERFORM setval('pgfence.outbox_floor_guard_id_seq', p_id);
+    END IF;
+    SELECT r.p_at, r.p_id INTO v_fat, v_fid FROM pgfence._outbox_floor_read() r;
+    IF (v_at, p_id) < (v_fat, v_fid) THEN
+      PERFORM pgfence._outbox_floor_write(v_at, p_id);
     END IF;
   EXCEPTION WHEN OTHERS OR query_canceled THEN
     PERFORM pg_advisory_unlock(c_lock);
@@ -125,17 +203,17 @@ BEGIN
   PERFORM pg_advisory_unlock(c_lock);
 END
 $$;
-REVOKE ALL ON FUNCTION pgfence._outbox_floor_lower(timestamptz) FROM PUBLIC;
-COMMENT ON FUNCTION pgfence._outbox_floor_lower(timestamptz) IS
-  'Private: a message is pending, due at p_at: lower the claim floor and its guard to p_at.
-Only if they are above it.
-Called after the row is written (triggers outbox_floor_insert, outbox_floor_update, and the
-reaper''s check); why that suffices: functions/16_outbox_floor.sql. NULL does nothing.
+REVOKE ALL ON FUNCTION pgfence._outbox_floor_lower(timestamptz, bigint) FROM PUBLIC;
+COMMENT ON FUNCTION pgfence._outbox_floor_lower(timestamptz, bigint) IS
+  'Private: message p_id is pending, due at p_at: lower the claim floor and its guard to it.
+Only if they are above (in due order: due time, then id). Called after the row is written
+(triggers outbox_floor_insert, outbox_floor_update, and the reaper''s check); why that suffices:
+functions/16_outbox_floor.sql. NULL does nothing.
 Errors: none.';
 
 -- Step 2 then step 1 of the header, under the mutex; returns the floor.
 CREATE OR REPLACE FUNCTION pgfence._outbox_floor_move()
-RETURNS bigint
+RETURNS void
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pgfence, pg_temp
 SET plan_cache_mode = force_generic_plan
@@ -143,79 +221,99 @@ SET enable_seqscan = off
 SET enable_bitmapscan = off
 AS $$
 DECLARE
-  v_floor bigint;
-  v_guard bigint;
+  v_fat   bigint;
+  v_fid   bigint;
+  v_gat   bigint;
+  v_gid   bigint;
   v_armed boolean;
-  v_min   timestamptz;
+  v_mat   bigint;
+  v_mid   bigint;
+  v_cap   bigint := pgfence._outbox_us(now() - interval '1 second');
   c_writers CONSTANT bigint := 7094185336601403394;  -- the writers' lock
 BEGIN
-  SELECT f.last_value, g.last_value, a.last_value <> 0 INTO v_floor, v_guard, v_armed
-  FROM pgfence.outbox_floor_seq f, pgfence.outbox_floor_guard_seq g, pgfence.outbox_floor_arm_seq a;
+  -- only mutex holders write these: read directly
+  SELECT f.last_value, fi.last_value, g.last_value, gi.last_value, a.last_value <> 0
+  INTO v_fat, v_fid, v_gat, v_gid, v_armed
+  FROM pgfence.outbox_floor_seq f, pgfence.outbox_floor_id_seq fi, pgfence.outbox_floor_guard_seq g,
+       pgfence.outbox_floor_guard_id_seq gi, pgfence.outbox_floor_arm_seq a;
   IF v_armed THEN
     -- no writer that may have read an older guard is still open (the lock is only probed)
     IF NOT pg_try_advisory_lock(c_writers) THEN
-      RETURN v_floor;
+      RETURN;
     END IF;
     PERFORM pg_advisory_unlock(c_writers);
   END IF;
-  -- the earliest pending message at or above the floor (matches outbox_due_idx), read by a
+  -- the earliest pending message at or after the floor (matches outbox_due_idx), read by a
   -- statement that starts after the probe
-  SELECT o.next_attempt_at INTO v_min FROM pgfence.outbox o
+  SELECT pgfence._outbox_us(o.next_attempt_at), o.id INTO v_mat, v_mid FROM pgfence.outbox o
   WHERE o.status = 'pending' AND o.attempts < o.max_attempts
-    AND o.next_attempt_at >= pgfence._outbox_at(v_floor)
-  ORDER BY o.next_attempt_at LIMIT 1;
+    AND (o.next_attempt_at, o.id) >= (pgfence._outbox_at(v_fat), v_fid)
+  ORDER BY o.next_attempt_at, o.id LIMIT 1;
   IF v_armed THEN
-    v_floor := least(v_guard, coalesce(pgfence._outbox_us(v_min), v_guard));
-    PERFORM setval('pgfence.outbox_floor_seq', v_floor);
+    IF v_mat IS NOT NULL AND (v_mat, v_mid) < (v_gat, v_gid) THEN
+      v_gat := v_mat;
+      v_gid := v_mid;
+    END IF;
+    IF (v_gat, v_gid) > (v_fat, v_fid) THEN
+      PERFORM pgfence._outbox_floor_write(v_gat, v_gid);
+      v_fat := v_gat;
+      v_fid := v_gid;
+    END IF;
   END IF;
-  PERFORM setval('pgfence.outbox_floor_guard_seq',
-                 greatest(v_floor, least(coalesce(pgfence._outbox_us(v_min), 9223372036854775807),
-                                         pgfence._outbox_us(now() - interval '1 second'))));
+  -- the next guard: the earliest pending message, capped at now() - 1 s, not below the floor
+  IF v_mat IS NULL OR (v_cap, -9223372036854775808) < (v_mat, v_mid) THEN
+    v_mat := v_cap;
+    v_mid := -9223372036854775808;
+  END IF;
+  IF (v_mat, v_mid) < (v_fat, v_fid) THEN
+    v_mat := v_fat;
+    v_mid := v_fid;
+  END IF;
+  PERFORM setval('pgfence.outbox_floor_guard_id_seq', v_mid);
+  PERFORM setval('pgfence.outbox_floor_guard_seq', v_mat);
   PERFORM setval('pgfence.outbox_floor_armed_at_seq', pgfence._outbox_us(now()));
   PERFORM setval('pgfence.outbox_floor_arm_seq', 1);
-  RETURN v_floor;
 END
 $$;
 REVOKE ALL ON FUNCTION pgfence._outbox_floor_move() FROM PUBLIC;
 COMMENT ON FUNCTION pgfence._outbox_floor_move() IS
   'Private: raise the claim floor to its guard when no writer that read an older guard is open.
-Then publish the next guard.
-Caller holds the floor''s mutex, in READ COMMITTED (pgfence._outbox_floor). Returns the floor
-(microseconds since 2000-01-01 UTC). The algorithm: functions/16_outbox_floor.sql.
+Then publish the next guard. The caller holds the floor''s mutex, in READ COMMITTED
+(pgfence._outbox_floor). The algorithm: functions/16_outbox_floor.sql.
 Errors: none.';
 
-CREATE OR REPLACE FUNCTION pgfence._outbox_floor()
-RETURNS timestamptz
+CREATE OR REPLACE FUNCTION pgfence._outbox_floor(OUT p_at timestamptz, OUT p_id bigint)
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pgfence, pg_temp
 AS $$
 DECLARE
-  v_floor    bigint;
+  v_at       bigint;
   v_arm      bigint;
   v_armed_at bigint;
   c_lock CONSTANT bigint := 7094185336601403393;  -- the claim floor's mutex
 BEGIN
-  SELECT f.last_value, a.last_value, t.last_value INTO v_floor, v_arm, v_armed_at
-  FROM pgfence.outbox_floor_seq f, pgfence.outbox_floor_arm_seq a, pgfence.outbox_floor_armed_at_seq t;
+  SELECT a.last_value, t.last_value INTO v_arm, v_armed_at
+  FROM pgfence.outbox_floor_arm_seq a, pgfence.outbox_floor_armed_at_seq t;
   IF (v_arm = 0 OR pgfence._outbox_us(now()) - 50000 >= v_armed_at)
      AND current_setting('transaction_isolation') = 'read committed'
      AND pg_try_advisory_lock(c_lock) THEN
     BEGIN
-      v_floor := pgfence._outbox_floor_move();
+      PERFORM pgfence._outbox_floor_move();
     EXCEPTION WHEN OTHERS OR query_canceled THEN
       PERFORM pg_advisory_unlock(c_lock);
       RAISE;
     END;
     PERFORM pg_advisory_unlock(c_lock);
   END IF;
-  RETURN pgfence._outbox_at(v_floor);
+  SELECT r.p_at, r.p_id INTO v_at, p_id FROM pgfence._outbox_floor_read() r;
+  p_at := pgfence._outbox_at(v_at);
 END
 $$;
 REVOKE ALL ON FUNCTION pgfence._outbox_floor() FROM PUBLIC;
 COMMENT ON FUNCTION pgfence._outbox_floor() IS
-  'Private: the claim floor (no pending message is due before it), first raised when that is due.
-Called by outbox_claim before its walk. Raises it at most every 50 ms, only in READ COMMITTED,
-and skips that when another session holds the floor''s lock. -infinity = no floor.
+  'Private: the claim floor (due time, id): no pending message is before it; first raised if due.
+Called by outbox_claim before its walks. Raises it at most every 50 ms, only in READ COMMITTED,
+and not while another session holds the floor''s mutex. (-infinity, minimum) = no floor.
 Errors: none.';
 
 CREATE OR REPLACE FUNCTION pgfence._outbox_floor_check()
@@ -226,19 +324,25 @@ SET plan_cache_mode = force_generic_plan
 SET enable_seqscan = off
 SET enable_bitmapscan = off
 AS $$
+DECLARE
+  v_fat bigint;
+  v_fid bigint;
+  v_at  timestamptz;
+  v_id  bigint;
 BEGIN
-  -- walks the index below the floor, dead entries included: once per reaper run, not per claim
-  PERFORM pgfence._outbox_floor_lower((
-    SELECT o.next_attempt_at FROM pgfence.outbox o
-    WHERE o.status = 'pending' AND o.attempts < o.max_attempts
-      AND o.next_attempt_at < pgfence._outbox_at((SELECT f.last_value FROM pgfence.outbox_floor_seq f))
-    ORDER BY o.next_attempt_at LIMIT 1));
+  SELECT r.p_at, r.p_id INTO v_fat, v_fid FROM pgfence._outbox_floor_read() r;
+  -- walks the index before the floor, dead entries included: once per reaper run, not per claim
+  SELECT o.next_attempt_at, o.id INTO v_at, v_id FROM pgfence.outbox o
+  WHERE o.status = 'pending' AND o.attempts < o.max_attempts
+    AND (o.next_attempt_at, o.id) < (pgfence._outbox_at(v_fat), v_fid)
+  ORDER BY o.next_attempt_at, o.id LIMIT 1;
+  PERFORM pgfence._outbox_floor_lower(v_at, v_id);
 END
 $$;
 REVOKE ALL ON FUNCTION pgfence._outbox_floor_check() FROM PUBLIC;
 COMMENT ON FUNCTION pgfence._outbox_floor_check() IS
-  'Private: lower the claim floor to a pending message below it (written with triggers bypassed).
-Called by outbox_reap. Walks outbox_due_idx below the floor.
+  'Private: lower the claim floor to a pending message before it (written with triggers bypassed).
+Called by outbox_reap. Walks outbox_due_idx before the floor.
 Errors: none.';
 
 CREATE OR REPLACE FUNCTION pgfence._outbox_floor_reset()
@@ -251,8 +355,9 @@ DECLARE
 BEGIN
   PERFORM pg_advisory_lock(c_lock);
   BEGIN
-    PERFORM setval('pgfence.outbox_floor_seq', -9223372036854775808);
+    PERFORM pgfence._outbox_floor_write(-9223372036854775808, -9223372036854775808);
     PERFORM setval('pgfence.outbox_floor_guard_seq', -9223372036854775808);
+    PERFORM setval('pgfence.outbox_floor_guard_id_seq', -9223372036854775808);
     PERFORM setval('pgfence.outbox_floor_arm_seq', 0);
   EXCEPTION WHEN OTHERS OR query_canceled THEN
     PERFORM pg_advisory_unlock(c_lock);
@@ -273,7 +378,8 @@ LANGUAGE plpgsql
 SET search_path = pg_catalog, pgfence, pg_temp
 AS $$
 BEGIN
-  PERFORM pgfence._outbox_floor_lower((SELECT min(n.next_attempt_at) FROM outbox_floor_new n));
+  PERFORM pgfence._outbox_floor_lower(n.next_attempt_at, n.id)
+  FROM (SELECT m.next_attempt_at, m.id FROM outbox_floor_new m ORDER BY m.next_attempt_at, m.id LIMIT 1) n;
   RETURN NULL;
 END
 $$;
@@ -294,7 +400,7 @@ LANGUAGE plpgsql
 SET search_path = pg_catalog, pgfence, pg_temp
 AS $$
 BEGIN
-  PERFORM pgfence._outbox_floor_lower(NEW.next_attempt_at);
+  PERFORM pgfence._outbox_floor_lower(NEW.next_attempt_at, NEW.id);
   RETURN NULL;
 END
 $$;

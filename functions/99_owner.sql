@@ -36,9 +36,11 @@ GRANT SELECT, INSERT                 ON pgfence.document_revision TO pgfence_def
 REVOKE ALL ON SEQUENCE pgfence.outbox_id_seq FROM pgfence_definer;
 GRANT USAGE ON SEQUENCE pgfence.outbox_id_seq TO pgfence_definer;
 -- the outbox claim floor (functions/16_outbox_floor.sql): read, and set with setval
-REVOKE ALL ON SEQUENCE pgfence.outbox_floor_seq, pgfence.outbox_floor_guard_seq,
+REVOKE ALL ON SEQUENCE pgfence.outbox_floor_seq, pgfence.outbox_floor_id_seq,
+  pgfence.outbox_floor_guard_seq, pgfence.outbox_floor_guard_id_seq, pgfence.outbox_floor_version_seq,
   pgfence.outbox_floor_arm_seq, pgfence.outbox_floor_armed_at_seq FROM pgfence_definer;
-GRANT SELECT, UPDATE ON SEQUENCE pgfence.outbox_floor_seq, pgfence.outbox_floor_guard_seq,
+GRANT SELECT, UPDATE ON SEQUENCE pgfence.outbox_floor_seq, pgfence.outbox_floor_id_seq,
+  pgfence.outbox_floor_guard_seq, pgfence.outbox_floor_guard_id_seq, pgfence.outbox_floor_version_seq,
   pgfence.outbox_floor_arm_seq, pgfence.outbox_floor_armed_at_seq TO pgfence_definer;
 
 -- Hand every function, procedure and view not yet owned by pgfence_definer to it (new ones, and

@@ -7,7 +7,7 @@
 -- pinned snapshot and concurrent claimers: tests/test_outbox_floor.py.
 BEGIN;
 \ir helpers/setup.sql
-SELECT plan(31);
+SELECT plan(33);
 
 CREATE FUNCTION pg_temp.floor_at() RETURNS timestamptz LANGUAGE sql
   AS $$ SELECT pgfence._outbox_at(last_value) FROM pgfence.outbox_floor_seq $$;
@@ -15,11 +15,14 @@ CREATE FUNCTION pg_temp.guard_at() RETURNS timestamptz LANGUAGE sql
   AS $$ SELECT pgfence._outbox_at(last_value) FROM pgfence.outbox_floor_guard_seq $$;
 CREATE FUNCTION pg_temp.arm() RETURNS bigint LANGUAGE sql
   AS $$ SELECT last_value FROM pgfence.outbox_floor_arm_seq $$;
--- floor and guard at p_at, armed for an xid and a time never reached: no claim moves them
-CREATE FUNCTION pg_temp.set_floor(p_at timestamptz) RETURNS void LANGUAGE sql AS $$
-  SELECT setval('pgfence.outbox_floor_seq', pgfence._outbox_us(p_at)),
+CREATE FUNCTION pg_temp.floor_id() RETURNS bigint LANGUAGE sql
+  AS $$ SELECT last_value FROM pgfence.outbox_floor_id_seq $$;
+-- floor and guard at (p_at, p_id), armed at a time never reached: no claim moves them
+CREATE FUNCTION pg_temp.set_floor(p_at timestamptz, p_id bigint DEFAULT -9223372036854775808) RETURNS void LANGUAGE sql AS $$
+  SELECT pgfence._outbox_floor_write(pgfence._outbox_us(p_at), p_id),
          setval('pgfence.outbox_floor_guard_seq', pgfence._outbox_us(p_at)),
-         setval('pgfence.outbox_floor_arm_seq', 9223372036854775807),
+         setval('pgfence.outbox_floor_guard_id_seq', p_id),
+         setval('pgfence.outbox_floor_arm_seq', 1),
          setval('pgfence.outbox_floor_armed_at_seq', 9223372036854775000) $$;
 CREATE FUNCTION pg_temp.claim_ids(p_batch integer) RETURNS bigint[] LANGUAGE sql AS $$
   SELECT coalesce(array_agg(c.id ORDER BY c.id), '{}') FROM pgfence.outbox_claim('tap-floor-w', p_batch, ARRAY['tap-floor']) c $$;
@@ -51,6 +54,14 @@ SELECT is(pg_temp.claim_ids(1), ARRAY[(SELECT id FROM fl WHERE name = 'past')], 
 SELECT pg_temp.set_floor(now());
 SELECT is((SELECT count(*)::int FROM pgfence.outbox_enqueue_many('tap-floor', ARRAY['a', 'b'], ARRAY['{}', '{}']::jsonb[], NULL, now() - interval '2 hours')), 2, 'enqueue_many, due 2 hours ago ...');
 SELECT is(pg_temp.floor_at(), now() - interval '2 hours', '... lowers the floor (one check per statement)');
+-- one due time for a whole batch: the id orders them, and the floor carries it
+CREATE TEMP TABLE batch AS
+  SELECT b AS id FROM pgfence.outbox_enqueue_many('tap-floor-b', ARRAY['a', 'b', 'c'], ARRAY['{}', '{}', '{}']::jsonb[]) b;
+SELECT pg_temp.set_floor(now(), (SELECT min(id) + 1 FROM batch));
+SELECT is((SELECT array_agg(c.id ORDER BY c.id) FROM pgfence.outbox_claim('tap-floor-w', 10, ARRAY['tap-floor-b']) c),
+          (SELECT array_agg(id ORDER BY id) FROM batch WHERE id > (SELECT min(id) FROM batch)),
+          'a floor (due time, id) in a batch due at one time skips the messages before its id ...');
+SELECT is(pg_temp.floor_id(), (SELECT min(id) + 1 FROM batch), '... and reads back whole');
 SELECT pg_temp.set_floor(now());
 INSERT INTO fl SELECT 'later', pgfence.outbox_enqueue('tap-floor', 'r', '{}', NULL, now() + interval '1 minute');
 SELECT is(pg_temp.floor_at(), now(), 'an enqueue due after the floor leaves it');
@@ -107,7 +118,8 @@ SELECT is(pg_temp.guard_at(), (SELECT next_attempt_at FROM pgfence.outbox WHERE 
           'a message written while armed and due before the guard lowers the guard');
 SELECT dblink_exec('old', 'ROLLBACK');
 SELECT pgfence._outbox_floor_move();
-SELECT is(pg_temp.floor_at(), (SELECT min(next_attempt_at) FROM pgfence.outbox WHERE status = 'pending'),
+SELECT ok((pg_temp.floor_at(), pg_temp.floor_id())
+          = (SELECT next_attempt_at, id FROM pgfence.outbox WHERE status = 'pending' ORDER BY next_attempt_at, id LIMIT 1),
           'raised once it ended, to the earliest pending message (no higher than the guard): nothing is buried');
 
 -- outside READ COMMITTED nothing is moved (a snapshot there may miss commits)
