@@ -27,7 +27,8 @@ sys.path.insert(0, str(HERE))
 from pgfence.db import create_database, drop_database, resolve_dsn  # noqa: E402
 from pgfence.migrate import migrate  # noqa: E402
 
-MODULES = ["outbox", "executor", "plan", "operation", "claims", "document", "web"]
+MODULES = ["outbox", "outbox_pressure", "executor", "plan", "operation", "claims", "document",
+           "web"]
 
 
 def main(argv: list[str]) -> int:

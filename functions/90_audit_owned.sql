@@ -248,31 +248,46 @@ SELECT 'operation', o.id, o.kind, o.status, o.locked_by, o.fence::bigint, o.clai
                      o.target)
        END
 FROM pgfence.operation o
-WHERE o.status = 'running' AND o.lease_expires_at < now();
+WHERE o.status = 'running' AND o.lease_expires_at < now()
+UNION ALL
+-- what holds back cleanup past pgfence.cleanup_warn_after (89_audit_cleanup.sql)
+SELECT 'database', b.pid::bigint, b.kind, b.state, b.holder, b.xid_age::bigint, b.since, NULL::timestamptz,
+       b.since + pgfence._audit_cleanup_warn_after(), b.age - pgfence._audit_cleanup_warn_after(),
+       format('%s holds back VACUUM of every pgfence table (xmin %s, %s transactions ago%s): dead rows and index entries pile up and claims slow down; %s',
+              CASE WHEN b.pid IS NOT NULL THEN format('%s pid %s (%s)', b.kind, b.pid, b.holder)
+                   ELSE format('%s %s', b.kind, b.holder) END,
+              b.xmin, b.xid_age, CASE WHEN b.age IS NOT NULL THEN format(', open for %s', date_trunc('second', b.age)) ELSE '' END,
+              CASE b.kind WHEN 'transaction' THEN 'end it (COMMIT or ROLLBACK), or pg_terminate_backend(pid)'
+                          WHEN 'prepared transaction' THEN 'COMMIT PREPARED or ROLLBACK PREPARED it'
+                          ELSE 'reconnect its consumer, or pg_drop_replication_slot() it' END)
+FROM pgfence.audit_cleanup_blockers b
+WHERE b.warn;
 REVOKE ALL ON pgfence.audit_stuck FROM PUBLIC;
 GRANT SELECT ON pgfence.audit_stuck TO pgfence_admin, pg_monitor;
 COMMENT ON VIEW pgfence.audit_stuck IS
   'What is stuck, and since when: every owned item whose lease or heartbeat lapsed (database clock).
 Outbox messages processing past their lease, plans executing past their heartbeat deadline
 (including runs released and never taken over; plans heal lazily, so they are listed until the
-next read or reaper marks them failed), operations running past their lease (\d+ explains each
-column). Empty when nothing is stuck. Usually self-healing within one reaper interval; a row that
+next read or reaper marks them failed), operations running past their lease, and (module
+database) what holds back VACUUM longer than pgfence.cleanup_warn_after (audit_cleanup_blockers
+rows with warn: item_id = pid, queue = kind, fence = xid age). \d+ explains each column. Empty
+when nothing is stuck. Usually self-healing within one reaper interval; a row that
 stays means no executor is running the reaper for that module.';
-COMMENT ON COLUMN pgfence.audit_stuck.module IS 'outbox, plan or operation.';
-COMMENT ON COLUMN pgfence.audit_stuck.item_id IS 'The message''s, plan''s or operation''s id.';
+COMMENT ON COLUMN pgfence.audit_stuck.module IS 'outbox, plan or operation; database for what holds back cleanup.';
+COMMENT ON COLUMN pgfence.audit_stuck.item_id IS 'The message''s, plan''s or operation''s id (database: the holder''s pid, if any).';
 COMMENT ON COLUMN pgfence.audit_stuck.queue IS
-  'The outbox channel or the operation kind; ''*'' for plans.';
+  'The outbox channel or the operation kind; ''*'' for plans (database: transaction, replication slot, prepared transaction).';
 COMMENT ON COLUMN pgfence.audit_stuck.status IS
-  'The owned status it is stuck in: processing, executing or running.';
+  'The owned status it is stuck in: processing, executing or running (database: e.g. idle in transaction).';
 COMMENT ON COLUMN pgfence.audit_stuck.owner IS
   'The worker that went silent (NULL: a plan released between steps that no worker took over).';
 COMMENT ON COLUMN pgfence.audit_stuck.fence IS
-  'Its fence token: outbox attempt, plan run token, operation fence.';
+  'Its fence token: outbox attempt, plan run token, operation fence (database: the xid age it holds).';
 COMMENT ON COLUMN pgfence.audit_stuck.claimed_at IS
   'When it took the item (plans: when the run started).';
 COMMENT ON COLUMN pgfence.audit_stuck.last_seen_at IS
   'When it last showed life (claim, heartbeat or step, lease extension).';
-COMMENT ON COLUMN pgfence.audit_stuck.expired_at IS 'The lease or heartbeat deadline that passed.';
+COMMENT ON COLUMN pgfence.audit_stuck.expired_at IS 'The lease or heartbeat deadline that passed (database: since + pgfence.cleanup_warn_after).';
 COMMENT ON COLUMN pgfence.audit_stuck.overdue IS 'now() - expired_at.';
 COMMENT ON COLUMN pgfence.audit_stuck.next IS
   'What pgfence does about it on its own (the reaper or the next claim), and what may already have happened outside.';

@@ -95,6 +95,15 @@ COMMENT ON COLUMN pgfence.audit_duplicates.check_downstream IS
 -- Queue health
 -- ---------------------------------------------------------------------------------------------
 CREATE OR REPLACE VIEW pgfence.audit_queue_health AS
+WITH cleanup AS (  -- the oldest holder of cleanup (89_audit_cleanup.sql), one line
+  SELECT format('%s%s%s, xmin age %s%s', b.kind,
+                CASE WHEN b.pid IS NOT NULL THEN format(' pid %s', b.pid) ELSE format(' %s', b.holder) END,
+                CASE WHEN b.age IS NOT NULL THEN format(' open %s', date_trunc('second', b.age)) ELSE '' END,
+                b.xid_age, CASE WHEN b.warn THEN ' (warn)' ELSE '' END) AS held_by
+  FROM pgfence.audit_cleanup_blockers b
+  ORDER BY b.xid_age DESC
+  LIMIT 1
+)
 SELECT 'outbox'::text                                                                       AS module,
        o.channel                                                                            AS queue,
        count(*) FILTER (WHERE o.status = 'pending' AND o.next_attempt_at <= now())           AS ready,
@@ -108,7 +117,9 @@ SELECT 'outbox'::text                                                           
        count(*) FILTER (WHERE o.status IN ('failed', 'dead') AND o.finished_at >= now() - interval '5 minutes') AS failed_5m,
        round(count(*) FILTER (WHERE o.finished_at >= now() - interval '5 minutes') / 300.0, 2) AS per_second_5m,
        count(*) FILTER (WHERE o.status = 'failed')                                           AS failed,
-       count(*) FILTER (WHERE o.status = 'dead')                                             AS dead
+       count(*) FILTER (WHERE o.status = 'dead')                                             AS dead,
+       (SELECT t.n_dead_tup FROM pg_catalog.pg_stat_user_tables t WHERE t.relid = 'pgfence.outbox'::regclass) AS dead_rows,
+       (SELECT c.held_by FROM cleanup c)                                                     AS cleanup_held_by
 FROM pgfence.outbox o
 GROUP BY o.channel
 UNION ALL
@@ -125,7 +136,9 @@ SELECT 'plan', '*',
        count(*) FILTER (WHERE p.status = 'failed' AND p.finished_at >= now() - interval '5 minutes'),
        round(count(*) FILTER (WHERE p.status IN ('executed', 'failed') AND p.finished_at >= now() - interval '5 minutes') / 300.0, 2),
        count(*) FILTER (WHERE p.status = 'failed'),
-       NULL::bigint
+       NULL::bigint,
+       (SELECT t.n_dead_tup FROM pg_catalog.pg_stat_user_tables t WHERE t.relid = 'pgfence.plan'::regclass),
+       (SELECT c.held_by FROM cleanup c)
 FROM pgfence.plan p
 HAVING count(*) > 0
 UNION ALL
@@ -141,7 +154,9 @@ SELECT 'operation', o.kind,
        count(*) FILTER (WHERE o.status = 'failed' AND o.finished_at >= now() - interval '5 minutes'),
        round(count(*) FILTER (WHERE o.finished_at >= now() - interval '5 minutes') / 300.0, 2),
        count(*) FILTER (WHERE o.status = 'failed'),
-       NULL::bigint
+       NULL::bigint,
+       (SELECT t.n_dead_tup FROM pg_catalog.pg_stat_user_tables t WHERE t.relid = 'pgfence.operation'::regclass),
+       (SELECT c.held_by FROM cleanup c)
 FROM pgfence.operation o
 GROUP BY o.kind;
 REVOKE ALL ON pgfence.audit_queue_health FROM PUBLIC;
@@ -178,6 +193,10 @@ COMMENT ON COLUMN pgfence.audit_queue_health.failed IS
   'Failed items still in the table (until purged).';
 COMMENT ON COLUMN pgfence.audit_queue_health.dead IS
   'Outbox: dead messages still in the table (until purged).';
+COMMENT ON COLUMN pgfence.audit_queue_health.dead_rows IS
+  'Dead row versions in the module''s table not yet vacuumed (pg_stat_user_tables.n_dead_tup; see audit_table_health).';
+COMMENT ON COLUMN pgfence.audit_queue_health.cleanup_held_by IS
+  'The oldest holder of cleanup in this database (audit_cleanup_blockers): kind, pid, how long, xid age; (warn) past pgfence.cleanup_warn_after; NULL: none.';
 
 -- ---------------------------------------------------------------------------------------------
 -- Documents: recent conflicts, most revisions

@@ -1456,6 +1456,8 @@ AS $$
 #variable_conflict use_column
 DECLARE
   v_lease interval;
+  v_floor    timestamptz;
+  v_floor_id bigint;
   c_pending CONSTANT text := 'pending';
 BEGIN
   IF p_worker IS NULL OR p_worker = '' OR length(p_worker) > 200 THEN
@@ -1480,6 +1482,10 @@ BEGIN
   IF array_ndims(p_channels) > 1 OR array_lower(p_channels, 1) <> 1 THEN
     p_channels := ARRAY(SELECT u.ch FROM unnest(p_channels) AS u(ch));
   END IF;
+  -- Every walk starts at the claim floor: no pending message is due before it, so the entries
+  -- that claimed and sent messages leave at the front of the due indexes (kept there while a
+  -- snapshot is held open) are skipped in one descent. docs/query-plans.md#the-claim-floor.
+  SELECT f.p_at, f.p_id INTO v_floor, v_floor_id FROM pgfence._outbox_floor() f;
   -- One statement: the ARRAY(...) sub-select locks the due rows, the UPDATE claims them by
   -- primary key. Each shape walks an index in due order and stops after p_batch rows: all
   -- channels -> outbox_due_idx; some channels -> outbox_channel_due_idx once per channel (at
@@ -1498,7 +1504,8 @@ BEGIN
       WHERE o.id = ANY (ARRAY(
               SELECT d.id FROM pgfence.outbox d
               -- attempts < max_attempts: true of every pending message; matches outbox_due_idx
-              WHERE d.status = 'pending' AND d.attempts < d.max_attempts AND d.next_attempt_at <= now()
+              WHERE d.status = 'pending' AND d.attempts < d.max_attempts
+                AND (d.next_attempt_at, d.id) >= (v_floor, v_floor_id) AND d.next_attempt_at <= now()
               ORDER BY d.next_attempt_at, d.id
               LIMIT p_batch
               FOR UPDATE SKIP LOCKED))
@@ -1521,7 +1528,8 @@ BEGIN
           claimed_at = now(), updated_at = now(), lease_expires_at = now() + v_lease
       WHERE o.id = ANY (ARRAY(
               SELECT d.id FROM pgfence.outbox d
-              WHERE d.channel = p_channels[1] AND d.status = 'pending' AND d.next_attempt_at <= now()
+              WHERE d.channel = p_channels[1] AND d.status = 'pending'
+                AND (d.next_attempt_at, d.id) >= (v_floor, v_floor_id) AND d.next_attempt_at <= now()
               ORDER BY d.next_attempt_at, d.id
               LIMIT p_batch
               FOR UPDATE SKIP LOCKED))
@@ -1547,7 +1555,8 @@ BEGIN
               FROM (SELECT DISTINCT u.ch FROM unnest(p_channels) AS u(ch)) chans
               CROSS JOIN LATERAL (
                 SELECT d.id, d.next_attempt_at FROM pgfence.outbox d
-                WHERE d.channel = chans.ch AND d.status = 'pending' AND d.next_attempt_at <= now()
+                WHERE d.channel = chans.ch AND d.status = 'pending'
+                  AND (d.next_attempt_at, d.id) >= (v_floor, v_floor_id) AND d.next_attempt_at <= now()
                 ORDER BY d.next_attempt_at, d.id
                 LIMIT p_batch
                 FOR UPDATE SKIP LOCKED) b
@@ -1583,18 +1592,24 @@ SET enable_seqscan = off
 SET enable_bitmapscan = off
 AS $$
 DECLARE
-  v_due timestamptz;
+  v_due      timestamptz;
+  v_floor    timestamptz;
+  v_floor_id bigint;
 BEGIN
+  -- the claim floor (read only: the claims raise it); no pending message is before it
+  SELECT pgfence._outbox_at(f.p_at), f.p_id INTO v_floor, v_floor_id FROM pgfence._outbox_floor_read() f;
   IF p_channels IS NULL THEN
     SELECT o.next_attempt_at INTO v_due FROM pgfence.outbox o
     WHERE o.status = 'pending' AND o.attempts < o.max_attempts  -- matches outbox_due_idx
-    ORDER BY o.next_attempt_at LIMIT 1;
+      AND (o.next_attempt_at, o.id) >= (v_floor, v_floor_id)
+    ORDER BY o.next_attempt_at, o.id LIMIT 1;
   ELSE
     SELECT min(n.at) INTO v_due
     FROM unnest(p_channels) AS c(ch)
     CROSS JOIN LATERAL (
       SELECT o.next_attempt_at AS at FROM pgfence.outbox o
-      WHERE o.channel = c.ch AND o.status = 'pending' ORDER BY o.next_attempt_at LIMIT 1) n;
+      WHERE o.channel = c.ch AND o.status = 'pending' AND (o.next_attempt_at, o.id) >= (v_floor, v_floor_id)
+      ORDER BY o.next_attempt_at, o.id LIMIT 1) n;
   END IF;
   RETURN CASE WHEN v_due IS NOT NULL THEN greatest(v_due - now(), interval '0') END;
 END
@@ -1882,6 +1897,9 @@ BEGIN
       USING ERRCODE = '22023', DETAIL = 'max_rows bounds how many lapsed claims one call takes back; nothing was reaped.',
             HINT = 'Omit it for the default (1000), or pass a positive batch size.';
   END IF;
+  -- messages below the claim floor (written with the triggers bypassed) lower it: claimed within
+  -- one reaper period (functions/16_outbox_floor.sql)
+  PERFORM pgfence._outbox_floor_check();
   PERFORM pgfence._set_actor('reaper');
   -- SKIP LOCKED: a row being marked right now is left alone. FOR UPDATE re-reads a row that was
   -- committed after our snapshot and drops it unless it is still processing and lapsed; the
@@ -2184,6 +2202,430 @@ GRANT EXECUTE ON FUNCTION pgfence.outbox_list(text, text, integer) TO pgfence_ad
 COMMENT ON FUNCTION pgfence.outbox_list(text, text, integer) IS
   'Operators: the newest messages (highest id first), of one channel and/or status, no payloads.
 Errors: 22023 (unknown status, limit outside 1..10000).';
+
+
+-- ==== functions/16_outbox_floor.sql
+-- pgfence functions/16_outbox_floor.sql — outbox (module 1): the claim floor.
+--
+-- No public function. The claims (12_outbox_claim) walk the due indexes from a floor: a due
+-- time no pending message is below, so the entries of messages claimed and sent since the last
+-- VACUUM, which a snapshot held open keeps in the index, are stepped over in one index descent
+-- instead of one by one (issue 14; docs/query-plans.md#the-claim-floor). Kept in sequences
+-- (created below): not transactional, so every session reads the latest value whatever its
+-- snapshot, and a setval is seen at once. Private: _outbox_floor() (read, and raise it when due), _outbox_floor_lower(at)
+-- (the writers' side: triggers outbox_floor_insert / outbox_floor_update), _outbox_floor_check()
+-- (the reaper's self-check), _outbox_floor_reset(), _outbox_us / _outbox_at (conversions).
+--
+-- The floor is a pair (due time, id), the claims' order: a bulk enqueue gives thousands of
+-- messages one due time, and only the id tells the sent ones from the pending. "Before" and
+-- "the earliest" below are in that order.
+--
+-- Why no pending message is below the floor. The floor is raised in two steps, under an
+-- advisory lock (the mutex), and only in READ COMMITTED (each statement then sees every commit
+-- before it):
+--  1. publish a guard G >= floor (the earliest pending message, capped at now() - 1 s) and arm;
+--  2. at least 50 ms later, once no transaction that wrote a pending message since before G was
+--     published is still open (the writers' lock below can be taken, for an instant), set
+--     floor = least(G, the earliest pending message at or above the floor as a new statement
+--     sees it); then publish the next guard (step 1).
+-- Every write that makes a message pending (enqueue, retry, reap, requeue, any UPDATE moving a
+-- due time back) calls _outbox_floor_lower(due) after the row is written, by trigger: it takes
+-- the writers' lock, shared, until its transaction ends, then reads the guard, and if due < the
+-- guard lowers the floor and the guard to due (under the mutex). A writer that read the guard
+-- before G was published holds the writers' lock from then until it ends, so step 2 waits for
+-- it and then sees its message (if it committed); a writer that read it later read G (or a
+-- lower guard) and lowered them when its message is due before. Rows written with the triggers
+-- bypassed (replication role replica, a restore of a dump whose sequences were read after its
+-- snapshot) can be below the floor: the reaper's _outbox_floor_check lowers it to them, and
+-- every migrate resets it. While writers keep the writers' lock held without a pause (or one
+-- transaction that wrote a message stays open), step 2 waits: the claims walk from the last
+-- floor, as they walked from the start before. A snapshot held open (the pressure case) holds
+-- no lock and stops nothing.
+
+-- The floor's state: created here rather than in a migration, as sequences hold no rows a
+-- migration would have to carry forward (IF NOT EXISTS: every migrate re-applies this file and
+-- then resets the floor, below). Values are microseconds since 2000-01-01 UTC (the server's own
+-- epoch), the minimum meaning "no floor" (-infinity).
+CREATE SEQUENCE IF NOT EXISTS pgfence.outbox_floor_seq AS bigint
+  MINVALUE -9223372036854775808 START WITH -9223372036854775808 NO CYCLE;
+COMMENT ON SEQUENCE pgfence.outbox_floor_seq IS
+  'The outbox claim floor: no pending message is due before it. Not an API.
+Microseconds since 2000-01-01 UTC; the minimum = none. Kept by functions/16_outbox_floor.sql.';
+CREATE SEQUENCE IF NOT EXISTS pgfence.outbox_floor_guard_seq AS bigint
+  MINVALUE -9223372036854775808 START WITH -9223372036854775808 NO CYCLE;
+COMMENT ON SEQUENCE pgfence.outbox_floor_guard_seq IS
+  'The highest value the outbox claim floor may be raised to next. Not an API.
+A writer of a pending message due before it lowers it (and the floor).';
+CREATE SEQUENCE IF NOT EXISTS pgfence.outbox_floor_id_seq AS bigint
+  MINVALUE -9223372036854775808 START WITH -9223372036854775808 NO CYCLE;
+COMMENT ON SEQUENCE pgfence.outbox_floor_id_seq IS
+  'The outbox claim floor''s message id: no pending message is before (floor, this id). Not an API.
+Due order is (next_attempt_at, id): a bulk enqueue gives every message one due time.';
+CREATE SEQUENCE IF NOT EXISTS pgfence.outbox_floor_guard_id_seq AS bigint
+  MINVALUE -9223372036854775808 START WITH -9223372036854775808 NO CYCLE;
+COMMENT ON SEQUENCE pgfence.outbox_floor_guard_id_seq IS
+  'The message id of the outbox claim floor''s guard (with outbox_floor_guard_seq). Not an API.';
+CREATE SEQUENCE IF NOT EXISTS pgfence.outbox_floor_version_seq AS bigint
+  MINVALUE 0 START WITH 0 NO CYCLE;
+COMMENT ON SEQUENCE pgfence.outbox_floor_version_seq IS
+  'Bumped before and after every write of the outbox claim floor (odd while writing). Not an API.
+Readers retry when it changed under them, so a floor is never read half-written.';
+CREATE SEQUENCE IF NOT EXISTS pgfence.outbox_floor_arm_seq AS bigint
+  MINVALUE 0 START WITH 0 NO CYCLE;
+COMMENT ON SEQUENCE pgfence.outbox_floor_arm_seq IS
+  'Whether the outbox claim floor''s guard is published, waiting to be raised to (1) or not (0).
+Not an API.';
+CREATE SEQUENCE IF NOT EXISTS pgfence.outbox_floor_armed_at_seq AS bigint
+  MINVALUE -9223372036854775808 START WITH -9223372036854775808 NO CYCLE;
+COMMENT ON SEQUENCE pgfence.outbox_floor_armed_at_seq IS
+  'When the outbox claim floor''s guard was last published. Not an API.
+Microseconds since 2000-01-01 UTC: the floor moves at most every 50 ms.';
+
+CREATE OR REPLACE FUNCTION pgfence._outbox_us(p_at timestamptz)
+RETURNS bigint
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$
+  SELECT CASE WHEN p_at = '-infinity' THEN -9223372036854775808
+              WHEN p_at = 'infinity' THEN 9223372036854775807
+              ELSE ((extract(epoch FROM p_at) - 946684800) * 1000000)::bigint END
+$$;
+REVOKE ALL ON FUNCTION pgfence._outbox_us(timestamptz) FROM PUBLIC;
+COMMENT ON FUNCTION pgfence._outbox_us(timestamptz) IS
+  'Private: a time as microseconds since 2000-01-01 UTC (the claim floor''s unit).
+-infinity = the minimum.
+Exact: the inverse of pgfence._outbox_at. NULL for NULL.
+Errors: none.';
+
+CREATE OR REPLACE FUNCTION pgfence._outbox_at(p_us bigint)
+RETURNS timestamptz
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$
+  -- days and microseconds apart: each factor is exact in double precision; timestamp without
+  -- time zone, so that adding days ignores daylight saving
+  SELECT CASE WHEN p_us = -9223372036854775808 THEN '-infinity'::timestamptz
+              WHEN p_us = 9223372036854775807 THEN 'infinity'::timestamptz
+              ELSE (timestamp '2000-01-01' + (p_us / 86400000000) * interval '1 day'
+                    + (p_us % 86400000000) * interval '1 microsecond') AT TIME ZONE 'UTC' END
+$$;
+REVOKE ALL ON FUNCTION pgfence._outbox_at(bigint) FROM PUBLIC;
+COMMENT ON FUNCTION pgfence._outbox_at(bigint) IS
+  'Private: microseconds since 2000-01-01 UTC as a time; the minimum = -infinity (no floor).
+The inverse of pgfence._outbox_us. NULL for NULL.
+Errors: none.';
+
+-- The floor is a pair (due time, id) in two sequences, written under the mutex between two
+-- bumps of the version sequence (a seqlock) and read by _outbox_floor_read, which retries when
+-- the version moved: a claim never starts from a floor half old, half new.
+CREATE OR REPLACE FUNCTION pgfence._outbox_floor_read(OUT p_at bigint, OUT p_id bigint)
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pgfence, pg_temp
+AS $$
+DECLARE
+  v_before bigint;
+BEGIN
+  FOR i IN 1..3 LOOP
+    v_before := (SELECT v.last_value FROM pgfence.outbox_floor_version_seq v);
+    p_at := (SELECT f.last_value FROM pgfence.outbox_floor_seq f);
+    p_id := (SELECT f.last_value FROM pgfence.outbox_floor_id_seq f);
+    IF v_before % 2 = 0 AND v_before = (SELECT v.last_value FROM pgfence.outbox_floor_version_seq v) THEN
+      RETURN;
+    END IF;
+  END LOOP;
+  -- written under us three times: no floor for this call (always true, never wrong)
+  p_at := -9223372036854775808;
+  p_id := -9223372036854775808;
+END
+$$;
+REVOKE ALL ON FUNCTION pgfence._outbox_floor_read() FROM PUBLIC;
+COMMENT ON FUNCTION pgfence._outbox_floor_read() IS
+  'Private: the claim floor (microseconds since 2000-01-01 UTC, message id), never half-written.
+Retries while a writer is at work; after three tries returns no floor (the minimum pair).
+Errors: none.';
+
+CREATE OR REPLACE FUNCTION pgfence._outbox_floor_write(p_at bigint, p_id bigint)
+RETURNS void
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pgfence, pg_temp
+AS $$
+DECLARE
+  v_version bigint := (SELECT v.last_value FROM pgfence.outbox_floor_version_seq v);
+BEGIN
+  -- even, so that an interrupted write (odd) heals on the next one
+  v_version := v_version + 1 + v_version % 2;
+  PERFORM setval('pgfence.outbox_floor_version_seq', v_version);
+  PERFORM setval('pgfence.outbox_floor_seq', p_at);
+  PERFORM setval('pgfence.outbox_floor_id_seq', p_id);
+  PERFORM setval('pgfence.outbox_floor_version_seq', v_version + 1);
+END
+$$;
+REVOKE ALL ON FUNCTION pgfence._outbox_floor_write(bigint, bigint) FROM PUBLIC;
+COMMENT ON FUNCTION pgfence._outbox_floor_write(bigint, bigint) IS
+  'Private: set the claim floor to (p_at microseconds since 2000-01-01 UTC, message id p_id).
+The caller holds the floor''s mutex. Bumps the version before and after (_outbox_floor_read).
+Errors: none.';
+
+-- The writers' side: lower the floor (and the guard) to (p_at, p_id) when a message is now
+-- pending and due before the guard. The read of the guard is the only cost of an ordinary write.
+CREATE OR REPLACE FUNCTION pgfence._outbox_floor_lower(p_at timestamptz, p_id bigint)
+RETURNS void
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pgfence, pg_temp
+AS $$
+DECLARE
+  v_at  bigint := pgfence._outbox_us(p_at);
+  v_gat bigint;
+  v_gid bigint;
+  v_fat bigint;
+  v_fid bigint;
+  c_lock    CONSTANT bigint := 7094185336601403393;  -- the claim floor's mutex
+  c_writers CONSTANT bigint := 7094185336601403394;  -- the writers' lock
+BEGIN
+  IF v_at IS NULL OR p_id IS NULL THEN
+    RETURN;
+  END IF;
+  -- held (shared) until this transaction ends: the floor is not raised past what it reads next
+  PERFORM pg_advisory_xact_lock_shared(c_writers);
+  -- the due time alone decides (one sequence: never half-written); a tie is settled below
+  IF v_at > (SELECT g.last_value FROM pgfence.outbox_floor_guard_seq g) THEN
+    RETURN;
+  END IF;
+  -- a session lock released at once (setval is not transactional, so nothing waits for the
+  -- commit); released on any error too
+  PERFORM pg_advisory_lock(c_lock);
+  BEGIN
+    SELECT g.last_value, gi.last_value INTO v_gat, v_gid
+    FROM pgfence.outbox_floor_guard_seq g, pgfence.outbox_floor_guard_id_seq gi;
+    IF (v_at, p_id) < (v_gat, v_gid) THEN
+      PERFORM setval('pgfence.outbox_floor_guard_seq', v_at);
+      PERFORM setval('pgfence.outbox_floor_guard_id_seq', p_id);
+    END IF;
+    SELECT r.p_at, r.p_id INTO v_fat, v_fid FROM pgfence._outbox_floor_read() r;
+    IF (v_at, p_id) < (v_fat, v_fid) THEN
+      PERFORM pgfence._outbox_floor_write(v_at, p_id);
+    END IF;
+  EXCEPTION WHEN OTHERS OR query_canceled THEN
+    PERFORM pg_advisory_unlock(c_lock);
+    RAISE;
+  END;
+  PERFORM pg_advisory_unlock(c_lock);
+END
+$$;
+REVOKE ALL ON FUNCTION pgfence._outbox_floor_lower(timestamptz, bigint) FROM PUBLIC;
+COMMENT ON FUNCTION pgfence._outbox_floor_lower(timestamptz, bigint) IS
+  'Private: message p_id is pending, due at p_at: lower the claim floor and its guard to it.
+Only if they are above (in due order: due time, then id). Called after the row is written
+(triggers outbox_floor_insert, outbox_floor_update, and the reaper''s check); why that suffices:
+functions/16_outbox_floor.sql. NULL does nothing.
+Errors: none.';
+
+-- Step 2 then step 1 of the header, under the mutex; returns the floor.
+CREATE OR REPLACE FUNCTION pgfence._outbox_floor_move()
+RETURNS void
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pgfence, pg_temp
+SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
+SET enable_bitmapscan = off
+AS $$
+DECLARE
+  v_fat   bigint;
+  v_fid   bigint;
+  v_gat   bigint;
+  v_gid   bigint;
+  v_armed boolean;
+  v_mat   bigint;
+  v_mid   bigint;
+  v_cap   bigint := pgfence._outbox_us(now() - interval '1 second');
+  c_writers CONSTANT bigint := 7094185336601403394;  -- the writers' lock
+BEGIN
+  -- only mutex holders write these: read directly
+  SELECT f.last_value, fi.last_value, g.last_value, gi.last_value, a.last_value <> 0
+  INTO v_fat, v_fid, v_gat, v_gid, v_armed
+  FROM pgfence.outbox_floor_seq f, pgfence.outbox_floor_id_seq fi, pgfence.outbox_floor_guard_seq g,
+       pgfence.outbox_floor_guard_id_seq gi, pgfence.outbox_floor_arm_seq a;
+  IF v_armed THEN
+    -- no writer that may have read an older guard is still open (the lock is only probed)
+    IF NOT pg_try_advisory_lock(c_writers) THEN
+      RETURN;
+    END IF;
+    PERFORM pg_advisory_unlock(c_writers);
+  END IF;
+  -- the earliest pending message at or after the floor (matches outbox_due_idx), read by a
+  -- statement that starts after the probe
+  SELECT pgfence._outbox_us(o.next_attempt_at), o.id INTO v_mat, v_mid FROM pgfence.outbox o
+  WHERE o.status = 'pending' AND o.attempts < o.max_attempts
+    AND (o.next_attempt_at, o.id) >= (pgfence._outbox_at(v_fat), v_fid)
+  ORDER BY o.next_attempt_at, o.id LIMIT 1;
+  IF v_armed THEN
+    IF v_mat IS NOT NULL AND (v_mat, v_mid) < (v_gat, v_gid) THEN
+      v_gat := v_mat;
+      v_gid := v_mid;
+    END IF;
+    IF (v_gat, v_gid) > (v_fat, v_fid) THEN
+      PERFORM pgfence._outbox_floor_write(v_gat, v_gid);
+      v_fat := v_gat;
+      v_fid := v_gid;
+    END IF;
+  END IF;
+  -- the next guard: the earliest pending message, capped at now() - 1 s, not below the floor
+  IF v_mat IS NULL OR (v_cap, -9223372036854775808) < (v_mat, v_mid) THEN
+    v_mat := v_cap;
+    v_mid := -9223372036854775808;
+  END IF;
+  IF (v_mat, v_mid) < (v_fat, v_fid) THEN
+    v_mat := v_fat;
+    v_mid := v_fid;
+  END IF;
+  PERFORM setval('pgfence.outbox_floor_guard_id_seq', v_mid);
+  PERFORM setval('pgfence.outbox_floor_guard_seq', v_mat);
+  PERFORM setval('pgfence.outbox_floor_armed_at_seq', pgfence._outbox_us(now()));
+  PERFORM setval('pgfence.outbox_floor_arm_seq', 1);
+END
+$$;
+REVOKE ALL ON FUNCTION pgfence._outbox_floor_move() FROM PUBLIC;
+COMMENT ON FUNCTION pgfence._outbox_floor_move() IS
+  'Private: raise the claim floor to its guard when no writer that read an older guard is open.
+Then publish the next guard. The caller holds the floor''s mutex, in READ COMMITTED
+(pgfence._outbox_floor). The algorithm: functions/16_outbox_floor.sql.
+Errors: none.';
+
+CREATE OR REPLACE FUNCTION pgfence._outbox_floor(OUT p_at timestamptz, OUT p_id bigint)
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pgfence, pg_temp
+AS $$
+DECLARE
+  v_at       bigint;
+  v_arm      bigint;
+  v_armed_at bigint;
+  c_lock CONSTANT bigint := 7094185336601403393;  -- the claim floor's mutex
+BEGIN
+  SELECT a.last_value, t.last_value INTO v_arm, v_armed_at
+  FROM pgfence.outbox_floor_arm_seq a, pgfence.outbox_floor_armed_at_seq t;
+  IF (v_arm = 0 OR pgfence._outbox_us(now()) - 50000 >= v_armed_at)
+     AND current_setting('transaction_isolation') = 'read committed'
+     AND pg_try_advisory_lock(c_lock) THEN
+    BEGIN
+      PERFORM pgfence._outbox_floor_move();
+    EXCEPTION WHEN OTHERS OR query_canceled THEN
+      PERFORM pg_advisory_unlock(c_lock);
+      RAISE;
+    END;
+    PERFORM pg_advisory_unlock(c_lock);
+  END IF;
+  SELECT r.p_at, r.p_id INTO v_at, p_id FROM pgfence._outbox_floor_read() r;
+  p_at := pgfence._outbox_at(v_at);
+END
+$$;
+REVOKE ALL ON FUNCTION pgfence._outbox_floor() FROM PUBLIC;
+COMMENT ON FUNCTION pgfence._outbox_floor() IS
+  'Private: the claim floor (due time, id): no pending message is before it; first raised if due.
+Called by outbox_claim before its walks. Raises it at most every 50 ms, only in READ COMMITTED,
+and not while another session holds the floor''s mutex. (-infinity, minimum) = no floor.
+Errors: none.';
+
+CREATE OR REPLACE FUNCTION pgfence._outbox_floor_check()
+RETURNS void
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pgfence, pg_temp
+SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
+SET enable_bitmapscan = off
+AS $$
+DECLARE
+  v_fat bigint;
+  v_fid bigint;
+  v_at  timestamptz;
+  v_id  bigint;
+BEGIN
+  SELECT r.p_at, r.p_id INTO v_fat, v_fid FROM pgfence._outbox_floor_read() r;
+  -- walks the index before the floor, dead entries included: once per reaper run, not per claim
+  SELECT o.next_attempt_at, o.id INTO v_at, v_id FROM pgfence.outbox o
+  WHERE o.status = 'pending' AND o.attempts < o.max_attempts
+    AND (o.next_attempt_at, o.id) < (pgfence._outbox_at(v_fat), v_fid)
+  ORDER BY o.next_attempt_at, o.id LIMIT 1;
+  PERFORM pgfence._outbox_floor_lower(v_at, v_id);
+END
+$$;
+REVOKE ALL ON FUNCTION pgfence._outbox_floor_check() FROM PUBLIC;
+COMMENT ON FUNCTION pgfence._outbox_floor_check() IS
+  'Private: lower the claim floor to a pending message before it (written with triggers bypassed).
+Called by outbox_reap. Walks outbox_due_idx before the floor.
+Errors: none.';
+
+CREATE OR REPLACE FUNCTION pgfence._outbox_floor_reset()
+RETURNS void
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pgfence, pg_temp
+AS $$
+DECLARE
+  c_lock CONSTANT bigint := 7094185336601403393;  -- the claim floor's mutex
+BEGIN
+  PERFORM pg_advisory_lock(c_lock);
+  BEGIN
+    PERFORM pgfence._outbox_floor_write(-9223372036854775808, -9223372036854775808);
+    PERFORM setval('pgfence.outbox_floor_guard_seq', -9223372036854775808);
+    PERFORM setval('pgfence.outbox_floor_guard_id_seq', -9223372036854775808);
+    PERFORM setval('pgfence.outbox_floor_arm_seq', 0);
+  EXCEPTION WHEN OTHERS OR query_canceled THEN
+    PERFORM pg_advisory_unlock(c_lock);
+    RAISE;
+  END;
+  PERFORM pg_advisory_unlock(c_lock);
+END
+$$;
+REVOKE ALL ON FUNCTION pgfence._outbox_floor_reset() FROM PUBLIC;
+COMMENT ON FUNCTION pgfence._outbox_floor_reset() IS
+  'Private: forget the claim floor (claims walk from the start until it is raised again).
+For after writing outbox rows with the triggers bypassed; every migrate calls it.
+Errors: none.';
+
+CREATE OR REPLACE FUNCTION pgfence.tg_outbox_floor_insert()
+RETURNS trigger
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pgfence, pg_temp
+AS $$
+BEGIN
+  PERFORM pgfence._outbox_floor_lower(n.next_attempt_at, n.id)
+  FROM (SELECT m.next_attempt_at, m.id FROM outbox_floor_new m ORDER BY m.next_attempt_at, m.id LIMIT 1) n;
+  RETURN NULL;
+END
+$$;
+REVOKE ALL ON FUNCTION pgfence.tg_outbox_floor_insert() FROM PUBLIC;
+COMMENT ON FUNCTION pgfence.tg_outbox_floor_insert() IS
+  'Trigger: new messages due before the claim floor''s guard lower the floor to them.
+AFTER INSERT statement trigger on pgfence.outbox (one call per statement, however many rows: a
+bulk enqueue pays one read of the guard). Why: functions/16_outbox_floor.sql.';
+
+CREATE OR REPLACE TRIGGER outbox_floor_insert
+  AFTER INSERT ON pgfence.outbox
+  REFERENCING NEW TABLE AS outbox_floor_new
+  FOR EACH STATEMENT EXECUTE FUNCTION pgfence.tg_outbox_floor_insert();
+
+CREATE OR REPLACE FUNCTION pgfence.tg_outbox_floor_update()
+RETURNS trigger
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pgfence, pg_temp
+AS $$
+BEGIN
+  PERFORM pgfence._outbox_floor_lower(NEW.next_attempt_at, NEW.id);
+  RETURN NULL;
+END
+$$;
+REVOKE ALL ON FUNCTION pgfence.tg_outbox_floor_update() FROM PUBLIC;
+COMMENT ON FUNCTION pgfence.tg_outbox_floor_update() IS
+  'Trigger: a message pending again (retry, reap, requeue) or due earlier lowers the claim floor.
+Only when it is due before the floor''s guard.
+AFTER UPDATE row trigger on pgfence.outbox, filtered by its WHEN condition: a claim or a mark
+never calls it. Why: functions/16_outbox_floor.sql.';
+
+CREATE OR REPLACE TRIGGER outbox_floor_update
+  AFTER UPDATE ON pgfence.outbox
+  FOR EACH ROW
+  WHEN (NEW.status = 'pending' AND (OLD.status <> 'pending' OR NEW.next_attempt_at < OLD.next_attempt_at))
+  EXECUTE FUNCTION pgfence.tg_outbox_floor_update();
+
+-- Every migrate starts from no floor: a restore or a bypassed write since is then harmless.
+SELECT pgfence._outbox_floor_reset();
 
 
 -- ==== functions/19_outbox_batch.sql
@@ -6152,6 +6594,145 @@ COMMENT ON FUNCTION pgfence.document_merge(text, jsonb, jsonb, jsonb) IS
 base = the revision the local copy was edited from, local = the client''s copy, stored = the conflict answer''s content. Returns content (the merge, to save against the stored version) and conflicts (a JSON array of {"key", "base", "local", "stored"}, a side''s field absent when the key is absent on that side; empty = clean). attributes (record): per top-level key, the side that changed it wins; keys changed differently on both sides are conflicts and content keeps the stored value for them. none (sheet): never merges: if only one side changed, content is that side; if both changed, content is NULL and every differing top-level key or array index (key NULL: the whole value) is a conflict. function: the kind''s merge_function, run with the caller''s privileges. Changes nothing. Errors: 22004 (NULL argument), 22023 (record inputs that are not objects), PF302 (unknown kind), PF304 (a merge function returned a malformed result), 42883 (the kind''s merge function was dropped); a kind''s merge function may raise its own.';
 
 
+-- ==== functions/89_audit_cleanup.sql
+-- pgfence functions/89_audit_cleanup.sql — auditing from psql: what holds back cleanup.
+--
+-- Public: views audit_cleanup_blockers (open transactions and snapshots, replication slots,
+--         prepared transactions that keep VACUUM from removing dead rows, oldest first, with a
+--         warn flag past pgfence.cleanup_warn_after), audit_table_health (dead and live rows,
+--         sizes and the last vacuum of pgfence's hot tables)
+-- Applied before 90_audit_owned.sql and 91_audit_health.sql, whose audit_stuck and
+-- audit_queue_health show the same holders. Read-only views for pgfence_admin and pg_monitor.
+-- Every claim walks past the index entries of rows that VACUUM could not remove yet, so one
+-- snapshot held open for an hour makes every queue slower (issue 14; the outbox claim floor
+-- keeps its claims flat: functions/16_outbox_floor.sql). Time: now(), the database clock.
+-- Visibility: pg_stat_activity shows the transaction start and query of another role's
+-- sessions only to members of pg_read_all_stats (pg_monitor is one); the xmin of every session
+-- is shown to all.
+
+CREATE OR REPLACE FUNCTION pgfence._audit_cleanup_warn_after()
+RETURNS interval
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, pgfence, pg_temp
+AS $$
+  SELECT coalesce(nullif(current_setting('pgfence.cleanup_warn_after', true), '')::interval,
+                  interval '5 minutes')
+$$;
+REVOKE ALL ON FUNCTION pgfence._audit_cleanup_warn_after() FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION pgfence._audit_cleanup_warn_after() TO pgfence_admin, pg_monitor;
+COMMENT ON FUNCTION pgfence._audit_cleanup_warn_after() IS
+  'Private: how long a holder of cleanup may be open before the audit views warn (default 5 minutes).
+The setting pgfence.cleanup_warn_after (an interval; e.g. ALTER DATABASE ... SET
+pgfence.cleanup_warn_after = ''2 min''); empty or unset = 5 minutes.
+Errors: 22007 (the setting is not an interval).';
+
+CREATE OR REPLACE VIEW pgfence.audit_cleanup_blockers AS
+WITH holders AS (
+  SELECT 'transaction'::text                                      AS kind,
+         a.pid,
+         coalesce(nullif(a.application_name, ''), a.backend_type) AS holder,
+         a.usename::text COLLATE "default"                        AS role,
+         a.state,
+         CASE WHEN a.backend_xid IS NULL THEN a.backend_xmin
+              WHEN a.backend_xmin IS NULL THEN a.backend_xid
+              WHEN age(a.backend_xid) >= age(a.backend_xmin) THEN a.backend_xid
+              ELSE a.backend_xmin END                              AS xmin,
+         a.xact_start                                             AS since,
+         left(a.query, 200)                                       AS query
+  FROM pg_catalog.pg_stat_activity a
+  WHERE (a.backend_xmin IS NOT NULL OR a.backend_xid IS NOT NULL)
+    AND a.pid <> pg_catalog.pg_backend_pid()
+    -- since PostgreSQL 14 only this database's sessions (and walsenders' feedback) hold back
+    -- the cleanup of its tables
+    AND (a.datname = current_database() OR a.backend_type = 'walsender')
+  UNION ALL
+  SELECT 'replication slot', s.active_pid, s.slot_name::text COLLATE "default", NULL,
+         CASE WHEN s.active THEN 'active' ELSE 'inactive' END
+           || CASE WHEN s.xmin IS NULL THEN ' (catalog_xmin only: holds back the catalogs)' ELSE '' END,
+         coalesce(s.xmin, s.catalog_xmin), NULL::timestamptz, NULL::text
+  FROM pg_catalog.pg_replication_slots s
+  WHERE (s.xmin IS NOT NULL OR s.catalog_xmin IS NOT NULL)
+    AND (s.database IS NULL OR s.database = current_database())
+  UNION ALL
+  SELECT 'prepared transaction', NULL::integer, p.gid, p.owner::text COLLATE "default", 'prepared', p.transaction,
+         p.prepared, NULL::text
+  FROM pg_catalog.pg_prepared_xacts p
+  WHERE p.database = current_database()
+)
+SELECT h.kind, h.pid, h.holder, h.role, h.state, h.xmin,
+       age(h.xmin)     AS xid_age,
+       now() - h.since AS age,
+       h.since,
+       CASE WHEN h.kind = 'replication slot' THEN h.state LIKE 'inactive%'
+            ELSE coalesce(now() - h.since > pgfence._audit_cleanup_warn_after(), false) END AS warn,
+       h.query
+FROM holders h
+ORDER BY age(h.xmin) DESC, h.pid;
+REVOKE ALL ON pgfence.audit_cleanup_blockers FROM PUBLIC;
+GRANT SELECT ON pgfence.audit_cleanup_blockers TO pgfence_admin, pg_monitor;
+COMMENT ON VIEW pgfence.audit_cleanup_blockers IS
+  'What holds back VACUUM in this database, oldest first: transactions, slots, prepared transactions.
+A row is a holder of an xmin: VACUUM keeps every row version deleted after it, so dead rows and
+index entries pile up in the outbox, plans and operations, and claims walk past them. warn: open
+longer than pgfence.cleanup_warn_after (default 5 minutes; a slot: inactive). The reading
+session itself is not listed. Another role''s transaction start and query are shown only to
+pg_read_all_stats (pg_monitor). End a holder with COMMIT / ROLLBACK, pg_terminate_backend(pid),
+COMMIT PREPARED / ROLLBACK PREPARED, or pg_drop_replication_slot.';
+COMMENT ON COLUMN pgfence.audit_cleanup_blockers.kind IS
+  'transaction (a session with an open snapshot or transaction id), replication slot, or prepared transaction.';
+COMMENT ON COLUMN pgfence.audit_cleanup_blockers.pid IS
+  'The backend''s process id (a slot: its active walsender''s; a prepared transaction: NULL).';
+COMMENT ON COLUMN pgfence.audit_cleanup_blockers.holder IS
+  'application_name (else the backend type), the slot''s name, or the prepared transaction''s gid.';
+COMMENT ON COLUMN pgfence.audit_cleanup_blockers.role IS
+  'The session''s or prepared transaction''s role (a slot: NULL).';
+COMMENT ON COLUMN pgfence.audit_cleanup_blockers.state IS
+  'pg_stat_activity.state (e.g. idle in transaction), active / inactive for a slot, prepared.';
+COMMENT ON COLUMN pgfence.audit_cleanup_blockers.xmin IS
+  'The oldest transaction id it holds: the older of backend_xid and backend_xmin; a slot''s xmin (else catalog_xmin); the prepared transaction''s id.';
+COMMENT ON COLUMN pgfence.audit_cleanup_blockers.xid_age IS
+  'age(xmin): how many transactions ago it began (what VACUUM cannot clean beyond).';
+COMMENT ON COLUMN pgfence.audit_cleanup_blockers.age IS
+  'How long it has been open (now() - since); NULL for a slot, or without the privilege to see it.';
+COMMENT ON COLUMN pgfence.audit_cleanup_blockers.since IS
+  'When its transaction began (pg_stat_activity.xact_start) or was prepared; NULL for a slot.';
+COMMENT ON COLUMN pgfence.audit_cleanup_blockers.warn IS
+  'Open longer than pgfence.cleanup_warn_after (default 5 minutes), or an inactive slot.';
+COMMENT ON COLUMN pgfence.audit_cleanup_blockers.query IS
+  'The session''s current or last statement (first 200 characters; pg_read_all_stats for another role''s).';
+
+CREATE OR REPLACE VIEW pgfence.audit_table_health AS
+SELECT s.relname::text                                                           AS table_name,
+       s.n_live_tup                                                              AS live_rows,
+       s.n_dead_tup                                                              AS dead_rows,
+       round(s.n_dead_tup::numeric / nullif(s.n_live_tup + s.n_dead_tup, 0), 3)  AS dead_ratio,
+       pg_catalog.pg_relation_size(s.relid)                                      AS table_bytes,
+       pg_catalog.pg_indexes_size(s.relid)                                       AS index_bytes,
+       greatest(s.last_autovacuum, s.last_vacuum)                                AS last_vacuum,
+       s.autovacuum_count + s.vacuum_count                                       AS vacuums,
+       greatest(s.last_autoanalyze, s.last_analyze)                              AS last_analyze
+FROM pg_catalog.pg_stat_user_tables s
+WHERE s.schemaname = 'pgfence'
+  AND s.relname IN ('outbox', 'outbox_lapse', 'event', 'plan', 'plan_step', 'operation',
+                    'document', 'document_revision')
+ORDER BY s.n_dead_tup DESC, s.relname;
+REVOKE ALL ON pgfence.audit_table_health FROM PUBLIC;
+GRANT SELECT ON pgfence.audit_table_health TO pgfence_admin, pg_monitor;
+COMMENT ON VIEW pgfence.audit_table_health IS
+  'Dead and live rows, sizes and the last vacuum of pgfence''s hot tables, most dead rows first.
+From pg_stat_user_tables (estimates, updated by the statistics system). Dead rows that stay high
+after a vacuum: something in audit_cleanup_blockers holds them.';
+COMMENT ON COLUMN pgfence.audit_table_health.table_name IS 'The table in schema pgfence.';
+COMMENT ON COLUMN pgfence.audit_table_health.live_rows IS 'n_live_tup: live rows (estimate).';
+COMMENT ON COLUMN pgfence.audit_table_health.dead_rows IS 'n_dead_tup: dead row versions not yet removed (estimate).';
+COMMENT ON COLUMN pgfence.audit_table_health.dead_ratio IS 'dead_rows / (live_rows + dead_rows); NULL when both are 0.';
+COMMENT ON COLUMN pgfence.audit_table_health.table_bytes IS 'pg_relation_size: the table''s main fork, in bytes.';
+COMMENT ON COLUMN pgfence.audit_table_health.index_bytes IS 'pg_indexes_size: all its indexes, in bytes.';
+COMMENT ON COLUMN pgfence.audit_table_health.last_vacuum IS 'The last vacuum, by autovacuum or by hand.';
+COMMENT ON COLUMN pgfence.audit_table_health.vacuums IS 'How many vacuums (auto and manual) since the statistics were reset.';
+COMMENT ON COLUMN pgfence.audit_table_health.last_analyze IS 'The last analyze, by autovacuum or by hand.';
+
+
 -- ==== functions/90_audit_owned.sql
 -- pgfence functions/90_audit_owned.sql — auditing from psql: who owns what, what is stuck.
 --
@@ -6403,31 +6984,46 @@ SELECT 'operation', o.id, o.kind, o.status, o.locked_by, o.fence::bigint, o.clai
                      o.target)
        END
 FROM pgfence.operation o
-WHERE o.status = 'running' AND o.lease_expires_at < now();
+WHERE o.status = 'running' AND o.lease_expires_at < now()
+UNION ALL
+-- what holds back cleanup past pgfence.cleanup_warn_after (89_audit_cleanup.sql)
+SELECT 'database', b.pid::bigint, b.kind, b.state, b.holder, b.xid_age::bigint, b.since, NULL::timestamptz,
+       b.since + pgfence._audit_cleanup_warn_after(), b.age - pgfence._audit_cleanup_warn_after(),
+       format('%s holds back VACUUM of every pgfence table (xmin %s, %s transactions ago%s): dead rows and index entries pile up and claims slow down; %s',
+              CASE WHEN b.pid IS NOT NULL THEN format('%s pid %s (%s)', b.kind, b.pid, b.holder)
+                   ELSE format('%s %s', b.kind, b.holder) END,
+              b.xmin, b.xid_age, CASE WHEN b.age IS NOT NULL THEN format(', open for %s', date_trunc('second', b.age)) ELSE '' END,
+              CASE b.kind WHEN 'transaction' THEN 'end it (COMMIT or ROLLBACK), or pg_terminate_backend(pid)'
+                          WHEN 'prepared transaction' THEN 'COMMIT PREPARED or ROLLBACK PREPARED it'
+                          ELSE 'reconnect its consumer, or pg_drop_replication_slot() it' END)
+FROM pgfence.audit_cleanup_blockers b
+WHERE b.warn;
 REVOKE ALL ON pgfence.audit_stuck FROM PUBLIC;
 GRANT SELECT ON pgfence.audit_stuck TO pgfence_admin, pg_monitor;
 COMMENT ON VIEW pgfence.audit_stuck IS
   'What is stuck, and since when: every owned item whose lease or heartbeat lapsed (database clock).
 Outbox messages processing past their lease, plans executing past their heartbeat deadline
 (including runs released and never taken over; plans heal lazily, so they are listed until the
-next read or reaper marks them failed), operations running past their lease (\d+ explains each
-column). Empty when nothing is stuck. Usually self-healing within one reaper interval; a row that
+next read or reaper marks them failed), operations running past their lease, and (module
+database) what holds back VACUUM longer than pgfence.cleanup_warn_after (audit_cleanup_blockers
+rows with warn: item_id = pid, queue = kind, fence = xid age). \d+ explains each column. Empty
+when nothing is stuck. Usually self-healing within one reaper interval; a row that
 stays means no executor is running the reaper for that module.';
-COMMENT ON COLUMN pgfence.audit_stuck.module IS 'outbox, plan or operation.';
-COMMENT ON COLUMN pgfence.audit_stuck.item_id IS 'The message''s, plan''s or operation''s id.';
+COMMENT ON COLUMN pgfence.audit_stuck.module IS 'outbox, plan or operation; database for what holds back cleanup.';
+COMMENT ON COLUMN pgfence.audit_stuck.item_id IS 'The message''s, plan''s or operation''s id (database: the holder''s pid, if any).';
 COMMENT ON COLUMN pgfence.audit_stuck.queue IS
-  'The outbox channel or the operation kind; ''*'' for plans.';
+  'The outbox channel or the operation kind; ''*'' for plans (database: transaction, replication slot, prepared transaction).';
 COMMENT ON COLUMN pgfence.audit_stuck.status IS
-  'The owned status it is stuck in: processing, executing or running.';
+  'The owned status it is stuck in: processing, executing or running (database: e.g. idle in transaction).';
 COMMENT ON COLUMN pgfence.audit_stuck.owner IS
   'The worker that went silent (NULL: a plan released between steps that no worker took over).';
 COMMENT ON COLUMN pgfence.audit_stuck.fence IS
-  'Its fence token: outbox attempt, plan run token, operation fence.';
+  'Its fence token: outbox attempt, plan run token, operation fence (database: the xid age it holds).';
 COMMENT ON COLUMN pgfence.audit_stuck.claimed_at IS
   'When it took the item (plans: when the run started).';
 COMMENT ON COLUMN pgfence.audit_stuck.last_seen_at IS
   'When it last showed life (claim, heartbeat or step, lease extension).';
-COMMENT ON COLUMN pgfence.audit_stuck.expired_at IS 'The lease or heartbeat deadline that passed.';
+COMMENT ON COLUMN pgfence.audit_stuck.expired_at IS 'The lease or heartbeat deadline that passed (database: since + pgfence.cleanup_warn_after).';
 COMMENT ON COLUMN pgfence.audit_stuck.overdue IS 'now() - expired_at.';
 COMMENT ON COLUMN pgfence.audit_stuck.next IS
   'What pgfence does about it on its own (the reaper or the next claim), and what may already have happened outside.';
@@ -6531,6 +7127,15 @@ COMMENT ON COLUMN pgfence.audit_duplicates.check_downstream IS
 -- Queue health
 -- ---------------------------------------------------------------------------------------------
 CREATE OR REPLACE VIEW pgfence.audit_queue_health AS
+WITH cleanup AS (  -- the oldest holder of cleanup (89_audit_cleanup.sql), one line
+  SELECT format('%s%s%s, xmin age %s%s', b.kind,
+                CASE WHEN b.pid IS NOT NULL THEN format(' pid %s', b.pid) ELSE format(' %s', b.holder) END,
+                CASE WHEN b.age IS NOT NULL THEN format(' open %s', date_trunc('second', b.age)) ELSE '' END,
+                b.xid_age, CASE WHEN b.warn THEN ' (warn)' ELSE '' END) AS held_by
+  FROM pgfence.audit_cleanup_blockers b
+  ORDER BY b.xid_age DESC
+  LIMIT 1
+)
 SELECT 'outbox'::text                                                                       AS module,
        o.channel                                                                            AS queue,
        count(*) FILTER (WHERE o.status = 'pending' AND o.next_attempt_at <= now())           AS ready,
@@ -6544,7 +7149,9 @@ SELECT 'outbox'::text                                                           
        count(*) FILTER (WHERE o.status IN ('failed', 'dead') AND o.finished_at >= now() - interval '5 minutes') AS failed_5m,
        round(count(*) FILTER (WHERE o.finished_at >= now() - interval '5 minutes') / 300.0, 2) AS per_second_5m,
        count(*) FILTER (WHERE o.status = 'failed')                                           AS failed,
-       count(*) FILTER (WHERE o.status = 'dead')                                             AS dead
+       count(*) FILTER (WHERE o.status = 'dead')                                             AS dead,
+       (SELECT t.n_dead_tup FROM pg_catalog.pg_stat_user_tables t WHERE t.relid = 'pgfence.outbox'::regclass) AS dead_rows,
+       (SELECT c.held_by FROM cleanup c)                                                     AS cleanup_held_by
 FROM pgfence.outbox o
 GROUP BY o.channel
 UNION ALL
@@ -6561,7 +7168,9 @@ SELECT 'plan', '*',
        count(*) FILTER (WHERE p.status = 'failed' AND p.finished_at >= now() - interval '5 minutes'),
        round(count(*) FILTER (WHERE p.status IN ('executed', 'failed') AND p.finished_at >= now() - interval '5 minutes') / 300.0, 2),
        count(*) FILTER (WHERE p.status = 'failed'),
-       NULL::bigint
+       NULL::bigint,
+       (SELECT t.n_dead_tup FROM pg_catalog.pg_stat_user_tables t WHERE t.relid = 'pgfence.plan'::regclass),
+       (SELECT c.held_by FROM cleanup c)
 FROM pgfence.plan p
 HAVING count(*) > 0
 UNION ALL
@@ -6577,7 +7186,9 @@ SELECT 'operation', o.kind,
        count(*) FILTER (WHERE o.status = 'failed' AND o.finished_at >= now() - interval '5 minutes'),
        round(count(*) FILTER (WHERE o.finished_at >= now() - interval '5 minutes') / 300.0, 2),
        count(*) FILTER (WHERE o.status = 'failed'),
-       NULL::bigint
+       NULL::bigint,
+       (SELECT t.n_dead_tup FROM pg_catalog.pg_stat_user_tables t WHERE t.relid = 'pgfence.operation'::regclass),
+       (SELECT c.held_by FROM cleanup c)
 FROM pgfence.operation o
 GROUP BY o.kind;
 REVOKE ALL ON pgfence.audit_queue_health FROM PUBLIC;
@@ -6614,6 +7225,10 @@ COMMENT ON COLUMN pgfence.audit_queue_health.failed IS
   'Failed items still in the table (until purged).';
 COMMENT ON COLUMN pgfence.audit_queue_health.dead IS
   'Outbox: dead messages still in the table (until purged).';
+COMMENT ON COLUMN pgfence.audit_queue_health.dead_rows IS
+  'Dead row versions in the module''s table not yet vacuumed (pg_stat_user_tables.n_dead_tup; see audit_table_health).';
+COMMENT ON COLUMN pgfence.audit_queue_health.cleanup_held_by IS
+  'The oldest holder of cleanup in this database (audit_cleanup_blockers): kind, pid, how long, xid age; (warn) past pgfence.cleanup_warn_after; NULL: none.';
 
 -- ---------------------------------------------------------------------------------------------
 -- Documents: recent conflicts, most revisions
@@ -7209,6 +7824,13 @@ GRANT SELECT, INSERT                 ON pgfence.document_revision TO pgfence_def
 -- input order; every other insert takes them from the identity default, which needs no grant.
 REVOKE ALL ON SEQUENCE pgfence.outbox_id_seq FROM pgfence_definer;
 GRANT USAGE ON SEQUENCE pgfence.outbox_id_seq TO pgfence_definer;
+-- the outbox claim floor (functions/16_outbox_floor.sql): read, and set with setval
+REVOKE ALL ON SEQUENCE pgfence.outbox_floor_seq, pgfence.outbox_floor_id_seq,
+  pgfence.outbox_floor_guard_seq, pgfence.outbox_floor_guard_id_seq, pgfence.outbox_floor_version_seq,
+  pgfence.outbox_floor_arm_seq, pgfence.outbox_floor_armed_at_seq FROM pgfence_definer;
+GRANT SELECT, UPDATE ON SEQUENCE pgfence.outbox_floor_seq, pgfence.outbox_floor_id_seq,
+  pgfence.outbox_floor_guard_seq, pgfence.outbox_floor_guard_id_seq, pgfence.outbox_floor_version_seq,
+  pgfence.outbox_floor_arm_seq, pgfence.outbox_floor_armed_at_seq TO pgfence_definer;
 
 -- Hand every function, procedure and view not yet owned by pgfence_definer to it (new ones, and
 -- all of them on the upgrade that introduced the role). A non-superuser may give an object to a

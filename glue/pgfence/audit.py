@@ -57,6 +57,9 @@ SQL_DOCUMENTS = (
     " conflicts_24h DESC, revisions DESC, document_id LIMIT %s::int"
 )
 SQL_PURGE = "CALL pgfence.audit_purge(%s::text, %s::interval, %s::int, NULL)"
+SQL_CLEANUP_BLOCKERS = "SELECT * FROM pgfence.audit_cleanup_blockers ORDER BY xid_age DESC, pid"
+SQL_TABLE_HEALTH = "SELECT * FROM pgfence.audit_table_health ORDER BY dead_rows DESC, table_name"
+SQL_WARN_AFTER = "SELECT pgfence._audit_cleanup_warn_after()"
 
 AnyConn = psycopg.Connection[Any]
 
@@ -124,6 +127,33 @@ def duplicates(conn: AnyConn, limit: int = 100) -> list[dict[str, Any]]:
 def queue_health(conn: AnyConn) -> list[dict[str, Any]]:
     """One row per outbox channel, operation kind, and all plans (``audit_queue_health``)."""
     return rows(conn, SQL_QUEUE_HEALTH)
+
+
+def cleanup_blockers(conn: AnyConn) -> list[dict[str, Any]]:
+    """What holds back VACUUM in this database, oldest first (``audit_cleanup_blockers``).
+
+    Columns: kind ('transaction', 'replication slot', 'prepared transaction'), pid (int or
+    None), holder, role, state, xmin, xid_age (int), age (timedelta or None), since, warn (open
+    longer than ``pgfence.cleanup_warn_after``, default 5 minutes; a slot: inactive), query.
+    Another role's age and query need ``pg_read_all_stats`` (``pg_monitor``).
+    """
+    return rows(conn, SQL_CLEANUP_BLOCKERS)
+
+
+def cleanup_warn_after(conn: AnyConn) -> Any:
+    """The threshold past which a holder of cleanup is warned about (a timedelta; the setting
+    ``pgfence.cleanup_warn_after``, default 5 minutes). Raises psycopg.errors.InvalidDatetimeFormat
+    (22007) when the setting is not an interval."""
+    with conn.cursor() as cur:
+        cur.execute(SQL_WARN_AFTER)
+        row = cur.fetchone()
+    return row[0] if row else None
+
+
+def table_health(conn: AnyConn) -> list[dict[str, Any]]:
+    """Dead and live rows, sizes (bytes) and last vacuum of pgfence's hot tables, most dead rows
+    first (``audit_table_health``)."""
+    return rows(conn, SQL_TABLE_HEALTH)
 
 
 def documents(conn: AnyConn, order: str = "conflicts", limit: int = 20) -> list[dict[str, Any]]:
