@@ -101,6 +101,11 @@ SQL_SETTLE_AND_CLAIM = (
 )
 #: The channel of the start-up self-check NOTIFY (payload: a token of this executor).
 SELF_CHECK_CHANNEL = "pgfence_self_check"
+#: The executor registry (functions/50_executor.sql): at start, on the reaper timer, at stop.
+SQL_REGISTER = ("SELECT pgfence.executor_register(%s::text, %s::text, %s::int, %s::text,"
+                " %s::jsonb, %s::int, %s::interval)")
+SQL_HEARTBEAT = "SELECT pgfence.executor_heartbeat(%s::text)"
+SQL_DEREGISTER = "SELECT pgfence.executor_deregister(%s::text)"
 
 logger = logging.getLogger(__name__)
 
@@ -263,6 +268,11 @@ class Module(ABC):
         """Release resources at shutdown."""
         return None
 
+    def serves(self) -> list[str]:
+        """The queues this module serves, for the executor registry: outbox channels,
+        operation kinds, ``["*"]`` for every one (``["external"]``: external plan steps only)."""
+        return ["*"]
+
 
 class _Served:
     """What the executor tracks of one module: its queued and running units, whether it may
@@ -348,6 +358,8 @@ class Executor:
         #: Signatures of the modules' :attr:`Module.functions` that the database does not have
         #: (read at start; a module may fall back to older functions).
         self.missing_functions: frozenset[str] = frozenset()
+        #: True once this executor registered in ``pgfence.executor`` (audit_executors).
+        self.registered = False
 
     # -- lifecycle --------------------------------------------------------------------------
     def stop(self) -> None:
@@ -422,6 +434,7 @@ class Executor:
             for module in self.modules:
                 with contextlib.suppress(Exception):
                     await module.aclose()
+            await self._deregister()
             await self.pool.close()
             logger.info("executor %s stopped", self.worker_id)
 
@@ -451,8 +464,10 @@ class Executor:
             wanted = sorted({f for m in self.modules for f in m.functions})
             cur = await conn.execute(SQL_START_CHECK, (wanted,))
             row = await cur.fetchone()
+            missing: list[str] = list(row[1] or ()) if row else []
+            if not missing:
+                await self._register(conn)
         absent: list[str] = list(row[0] or ()) if row else []
-        missing: list[str] = list(row[1] or ()) if row else []
         login: str = str(row[2]) if row else "?"
         self.missing_functions = frozenset(absent)
         if missing:
@@ -463,6 +478,59 @@ class Executor:
                 detail=f"Modules {', '.join(m.name for m in self.modules)} call these functions; "
                        "the group role pgfence_executor may call them all.",
                 hint=f"GRANT pgfence_executor TO {_ident(login)};")
+
+    # -- the registry -------------------------------------------------------------------------
+    def registration(self) -> dict[str, Any]:
+        """What this executor registers (``pgfence.executor_register``): worker, host, pid,
+        version, serves (module -> queues), concurrency, heartbeat interval (timedelta)."""
+        from . import __version__
+
+        host, pid = socket.gethostname(), os.getpid()
+        return {"worker": self.worker_id, "host": host, "pid": pid, "version": __version__,
+                "serves": {m.name: m.serves() for m in self.modules},
+                "concurrency": self.config.concurrency,
+                "heartbeat": dt.timedelta(seconds=self.config.reap_interval)}
+
+    async def _register(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        """Register in the executor registry at start. A failure is logged, not fatal: the
+        registry informs operators, it decides nothing about claims."""
+        r = self.registration()
+        try:
+            cur = await conn.execute(SQL_REGISTER, (r["worker"], r["host"], r["pid"], r["version"],
+                                                    Jsonb(r["serves"]), r["concurrency"],
+                                                    r["heartbeat"]))
+            row = await cur.fetchone()
+        except psycopg.OperationalError:
+            raise
+        except psycopg.Error as exc:
+            logger.warning("could not register in the executor registry (%s); running anyway",
+                           str(exc).strip().splitlines()[0] if str(exc) else type(exc).__name__)
+            return
+        self.registered = True
+        revived = int(row[0]) if row and row[0] else 0
+        if revived:
+            logger.info("%d plan run(s) that waited for an executor serving plans are due again",
+                        revived)
+            self._nudge_all()
+
+    async def _heartbeat(self) -> None:
+        """The registry heartbeat, on the reaper timer; re-register if the row is gone."""
+        try:
+            rows = await self.fetch(SQL_HEARTBEAT, (self.worker_id,))
+            if rows and rows[0][0]:
+                return
+            assert self.pool is not None
+            async with self.pool.connection(timeout=self.config.query_timeout) as conn, \
+                    bounded(conn, self.config.query_timeout, "executor registration"):
+                await self._register(conn)
+        except Exception as exc:
+            logger.warning("executor registry heartbeat failed: %s", exc)
+
+    async def _deregister(self) -> None:
+        if not self.registered or self.pool is None:
+            return
+        with contextlib.suppress(Exception):
+            await self.fetch(SQL_DEREGISTER, (self.worker_id,), timeout=self.config.probe_timeout)
 
     # -- the pool -----------------------------------------------------------------------------
     async def _check_idle(self, conn: psycopg.AsyncConnection[Any]) -> None:
@@ -818,6 +886,7 @@ class Executor:
                 await asyncio.wait_for(self._stopping.wait(), self.config.reap_interval)
             if self._stopping.is_set():
                 return
+            await self._heartbeat()
             for s in self._served:
                 try:
                     n = await s.module.reap()
@@ -990,6 +1059,9 @@ class OutboxModule(Module):
 
     def _transport(self, channel: str) -> Transport | None:
         return self.routes.get(channel) or self.routes.get("*")
+
+    def serves(self) -> list[str]:
+        return ["*"] if self.channels is None else list(self.channels)
 
     def pending_outcomes(self) -> int:
         return len(self._sent)

@@ -92,6 +92,9 @@ class OperationModule(Module):
         self.finished: dict[int, str] = {}  # observable for tests: id -> final status
 
     # -- Module interface ----------------------------------------------------------------------
+    def serves(self) -> list[str]:
+        return list(self.kinds)
+
     async def claim(self, slots: int) -> AsyncIterator[list[Job]]:
         batch = max(1, min(slots, self.executor.config.batch))
         while slots > 0 and not self._stopping():

@@ -99,6 +99,9 @@ class PlanModule(Module):
             with contextlib.suppress(Exception):
                 await transport.aclose()
 
+    def serves(self) -> list[str]:
+        return ["external"] if self.external_only else ["*"]
+
     @property
     def _worker(self) -> str:
         return self.executor.worker_id
