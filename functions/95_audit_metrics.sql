@@ -1,0 +1,57 @@
+-- pgfence functions/95_audit_metrics.sql — the database-side gauges, for any exporter.
+--
+-- Public: view audit_metrics (one row per gauge sample: metric, module, queue, status, value)
+-- Served by the executor's /metrics (--metrics-port) and `pgfence metrics`, next to the
+-- executor's own counters; any exporter (postgres_exporter's custom queries, a Telegraf
+-- query, a Grafana PostgreSQL panel) can read the same rows. Metric names follow Prometheus
+-- conventions (docs/metrics.md has the table). Read-only, for pgfence_admin, pg_monitor and
+-- pgfence_executor (an executor serves them on /metrics).
+-- Reads audit_queue_health, audit_stuck, audit_duplicates and audit_executors: one scan of
+-- each module's table per read. Time: now(), the database clock.
+
+CREATE OR REPLACE VIEW pgfence.audit_metrics AS
+WITH q AS (SELECT * FROM pgfence.audit_queue_health),
+     m(module) AS (VALUES ('outbox'), ('plan'), ('operation'))
+SELECT 'pgfence_queue_depth'::text AS metric, q.module, q.queue, s.status,
+       s.value::double precision AS value
+FROM q
+CROSS JOIN LATERAL (VALUES ('ready', q.ready), ('deferred', q.deferred), ('in_flight', q.in_flight),
+                           ('lapsed', q.lapsed), ('failed', q.failed), ('dead', q.dead)) AS s(status, value)
+WHERE s.value IS NOT NULL
+UNION ALL
+SELECT 'pgfence_oldest_ready_age_seconds', q.module, q.queue, NULL,
+       coalesce(extract(epoch FROM q.oldest_ready_age), 0)::double precision
+FROM q
+UNION ALL
+SELECT 'pgfence_queue_unserved', q.module, q.queue, NULL, q.unserved::int::double precision
+FROM q
+UNION ALL
+SELECT 'pgfence_stuck_items', m.module, NULL, NULL,
+       (SELECT count(*) FROM pgfence.audit_stuck s WHERE s.module = m.module)::double precision
+FROM m
+UNION ALL
+SELECT 'pgfence_possible_duplicates_24h', m.module, NULL, NULL,
+       (SELECT count(*) FROM pgfence.audit_duplicates d
+        WHERE d.module = m.module AND d.since >= now() - interval '24 hours')::double precision
+FROM m
+UNION ALL
+SELECT 'pgfence_executors', NULL, NULL, st.status,
+       (SELECT count(*) FROM pgfence.audit_executors e WHERE e.status = st.status)::double precision
+FROM (VALUES ('alive'), ('lapsed'), ('stopped')) AS st(status);
+-- The gauge pgfence_cleanup_blocker_age_seconds (the oldest snapshot holding back cleanup)
+-- belongs here, read from pgfence.audit_cleanup_blockers, which another change adds.
+REVOKE ALL ON pgfence.audit_metrics FROM PUBLIC;
+GRANT SELECT ON pgfence.audit_metrics TO pgfence_admin, pgfence_executor, pg_monitor;  -- executors serve it on /metrics
+COMMENT ON VIEW pgfence.audit_metrics IS
+  'The database-side gauges, one row per sample: what /metrics and `pgfence metrics` serve.
+Depth by status, oldest ready age, unserved queues (per module and queue), stuck items and
+possible duplicates of the last 24 hours (per module), executors by status. A NULL label does
+not apply. docs/metrics.md lists every metric. \d+ explains each column.';
+COMMENT ON COLUMN pgfence.audit_metrics.metric IS
+  'The Prometheus metric name (a gauge): pgfence_queue_depth, pgfence_oldest_ready_age_seconds, pgfence_queue_unserved, pgfence_stuck_items, pgfence_possible_duplicates_24h, pgfence_executors.';
+COMMENT ON COLUMN pgfence.audit_metrics.module IS 'Label module: outbox, plan or operation (NULL for executors).';
+COMMENT ON COLUMN pgfence.audit_metrics.queue IS
+  'Label queue: the outbox channel or operation kind, ''*'' for plans (NULL for per-module gauges).';
+COMMENT ON COLUMN pgfence.audit_metrics.status IS
+  'Label status: ready, deferred, in_flight, lapsed, failed, dead (depth); alive, lapsed, stopped (executors).';
+COMMENT ON COLUMN pgfence.audit_metrics.value IS 'The sample (a count, or seconds).';
