@@ -23,6 +23,8 @@ from pgfence.transports import NoopTransport
 from pgfence_demo.faults import FaultyLink
 from pgfence_demo.receivers import free_port
 from support import FAST, Proc, scalar, wait_for
+from test_audit_docs import sql_blocks
+from test_docs import psql
 
 N = 20000
 
@@ -199,3 +201,18 @@ def test_json_logs_and_a_plan_step_named_as_such(db: str, conn: psycopg.Connecti
     assert any(m.startswith(f"log transport: pgfence-outbox-{mid} j -> r") for m in messages)
     assert not any("no longer ours" in m for m in messages), messages
     assert scalar(db, "SELECT count(*) FROM pgfence.audit_executors WHERE worker = 'json-1'") == 1
+
+
+def test_every_sql_block_of_docs_metrics_runs(db: str, conn: psycopg.Connection,
+                                              tmp_path: Path) -> None:
+    outbox.enqueue(conn, "docs", "r", {})
+    doc = Path(__file__).resolve().parents[1] / "docs" / "metrics.md"
+    blocks = sql_blocks(doc.read_text(encoding="utf-8"))
+    assert len(blocks) == 2
+    outputs = []
+    for block in blocks:
+        run = psql(db, block, tmp_path)
+        assert run.returncode == 0, run.stderr
+        outputs.append(run.stdout)
+    assert "pgfence_queue_depth" in outputs[0]
+    assert "docs" in outputs[1]  # the unserved channel
