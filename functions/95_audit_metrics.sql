@@ -1,6 +1,7 @@
 -- pgfence functions/95_audit_metrics.sql — the database-side gauges, for any exporter.
 --
--- Public: view audit_metrics (one row per gauge sample: metric, module, queue, status, value)
+-- Public: view audit_metrics (one row per gauge sample: metric, module, queue, status, value),
+--         view audit_queue_rates (finished per minute over the last hour: the console charts)
 -- Served by the executor's /metrics (--metrics-port) and `pgfence metrics`, next to the
 -- executor's own counters; any exporter (postgres_exporter's custom queries, a Telegraf
 -- query, a Grafana PostgreSQL panel) can read the same rows. Metric names follow Prometheus
@@ -55,3 +56,39 @@ COMMENT ON COLUMN pgfence.audit_metrics.queue IS
 COMMENT ON COLUMN pgfence.audit_metrics.status IS
   'Label status: ready, deferred, in_flight, lapsed, failed, dead (depth); alive, lapsed, stopped (executors).';
 COMMENT ON COLUMN pgfence.audit_metrics.value IS 'The sample (a count, or seconds).';
+
+-- ---------------------------------------------------------------------------------------------
+-- Finished per minute over the last hour (the charts of the web console)
+-- ---------------------------------------------------------------------------------------------
+CREATE OR REPLACE VIEW pgfence.audit_queue_rates AS
+SELECT 'outbox'::text AS module, o.channel AS queue, date_trunc('minute', o.finished_at) AS minute,
+       count(*) FILTER (WHERE o.status = 'sent') AS done,
+       count(*) FILTER (WHERE o.status IN ('failed', 'dead')) AS failed
+FROM pgfence.outbox o
+WHERE o.finished_at >= date_trunc('minute', now()) - interval '59 minutes'
+GROUP BY 1, 2, 3
+UNION ALL
+SELECT 'plan', '*', date_trunc('minute', p.finished_at),
+       count(*) FILTER (WHERE p.status = 'executed'), count(*) FILTER (WHERE p.status = 'failed')
+FROM pgfence.plan p
+WHERE p.finished_at >= date_trunc('minute', now()) - interval '59 minutes'
+  AND p.status IN ('executed', 'failed')
+GROUP BY 1, 2, 3
+UNION ALL
+SELECT 'operation', o.kind, date_trunc('minute', o.finished_at),
+       count(*) FILTER (WHERE o.status = 'succeeded'), count(*) FILTER (WHERE o.status = 'failed')
+FROM pgfence.operation o
+WHERE o.finished_at >= date_trunc('minute', now()) - interval '59 minutes'
+GROUP BY 1, 2, 3;
+REVOKE ALL ON pgfence.audit_queue_rates FROM PUBLIC;
+GRANT SELECT ON pgfence.audit_queue_rates TO pgfence_admin, pg_monitor;
+COMMENT ON VIEW pgfence.audit_queue_rates IS
+  'Items finished per minute over the last hour, per module and queue: the console''s charts.
+One row per minute that finished something (the current minute included; minutes without any
+are absent). Reads the rows finished in the last hour (finished_at), whatever the event log
+setting. \d+ explains each column.';
+COMMENT ON COLUMN pgfence.audit_queue_rates.module IS 'outbox, plan or operation.';
+COMMENT ON COLUMN pgfence.audit_queue_rates.queue IS 'The outbox channel or operation kind; ''*'' for plans.';
+COMMENT ON COLUMN pgfence.audit_queue_rates.minute IS 'The minute (date_trunc, database clock).';
+COMMENT ON COLUMN pgfence.audit_queue_rates.done IS 'Finished successfully in that minute (sent, executed, succeeded).';
+COMMENT ON COLUMN pgfence.audit_queue_rates.failed IS 'Finished unsuccessfully in that minute (failed or dead).';
