@@ -74,7 +74,7 @@ def test_cannot_connect_is_2(tmp_path: Path) -> None:
     for args in ([], ["--json"], ["--watch", "--count", "1"]):
         code, text = status(dsn, *args)
         assert code == 2, text
-        assert "cannot read the database" in text and "Traceback" not in text
+        assert "pgfence: cannot reach the database" in text and "Traceback" not in text
 
 
 @pytest.mark.timeout(90)

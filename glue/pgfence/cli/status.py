@@ -103,8 +103,12 @@ def collect(conn: psycopg.Connection[Any], limit: int) -> dict[str, Any]:
 
 
 def _unreachable(exc: Exception) -> None:
+    """Say why the database could not be read (as every command does) and exit 2."""
     text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    click.echo(f"pgfence status: cannot read the database: {text}", err=True)
+    if isinstance(exc, psycopg.OperationalError):
+        click.echo(f"pgfence: cannot reach the database: {text}", err=True)
+    else:
+        click.echo(f"pgfence: {text}", err=True)
     raise SystemExit(UNREACHABLE)
 
 
