@@ -1,10 +1,11 @@
 -- pgTAP: the executor registry (functions/50_executor.sql): register, heartbeat, deregister,
 -- audit_executors with liveness, executor_serving, the unserved flag of audit_queue_health, and
 -- a plan run released to executors: it waits while none serves plans, fails as interrupted
--- only when one does, and registering an executor that serves plans revives it.
+-- only when one does, and registering an executor that serves plans revives it; the gauges of
+-- audit_metrics and the per-minute rows of audit_queue_rates.
 BEGIN;
 \ir helpers/setup.sql
-SELECT plan(55);
+SELECT plan(65);
 
 DELETE FROM pgfence.executor;  -- rows other test runs left (rolled back at the end)
 CREATE TEMP TABLE ids (name text PRIMARY KEY, id bigint);
@@ -94,6 +95,28 @@ SELECT pgfence.outbox_enqueue('tap-ex-b', 'r', '{}');
 SELECT results_eq($$SELECT queue, executors, unserved FROM pgfence.audit_queue_health WHERE module = 'outbox' AND queue LIKE 'tap-ex-%' ORDER BY queue$$,
   $$VALUES ('tap-ex-a'::text, 1, false), ('tap-ex-b', 0, true)$$,
   'a channel with due messages and no live executor is flagged unserved; a served one is not');
+
+-- =============================================================================================
+-- audit_metrics (the database-side gauges) and audit_queue_rates (the console's charts)
+-- =============================================================================================
+SELECT table_privs_are('pgfence', 'audit_metrics', 'pgfence_executor', ARRAY['SELECT'], 'executors may read audit_metrics (they serve it on /metrics)');
+SELECT table_privs_are('pgfence', 'audit_metrics', 'pgfence_client', ARRAY[]::text[], 'clients may not');
+SELECT table_privs_are('pgfence', 'audit_queue_rates', 'pg_monitor', ARRAY['SELECT'], 'monitoring reads audit_queue_rates');
+SELECT results_eq($$SELECT queue, status, value FROM pgfence.audit_metrics WHERE metric = 'pgfence_queue_depth' AND queue LIKE 'tap-ex-%' AND status = 'ready' ORDER BY queue$$,
+  $$VALUES ('tap-ex-a'::text, 'ready'::text, 1::float8), ('tap-ex-b', 'ready', 1)$$, 'audit_metrics: depth by status per queue');
+SELECT results_eq($$SELECT queue, value FROM pgfence.audit_metrics WHERE metric = 'pgfence_queue_unserved' AND queue LIKE 'tap-ex-%' ORDER BY queue$$,
+  $$VALUES ('tap-ex-a'::text, 0::float8), ('tap-ex-b', 1)$$, 'audit_metrics: the unserved flag as a gauge');
+SELECT results_eq($$SELECT status, value FROM pgfence.audit_metrics WHERE metric = 'pgfence_executors' ORDER BY status$$,
+  $$VALUES ('alive'::text, 1::float8), ('lapsed', 0), ('stopped', 1)$$, 'audit_metrics: executors by status');
+SELECT is((SELECT count(*)::int FROM pgfence.audit_metrics WHERE metric IN ('pgfence_stuck_items', 'pgfence_possible_duplicates_24h')), 6,
+  'stuck items and possible duplicates: one sample per module each');
+SELECT is((SELECT count(*)::int FROM pgfence.audit_metrics WHERE value IS NULL OR metric !~ '^pgfence_[a-z0-9_]+$'), 0, 'every sample has a value and a Prometheus name');
+UPDATE pgfence.outbox SET status = 'processing', locked_by = 'tap', attempts = 1, lease_expires_at = now() + interval '1 minute' WHERE channel = 'tap-ex-a';
+UPDATE pgfence.outbox SET status = 'sent', finished_at = now(), lease_expires_at = NULL WHERE channel = 'tap-ex-a';
+SELECT results_eq($$SELECT queue, minute, done, failed FROM pgfence.audit_queue_rates WHERE queue LIKE 'tap-ex-%'$$,
+  $$VALUES ('tap-ex-a'::text, date_trunc('minute', now()), 1::bigint, 0::bigint)$$, 'audit_queue_rates: finished per minute');
+SELECT results_eq($$SELECT per_second_1m, per_second_15m, finished FROM pgfence.audit_queue_health WHERE queue = 'tap-ex-a'$$,
+  $$VALUES (0.02::numeric, 0.00::numeric, 1::bigint)$$, 'audit_queue_health: 1- and 15-minute rates, finished');
 
 -- =============================================================================================
 -- A plan run released to executors while none serves plans waits; an executor revives it
