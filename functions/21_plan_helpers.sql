@@ -114,7 +114,8 @@ COMMENT ON FUNCTION pgfence._plan_step_key(bigint, integer) IS
 The same for every delivery of that step, whichever worker performs it. Executable by the group roles because plan_run_step (not security definer) and the plan_receipts view call it as the reader.';
 
 -- Heal plans that nobody can finish any more: executing with a lapsed heartbeat -> failed
--- (interrupted); pending past expires_at -> expired. Rows locked right now are skipped: a live
+-- (interrupted), except a run released to executors while no live executor serves plans (it
+-- waits for one: functions/50_executor.sql); pending past expires_at -> expired. Rows locked right now are skipped: a live
 -- step transaction holds its plan's row, so that plan is not stale.
 CREATE OR REPLACE FUNCTION pgfence._plan_heal(p_id bigint, p_max_rows integer)
 RETURNS integer
@@ -122,12 +123,15 @@ LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pgfence, pg_temp
 AS $$
 DECLARE
-  v_count integer;
+  v_count  integer;
+  -- A run released to executors (worker NULL) waits while no live executor serves plans.
+  v_served boolean := pgfence._plan_served();
 BEGIN
   WITH stale AS (
     SELECT p.id FROM pgfence.plan p
     WHERE (p_id IS NULL OR p.id = p_id)
-      AND ((p.status = 'executing' AND p.heartbeat_expires_at < now())
+      AND ((p.status = 'executing' AND p.heartbeat_expires_at < now()
+            AND (p.worker IS NOT NULL OR v_served))
            OR (p.status = 'pending' AND p.expires_at <= now()))
     ORDER BY p.id
     LIMIT p_max_rows
@@ -140,7 +144,8 @@ BEGIN
         finished_at = now()
     FROM stale
     WHERE p.id = stale.id
-      AND ((p.status = 'executing' AND p.heartbeat_expires_at < now())
+      AND ((p.status = 'executing' AND p.heartbeat_expires_at < now()
+            AND (p.worker IS NOT NULL OR v_served))
            OR (p.status = 'pending' AND p.expires_at <= now()))
     RETURNING p.id
   )
@@ -151,7 +156,7 @@ $$;
 REVOKE ALL ON FUNCTION pgfence._plan_heal(bigint, integer) FROM PUBLIC;
 COMMENT ON FUNCTION pgfence._plan_heal(bigint, integer) IS
   'Private: fails lapsed runs (interrupted) and expires overdue proposals; returns how many.
-Executing plans whose heartbeat lapsed become failed (interrupted), pending plans past expires_at become expired; one plan (p_id) or up to p_max_rows. Skips rows locked by a live transaction. Returns how many it changed.';
+Executing plans whose heartbeat lapsed become failed (interrupted) — a released run (no owner) only while a live executor serves plans (pgfence._plan_served), else it waits —, pending plans past expires_at become expired; one plan (p_id) or up to p_max_rows. Skips rows locked by a live transaction. Returns how many it changed.';
 
 -- Lock one plan for an owner write, healing it first if its heartbeat lapsed.
 CREATE OR REPLACE FUNCTION pgfence._plan_lock(p_id bigint)
@@ -173,7 +178,8 @@ BEGIN
       USING ERRCODE = 'P0002', DETAIL = 'No plan has this id: it was never proposed, or it was purged.',
             HINT = 'Check the id (pgfence plan list).';
   END IF;
-  IF v.status = 'executing' AND v.heartbeat_expires_at < now() THEN
+  IF v.status = 'executing' AND v.heartbeat_expires_at < now()
+     AND (v.worker IS NOT NULL OR pgfence._plan_served()) THEN
     UPDATE pgfence.plan p
     SET status = 'failed', failure = 'interrupted', finished_at = now(),
         step_begun = NULL, step_begun_xact = NULL
@@ -186,7 +192,7 @@ $$;
 REVOKE ALL ON FUNCTION pgfence._plan_lock(bigint) FROM PUBLIC;
 COMMENT ON FUNCTION pgfence._plan_lock(bigint) IS
   'Private: locks one plan row for an owner write, failing a lapsed run (interrupted) first.
-SELECT ... FOR UPDATE of one plan (22004 for a NULL id, P0002 if unknown); if it is executing with a lapsed heartbeat it becomes failed (interrupted) first, so a stale owner finds it failed. Returns the locked row.';
+SELECT ... FOR UPDATE of one plan (22004 for a NULL id, P0002 if unknown); if it is executing with a lapsed heartbeat it becomes failed (interrupted) first, so a stale owner finds it failed (a released run only while a live executor serves plans). Returns the locked row.';
 
 -- Validate and normalise proposed steps: [{"action", "kind", "function", "args", "note"}].
 CREATE OR REPLACE FUNCTION pgfence._plan_normalize_steps(p_steps jsonb)

@@ -169,7 +169,7 @@ REVOKE ALL ON FUNCTION pgfence.plan_release(bigint, text, bigint) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION pgfence.plan_release(bigint, text, bigint) TO pgfence_executor, pgfence_admin;
 COMMENT ON FUNCTION pgfence.plan_release(bigint, text, bigint) IS
   'The owner (p_worker with run token p_token) hands its run over between two steps.
-E.g. a SQL runner reaching an external step, or an executor shutting down: the plan stays executing with worker NULL, and another worker must take it (plan_start / plan_claim, which issue the next token) within one heartbeat interval or it fails as interrupted. NOTIFY pgfence_plan {"id","status","next": kind of the next step} at commit. Call it only before starting or after recording a step. Returns false if p_worker does not own a live run under p_token (lost race, fenced out). Errors: 22004 (worker, token), 22023 (worker, a token below 1), P0002 (unknown plan).';
+E.g. a SQL runner reaching an external step, or an executor shutting down: the plan stays executing with worker NULL, and another worker must take it (plan_start / plan_claim, which issue the next token) within one heartbeat interval or it fails as interrupted — while a live executor serves plans (pgfence.audit_executors); with none, the run waits for one (executor_register revives it). NOTIFY pgfence_plan {"id","status","next": kind of the next step} at commit. Call it only before starting or after recording a step. Returns false if p_worker does not own a live run under p_token (lost race, fenced out). Errors: 22004 (worker, token), 22023 (worker, a token below 1), P0002 (unknown plan).';
 
 CREATE OR REPLACE FUNCTION pgfence.plan_heartbeat(p_id bigint, p_worker text, p_token bigint)
 RETURNS boolean

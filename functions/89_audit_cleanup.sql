@@ -22,7 +22,7 @@ AS $$
                   interval '5 minutes')
 $$;
 REVOKE ALL ON FUNCTION pgfence._audit_cleanup_warn_after() FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION pgfence._audit_cleanup_warn_after() TO pgfence_admin, pg_monitor;
+GRANT EXECUTE ON FUNCTION pgfence._audit_cleanup_warn_after() TO pgfence_admin, pg_monitor, pgfence_executor;  -- audit_metrics
 COMMENT ON FUNCTION pgfence._audit_cleanup_warn_after() IS
   'Private: how long a holder of cleanup may be open before the audit views warn (default 5 minutes).
 The setting pgfence.cleanup_warn_after (an interval; e.g. ALTER DATABASE ... SET

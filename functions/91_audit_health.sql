@@ -119,17 +119,25 @@ SELECT 'outbox'::text                                                           
        count(*) FILTER (WHERE o.status = 'failed')                                           AS failed,
        count(*) FILTER (WHERE o.status = 'dead')                                             AS dead,
        (SELECT t.n_dead_tup FROM pg_catalog.pg_stat_user_tables t WHERE t.relid = 'pgfence.outbox'::regclass) AS dead_rows,
-       (SELECT c.held_by FROM cleanup c)                                                     AS cleanup_held_by
+       (SELECT c.held_by FROM cleanup c)                                                     AS cleanup_held_by,
+       round(count(*) FILTER (WHERE o.finished_at >= now() - interval '1 minute') / 60.0, 2)  AS per_second_1m,
+       round(count(*) FILTER (WHERE o.finished_at >= now() - interval '15 minutes') / 900.0, 2) AS per_second_15m,
+       pgfence._executor_serving('outbox', o.channel)                                       AS executors,
+       count(*) FILTER (WHERE o.status = 'pending' AND o.next_attempt_at <= now()) > 0
+         AND pgfence._executor_serving('outbox', o.channel) = 0                             AS unserved,
+       count(*) FILTER (WHERE o.status IN ('sent', 'failed', 'dead'))                       AS finished
 FROM pgfence.outbox o
 GROUP BY o.channel
 UNION ALL
 SELECT 'plan', '*',
        count(*) FILTER (WHERE p.status = 'approved'
-                           OR (p.status = 'executing' AND p.worker IS NULL AND p.heartbeat_expires_at >= now())),
+                           OR (p.status = 'executing' AND p.worker IS NULL
+                               AND (p.heartbeat_expires_at >= now() OR x.executors = 0))),
        count(*) FILTER (WHERE p.status = 'pending'),
        NULL::bigint,
        count(*) FILTER (WHERE p.status = 'executing' AND p.worker IS NOT NULL),
-       count(*) FILTER (WHERE p.status = 'executing' AND p.heartbeat_expires_at < now()),
+       count(*) FILTER (WHERE p.status = 'executing' AND p.heartbeat_expires_at < now()
+                          AND (p.worker IS NOT NULL OR x.executors > 0)),
        now() - min(p.approved_at) FILTER (WHERE p.status = 'approved'),
        NULL::timestamptz,
        count(*) FILTER (WHERE p.status = 'executed' AND p.finished_at >= now() - interval '5 minutes'),
@@ -138,8 +146,15 @@ SELECT 'plan', '*',
        count(*) FILTER (WHERE p.status = 'failed'),
        NULL::bigint,
        (SELECT t.n_dead_tup FROM pg_catalog.pg_stat_user_tables t WHERE t.relid = 'pgfence.plan'::regclass),
-       (SELECT c.held_by FROM cleanup c)
+       (SELECT c.held_by FROM cleanup c),
+       round(count(*) FILTER (WHERE p.status IN ('executed', 'failed') AND p.finished_at >= now() - interval '1 minute') / 60.0, 2),
+       round(count(*) FILTER (WHERE p.status IN ('executed', 'failed') AND p.finished_at >= now() - interval '15 minutes') / 900.0, 2),
+       min(x.executors),
+       count(*) FILTER (WHERE p.status = 'approved' OR (p.status = 'executing' AND p.worker IS NULL)) > 0
+         AND min(x.executors) = 0,
+       count(*) FILTER (WHERE p.status IN ('executed', 'failed'))
 FROM pgfence.plan p
+CROSS JOIN (SELECT pgfence._executor_serving('plan', '*') AS executors) x
 HAVING count(*) > 0
 UNION ALL
 SELECT 'operation', o.kind,
@@ -156,14 +171,22 @@ SELECT 'operation', o.kind,
        count(*) FILTER (WHERE o.status = 'failed'),
        NULL::bigint,
        (SELECT t.n_dead_tup FROM pg_catalog.pg_stat_user_tables t WHERE t.relid = 'pgfence.operation'::regclass),
-       (SELECT c.held_by FROM cleanup c)
+       (SELECT c.held_by FROM cleanup c),
+       round(count(*) FILTER (WHERE o.finished_at >= now() - interval '1 minute') / 60.0, 2),
+       round(count(*) FILTER (WHERE o.finished_at >= now() - interval '15 minutes') / 900.0, 2),
+       pgfence._executor_serving('operation', o.kind),
+       count(*) FILTER (WHERE o.status = 'queued') > 0
+         AND pgfence._executor_serving('operation', o.kind) = 0,
+       count(*) FILTER (WHERE o.status IN ('succeeded', 'failed'))
 FROM pgfence.operation o
 GROUP BY o.kind;
 REVOKE ALL ON pgfence.audit_queue_health FROM PUBLIC;
 GRANT SELECT ON pgfence.audit_queue_health TO pgfence_admin, pg_monitor;
 COMMENT ON VIEW pgfence.audit_queue_health IS
   'Queue health by the database clock: one row per outbox channel, per operation kind, all plans.
-The plans'' row has queue ''*''. NULL = does not apply to the module. Counts every row: after a
+The plans'' row has queue ''*''. NULL = does not apply to the module. unserved flags due work
+that no live executor serves (pgfence.audit_executors); a plan run released to executors while
+none serves plans counts as ready (it waits), not lapsed. Counts every row: after a
 long run without purge this scans the whole outbox, like outbox_summary. \d+ explains each
 column.';
 COMMENT ON COLUMN pgfence.audit_queue_health.module IS 'outbox, plan or operation.';
@@ -197,6 +220,16 @@ COMMENT ON COLUMN pgfence.audit_queue_health.dead_rows IS
   'Dead row versions in the module''s table not yet vacuumed (pg_stat_user_tables.n_dead_tup; see audit_table_health).';
 COMMENT ON COLUMN pgfence.audit_queue_health.cleanup_held_by IS
   'The oldest holder of cleanup in this database (audit_cleanup_blockers): kind, pid, how long, xid age; (warn) past pgfence.cleanup_warn_after; NULL: none.';
+COMMENT ON COLUMN pgfence.audit_queue_health.per_second_1m IS
+  'Everything finished in the last minute, per second (count / 60): the rate of a drain now.';
+COMMENT ON COLUMN pgfence.audit_queue_health.per_second_15m IS
+  'Everything finished in the last 15 minutes, per second (count / 900).';
+COMMENT ON COLUMN pgfence.audit_queue_health.executors IS
+  'Live executors serving this queue (pgfence.audit_executors: registered, heard from within three heartbeat intervals).';
+COMMENT ON COLUMN pgfence.audit_queue_health.unserved IS
+  'True when the queue has ready work and no live executor serves it: nothing will take it until one starts.';
+COMMENT ON COLUMN pgfence.audit_queue_health.finished IS
+  'Finished items still in the table (done or failed): two readings a few seconds apart give the rate of a drain now (pgfence status --watch).';
 
 -- ---------------------------------------------------------------------------------------------
 -- Documents: recent conflicts, most revisions

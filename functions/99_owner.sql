@@ -31,6 +31,16 @@ GRANT SELECT, INSERT, UPDATE, DELETE ON pgfence.operation         TO pgfence_def
 GRANT SELECT, INSERT, UPDATE         ON pgfence.document_kind     TO pgfence_definer;
 GRANT SELECT, INSERT, UPDATE         ON pgfence.document          TO pgfence_definer;  -- a delete is a tombstone version
 GRANT SELECT, INSERT                 ON pgfence.document_revision TO pgfence_definer;  -- immutable
+-- The executor registry (migration 0016); guarded, so that these files also apply to a schema
+-- of an earlier migration (tests/test_migrate_upgrade.py applies them to one).
+DO $registry$
+BEGIN
+  IF to_regclass('pgfence.executor') IS NOT NULL THEN
+    REVOKE ALL ON pgfence.executor FROM pgfence_definer;
+    GRANT SELECT, INSERT, UPDATE, DELETE ON pgfence.executor TO pgfence_definer;
+  END IF;
+END
+$registry$;
 -- outbox_enqueue_many takes its ids from the identity sequence up front (nextval), to insert in
 -- input order; every other insert takes them from the identity default, which needs no grant.
 REVOKE ALL ON SEQUENCE pgfence.outbox_id_seq FROM pgfence_definer;

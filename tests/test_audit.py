@@ -60,8 +60,10 @@ def test_status_shows_every_module(db: str, conn: psycopg.Connection) -> None:
     conn.execute("SELECT * FROM pgfence.document_save(%s, 1, '{\"a\": 1}', 'alice')", (doc,))
     conn.execute("SELECT * FROM pgfence.document_save(%s, 1, '{\"a\": 2}', 'bob')", (doc,))
 
-    out = json.loads(run(db, "status", "--json"))
-    assert set(out) == {"queues", "outbox", "stuck", "duplicates", "leases", "documents"}
+    out = json.loads(run(db, "status", "--json", code=1))  # 1: stuck and a possible duplicate
+    assert set(out) == {"health", "warnings", "queues", "outbox", "stuck", "duplicates", "leases",
+                        "documents", "executors", "unserved"}
+    assert [w["kind"] for w in out["warnings"]] == ["stuck", "duplicates"]
     queues = {(q["module"], q["queue"]): q for q in out["queues"]}
     assert queues[("outbox", "hooks")]["done_5m"] == 1
     assert queues[("operation", "branch.reset")]["in_flight"] == 1
@@ -74,7 +76,7 @@ def test_status_shows_every_module(db: str, conn: psycopg.Connection) -> None:
     assert [(d["document_id"], d["conflicts_1h"], d["last_conflict_by"]) for d in out["documents"]] == \
         [(doc, 1, "bob")]
 
-    text = run(db, "status")
+    text = run(db, "status", code=1)
     for heading in ("queues", "outbox (per channel and status)", "stuck (lease or heartbeat lapsed)",
                     "may have been duplicated", "leases held", "documents with conflicts"):
         assert heading in text
@@ -146,7 +148,7 @@ def monitor_dsn(db: str, admin_dsn: str) -> Iterator[str]:
 def test_a_monitoring_login_reads_but_cannot_purge_or_write(db: str, conn: psycopg.Connection,
                                                             monitor_dsn: str) -> None:
     mid = lapsed_then_sent(conn, "hooks", "mon-1")
-    out = json.loads(run(monitor_dsn, "status", "--json"))
+    out = json.loads(run(monitor_dsn, "status", "--json", code=1))  # 1: a possible duplicate
     assert [d["item_id"] for d in out["duplicates"]] == [mid]
     assert "lease_lapsed" in run(monitor_dsn, "inspect", "outbox", str(mid))
     err = run(monitor_dsn, "purge", "outbox", "--older-than", "0s", code=1)

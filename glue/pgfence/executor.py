@@ -79,6 +79,7 @@ from psycopg_pool import AsyncConnectionPool
 from . import outbox as sql
 from .db import Liveness, aschema_version, check_version
 from .errors import MissingPrivilege
+from .metrics import HttpServer, Stats
 from .outbox import Claimed
 from .transports import PermanentError, RetryableError, Transport
 
@@ -101,6 +102,11 @@ SQL_SETTLE_AND_CLAIM = (
 )
 #: The channel of the start-up self-check NOTIFY (payload: a token of this executor).
 SELF_CHECK_CHANNEL = "pgfence_self_check"
+#: The executor registry (functions/50_executor.sql): at start, on the reaper timer, at stop.
+SQL_REGISTER = ("SELECT pgfence.executor_register(%s::text, %s::text, %s::int, %s::text,"
+                " %s::jsonb, %s::int, %s::interval)")
+SQL_HEARTBEAT = "SELECT pgfence.executor_heartbeat(%s::text)"
+SQL_DEREGISTER = "SELECT pgfence.executor_deregister(%s::text)"
 
 logger = logging.getLogger(__name__)
 
@@ -196,6 +202,10 @@ class ExecutorConfig:
     main one goes through a transaction-mode pooler); ``prepare_threshold`` is psycopg's
     (None = never prepare server-side, as a transaction-mode pooler before PgBouncer 1.21
     requires).
+
+    Observability: ``metrics_port`` serves ``/metrics``, ``/healthz`` and ``/readyz`` on
+    ``metrics_host`` (None = no HTTP server; 0 = a free port, see
+    :attr:`Executor.metrics_url`). The counters are kept either way (:attr:`Executor.stats`).
     """
 
     concurrency: int = 16
@@ -215,6 +225,8 @@ class ExecutorConfig:
     prepare_threshold: int | None = 5
     shares: Mapping[str, int] = field(default_factory=dict)
     prefetch_wait: float = 0.1
+    metrics_port: int | None = None
+    metrics_host: str = "127.0.0.1"
 
 
 class Module(ABC):
@@ -262,6 +274,11 @@ class Module(ABC):
     async def aclose(self) -> None:
         """Release resources at shutdown."""
         return None
+
+    def serves(self) -> list[str]:
+        """The queues this module serves, for the executor registry: outbox channels,
+        operation kinds, ``["*"]`` for every one (``["external"]``: external plan steps only)."""
+        return ["*"]
 
 
 class _Served:
@@ -348,6 +365,14 @@ class Executor:
         #: Signatures of the modules' :attr:`Module.functions` that the database does not have
         #: (read at start; a module may fall back to older functions).
         self.missing_functions: frozenset[str] = frozenset()
+        #: True once this executor registered in ``pgfence.executor`` (audit_executors).
+        self.registered = False
+        #: What it did: counters and histograms served by /metrics (:mod:`pgfence.metrics`).
+        self.stats = Stats()
+        #: True while the LISTEN connection is up (or there is nothing to listen to).
+        self.listener_connected = False
+        self.last_sweep: float | None = None  # time.monotonic() of the last successful sweep
+        self._http: HttpServer | None = None
 
     # -- lifecycle --------------------------------------------------------------------------
     def stop(self) -> None:
@@ -399,6 +424,10 @@ class Executor:
         )
         # Start-up work side by side: the pool's first connection and the listener's are made
         # while the check runs on a connection of its own, so the first claim follows the check.
+        if self.config.metrics_port is not None:
+            self._http = HttpServer(self, self.config.metrics_host, self.config.metrics_port,
+                                    timeout=self.config.probe_timeout)
+            await self._http.start()
         await self.pool.open(wait=False)
         listener = asyncio.create_task(self._listen(), name="pgfence-listener")
         reaper: asyncio.Task[None] | None = None
@@ -409,7 +438,8 @@ class Executor:
             self._started.set()
             logger.info("executor %s started: modules=%s concurrency=%d batch=%d poll=%.1fs",
                         self.worker_id, ",".join(m.name for m in self.modules),
-                        self.config.concurrency, self.config.batch, self.config.poll_interval)
+                        self.config.concurrency, self.config.batch, self.config.poll_interval,
+                        extra={"event": "executor.started", "worker": self.worker_id})
             reaper = asyncio.create_task(self._reap_loop(), name="pgfence-reaper")
             await self._dispatch()
             await self._drain()
@@ -422,8 +452,12 @@ class Executor:
             for module in self.modules:
                 with contextlib.suppress(Exception):
                     await module.aclose()
+            await self._deregister()
+            if self._http is not None:
+                await self._http.aclose()
             await self.pool.close()
-            logger.info("executor %s stopped", self.worker_id)
+            logger.info("executor %s stopped", self.worker_id,
+                        extra={"event": "executor.stopped", "worker": self.worker_id})
 
     def run_forever(self) -> None:
         """Run in a fresh event loop; SIGTERM and SIGINT trigger a graceful :meth:`stop`."""
@@ -451,8 +485,10 @@ class Executor:
             wanted = sorted({f for m in self.modules for f in m.functions})
             cur = await conn.execute(SQL_START_CHECK, (wanted,))
             row = await cur.fetchone()
+            missing: list[str] = list(row[1] or ()) if row else []
+            if not missing:
+                await self._register(conn)
         absent: list[str] = list(row[0] or ()) if row else []
-        missing: list[str] = list(row[1] or ()) if row else []
         login: str = str(row[2]) if row else "?"
         self.missing_functions = frozenset(absent)
         if missing:
@@ -463,6 +499,92 @@ class Executor:
                 detail=f"Modules {', '.join(m.name for m in self.modules)} call these functions; "
                        "the group role pgfence_executor may call them all.",
                 hint=f"GRANT pgfence_executor TO {_ident(login)};")
+
+    # -- observability ------------------------------------------------------------------------
+    @property
+    def metrics_url(self) -> str | None:
+        """``http://host:port/metrics`` once the HTTP server listens (None without one)."""
+        if self._http is None or self._http.server is None:
+            return None
+        return f"http://{self._http.host}:{self._http.port}/metrics"
+
+    def state(self) -> dict[str, Any]:
+        """The state gauges of /metrics: version, in_flight (module -> units running or
+        queued), free_slots, listener_connected, seconds_since_last_sweep (None: none yet)."""
+        from . import __version__
+
+        return {"version": __version__,
+                "in_flight": {s.module.name: s.running + len(s.queue) for s in self._served},
+                "free_slots": max(self.config.concurrency - self._running, 0),
+                "listener_connected": self.listener_connected,
+                "seconds_since_last_sweep": None if self.last_sweep is None
+                else round(time.monotonic() - self.last_sweep, 3)}
+
+    async def readiness(self, timeout: float) -> dict[str, bool]:
+        """The checks of /readyz: started (the start-up check passed: schema version known,
+        grants), listener (connected), database (a ``SELECT 1`` answered within ``timeout``
+        seconds)."""
+        database = False
+        if self.pool is not None:
+            try:
+                database = bool(await self.fetch("SELECT 1", (), timeout=timeout))
+            except Exception:
+                database = False
+        return {"started": self._started.is_set(), "listener": self.listener_connected,
+                "database": database}
+
+    # -- the registry -------------------------------------------------------------------------
+    def registration(self) -> dict[str, Any]:
+        """What this executor registers (``pgfence.executor_register``): worker, host, pid,
+        version, serves (module -> queues), concurrency, heartbeat interval (timedelta)."""
+        from . import __version__
+
+        host, pid = socket.gethostname(), os.getpid()
+        return {"worker": self.worker_id, "host": host, "pid": pid, "version": __version__,
+                "serves": {m.name: m.serves() for m in self.modules},
+                "concurrency": self.config.concurrency,
+                "heartbeat": dt.timedelta(seconds=self.config.reap_interval)}
+
+    async def _register(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        """Register in the executor registry at start. A failure is logged, not fatal: the
+        registry informs operators, it decides nothing about claims."""
+        r = self.registration()
+        try:
+            cur = await conn.execute(SQL_REGISTER, (r["worker"], r["host"], r["pid"], r["version"],
+                                                    Jsonb(r["serves"]), r["concurrency"],
+                                                    r["heartbeat"]))
+            row = await cur.fetchone()
+        except psycopg.OperationalError:
+            raise
+        except psycopg.Error as exc:
+            logger.warning("could not register in the executor registry (%s); running anyway",
+                           str(exc).strip().splitlines()[0] if str(exc) else type(exc).__name__)
+            return
+        self.registered = True
+        revived = int(row[0]) if row and row[0] else 0
+        if revived:
+            logger.info("%d plan run(s) that waited for an executor serving plans are due again",
+                        revived)
+            self._nudge_all()
+
+    async def _heartbeat(self) -> None:
+        """The registry heartbeat, on the reaper timer; re-register if the row is gone."""
+        try:
+            rows = await self.fetch(SQL_HEARTBEAT, (self.worker_id,))
+            if rows and rows[0][0]:
+                return
+            assert self.pool is not None
+            async with self.pool.connection(timeout=self.config.query_timeout) as conn, \
+                    bounded(conn, self.config.query_timeout, "executor registration"):
+                await self._register(conn)
+        except Exception as exc:
+            logger.warning("executor registry heartbeat failed: %s", exc)
+
+    async def _deregister(self) -> None:
+        if not self.registered or self.pool is None:
+            return
+        with contextlib.suppress(Exception):
+            await self.fetch(SQL_DEREGISTER, (self.worker_id,), timeout=self.config.probe_timeout)
 
     # -- the pool -----------------------------------------------------------------------------
     async def _check_idle(self, conn: psycopg.AsyncConnection[Any]) -> None:
@@ -484,6 +606,7 @@ class Executor:
     async def _listen(self) -> None:
         channels = sorted(self._by_channel)
         if not channels:
+            self.listener_connected = True  # nothing to listen to: nothing missing
             return
         cfg = self.config
         failures = 0
@@ -496,6 +619,7 @@ class Executor:
                         for ch in [*channels, SELF_CHECK_CHANNEL]:
                             await conn.execute(f"LISTEN {ch}")
                     self.listener_connects += 1
+                    self.listener_connected = True
                     if failures:
                         logger.warning("listener reconnected after %d failed attempt(s); sweeping",
                                        failures)
@@ -510,6 +634,7 @@ class Executor:
                     checking.cancel()
                 raise
             except Exception as exc:
+                self.listener_connected = False
                 failures += 1
                 delay = min(self.config.reconnect_max, 0.1 * 2 ** min(failures - 1, 10))
                 delay *= 0.5 + random.random() / 2
@@ -708,6 +833,7 @@ class Executor:
                            if claimed else "", delay)
         else:
             s.failures = 0
+            self.last_sweep = time.monotonic()
             s.full = claimed >= slots > 0
             if claimed < slots and s.generation == generation:
                 # Drained (nothing more due now): asked again on a NOTIFY, its due time or the
@@ -818,6 +944,7 @@ class Executor:
                 await asyncio.wait_for(self._stopping.wait(), self.config.reap_interval)
             if self._stopping.is_set():
                 return
+            await self._heartbeat()
             for s in self._served:
                 try:
                     n = await s.module.reap()
@@ -825,6 +952,7 @@ class Executor:
                     logger.warning("%s reaper failed: %s", s.module.name, exc)
                     continue
                 if n:
+                    self.stats.inc("pgfence_reclaimed", (s.module.name,), n)
                     logger.warning("%s reaper took back %d lapsed claim(s)", s.module.name, n)
                     s.nudge()
                     self._wake.set()
@@ -900,6 +1028,7 @@ class _SentItem:
     message: Claimed
     receipt: dict[str, Any] | None
     deadline: float  # time.monotonic() when its lease lapses
+    took_ms: float = 0.0  # the delivery's duration
 
 
 #: ``OutboxModule._next_due`` when the last round did not say (ask outbox_next_due).
@@ -991,6 +1120,9 @@ class OutboxModule(Module):
     def _transport(self, channel: str) -> Transport | None:
         return self.routes.get(channel) or self.routes.get("*")
 
+    def serves(self) -> list[str]:
+        return ["*"] if self.channels is None else list(self.channels)
+
     def pending_outcomes(self) -> int:
         return len(self._sent)
 
@@ -1004,6 +1136,13 @@ class OutboxModule(Module):
             # The lease runs from the claim: counted from before the request, to be safe.
             asked = time.monotonic()
             rows = await self._settle_and_claim(sent, max(n, 0))
+            stats = self.executor.stats
+            stats.observe("pgfence_claim_round_trip_seconds", ("outbox",),
+                          time.monotonic() - asked)
+            if rows:
+                counts = collections.Counter([m.channel for m in rows])
+                for channel, k in counts.items():
+                    stats.inc("pgfence_claimed", ("outbox", channel), k)
             yield [self._job(message, asked) for message in rows]
             slots -= len(rows)
             if len(rows) < n or slots <= 0:
@@ -1092,15 +1231,24 @@ class OutboxModule(Module):
 
     def _log_sent(self, sent: list[_SentItem], marked: set[int]) -> None:
         info = logger.isEnabledFor(logging.INFO)
+        stats = self.executor.stats
         for item in sent:
             m = item.message
+            stats.inc("pgfence_delivered" if m.id in marked else "pgfence_lost_races",
+                      ("outbox", m.channel))
             if m.id not in marked:
                 logger.warning("stale    outbox#%d attempt %d delivered but its claim was "
                                "taken over; the new owner delivers again (at least once)",
-                               m.id, m.attempt)
+                               m.id, m.attempt, extra={
+                                   "event": "outbox.stale", "unit_module": "outbox", "id": m.id,
+                                   "channel": m.channel, "attempt": m.attempt,
+                                   "outcome": "lost_race"})
             elif info:
                 logger.info("sent     outbox#%d %s -> %s attempt %d", m.id, m.channel,
-                            m.recipient, m.attempt)
+                            m.recipient, m.attempt, extra={
+                                "event": "outbox.sent", "unit_module": "outbox", "id": m.id,
+                                "channel": m.channel, "attempt": m.attempt, "outcome": "sent",
+                                "duration_ms": item.took_ms})
 
     async def _mark_sent(self, items: list[_SentItem]) -> set[int]:
         """``outbox_mark_sent_many`` for ``items``; one by one if the batch is refused.
@@ -1147,6 +1295,12 @@ class OutboxModule(Module):
         next claim round (with the other deliveries finished meanwhile); a failure at once.
         """
         started = time.monotonic()
+        stats = self.executor.stats
+        if message.attempt == 1 and claimed_at is not None:
+            # Due (created) to claimed on the database clock, then claimed to started here.
+            stats.observe("pgfence_wakeup_latency_seconds", ("outbox",),
+                          (message.lease_expires_at - message.lease - message.created_at)
+                          .total_seconds() + (started - claimed_at))
         # This local deadline only bounds our own wait, so that the outcome reaches the
         # database before the lease can lapse.
         deadline = (started if claimed_at is None else claimed_at) + message.lease.total_seconds()
@@ -1180,9 +1334,12 @@ class OutboxModule(Module):
             raise
         except Exception as exc:
             error = f"{type(exc).__name__}: {exc}"
+        took = time.monotonic() - started
+        stats.observe("pgfence_delivery_duration_seconds", ("outbox", message.channel), took)
         if error is None:
             self.delivered += 1
-            self._sent.append(_SentItem(message, _storable(raw, message), deadline))
+            self._sent.append(_SentItem(message, _storable(raw, message), deadline,
+                                        round(took * 1000, 1)))
             return
         try:
             rows = await self.executor.fetch(
@@ -1190,14 +1347,29 @@ class OutboxModule(Module):
                 (message.id, message.attempt, error[:8000], retryable, retry_after),
                 retry_until=deadline)
             status = rows[0][0] if rows else None
+            labels = ("outbox", message.channel)
+            if status is None:
+                stats.inc("pgfence_lost_races", labels)
+            elif status == "dead":
+                stats.inc("pgfence_dead", labels)
+            else:
+                stats.inc("pgfence_failed", (*labels, "retryable" if status == "pending"
+                                             else "permanent"))
+            fields = {"unit_module": "outbox", "id": message.id, "channel": message.channel,
+                      "attempt": message.attempt, "duration_ms": round(took * 1000, 1),
+                      "error": error}
             if status is None:
                 logger.warning("stale    outbox#%d attempt %d failed (%s) but its claim "
-                               "was taken over", message.id, message.attempt, error)
+                               "was taken over", message.id, message.attempt, error,
+                               extra={**fields, "event": "outbox.stale", "outcome": "lost_race"})
             else:
                 log = logger.info if status == "pending" else logger.warning
+                # pending = it will be retried after its backoff; failed / dead = it will not
                 log("%-8s outbox#%d %s -> %s attempt %d/%d: %s", status, message.id,
                     message.channel, message.recipient, message.attempt,
-                    message.max_attempts, error)
+                    message.max_attempts, error,
+                    extra={**fields, "event": "outbox." + ("retry" if status == "pending"
+                                                           else status), "outcome": status})
         except asyncio.CancelledError:
             raise
         except Exception as exc:

@@ -103,7 +103,9 @@ class LogTransport:
     name = "log"
 
     async def deliver(self, message: Claimed) -> Receipt:
-        logger.info("log transport: outbox#%d %s -> %s %s", message.id, message.channel,
+        # Named by its idempotency key: pgfence-outbox-<id>, or pgfence-plan-<id>-step-<n> for
+        # an external plan step (the same transports perform both).
+        logger.info("log transport: %s %s -> %s %s", idempotency_key(message), message.channel,
                     message.recipient, json.dumps(message.payload)[:500])
         return {"logged": True}
 

@@ -48,10 +48,12 @@ class ExecutorProcess:
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "pgfence", "--dsn", dsn, "executor",
-             "--worker-id", name, *args],
+             "--worker-id", name, "--metrics-port", "0", *args],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
         )
         self.lines: list[str] = []
+        #: Its /metrics URL once it logged it (every demo executor serves one on a free port).
+        self.metrics_url: str | None = None
         self._reader = threading.Thread(target=self._pump, daemon=True)
         self._reader.start()
 
@@ -62,6 +64,9 @@ class ExecutorProcess:
             self.lines.append(line)
             # drop the timestamp and logger name: the demo reads like a story
             text = line.split(": ", 1)[1] if ": " in line else line
+            if text.startswith("metrics on http"):
+                self.metrics_url = text.split()[2]
+                text = click.style(f"{text}  — try: curl -s {self.metrics_url}", bold=True)
             click.echo(click.style(f"    [{self.name}] ", fg="cyan") + text)
 
     @property

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import datetime as dt
+import json
+import urllib.request
 from dataclasses import dataclass
 from typing import Any
 
+import click
+
 from pgfence import outbox
 
-from . import DemoContext, audit_views
+from . import DemoContext, ExecutorProcess, audit_views
 
 TITLE = "Outbox: notifications delivered at least once, with bounded, spaced retries"
 
@@ -115,7 +119,7 @@ def run(ctx: DemoContext) -> None:
     stuck = audit_views.wait_stuck(ctx, "outbox", slow.id, 20)
     ctx.check(stuck is not None and stuck["owner"] == "executor-1" and stuck["fence"] == 1,
               f"audit_stuck lists outbox#{slow.id}: executor-1's attempt 1, lease lapsed")
-    ctx.start_executor("executor-2", *exec_args)
+    second = ctx.start_executor("executor-2", *exec_args)
     ctx.step("executor-2's reaper puts it back and it is delivered again")
 
     ids = [p.id for p in plan]
@@ -136,6 +140,7 @@ def run(ctx: DemoContext) -> None:
         ctx.check(ok, f"outbox#{p.id} {p.label}: {m['status']} after {m['attempts']} attempt(s), "
                       f"receiver saw it {hits}x")
     ctx.table(rows, ["msg", "what", "status", "attempts", "receiver saw", "last error", ""])
+    _show_metrics(ctx, second)
     ctx.check(final[plan[3].id]["finished_at"] is not None, "the delayed message went out")
     lost = [p.id for p in plan if final[p.id]["status"] not in ("sent", "failed", "dead")]
     ctx.check(not lost, "no message lost: every one reached a final state")
@@ -145,3 +150,21 @@ def run(ctx: DemoContext) -> None:
     ctx.check([(d["item_id"], d["lost_by"]) for d in dups] == [(slow.id, ["executor-1"])],
               f"audit_duplicates lists outbox#{slow.id} (and only it): attempt 1 lost its lease "
               f"while executor-1 held it, so the receiver may have it twice (key {slow.key})")
+
+
+def _show_metrics(ctx: DemoContext, proc: ExecutorProcess) -> None:
+    """Scrape the executor's /metrics and /readyz (what Prometheus and an orchestrator see)."""
+    ctx.wait_until(lambda: proc.metrics_url is not None, 10, "executor-2's metrics URL")
+    url = str(proc.metrics_url)
+    with urllib.request.urlopen(url, timeout=10) as resp:
+        text = resp.read().decode()
+    with urllib.request.urlopen(url.removesuffix("/metrics") + "/readyz", timeout=10) as resp:
+        ready = json.loads(resp.read())
+    shown = [line for line in text.splitlines()
+             if line.startswith(("pgfence_delivered_total", "pgfence_reclaimed_total",
+                                 "pgfence_failed_total", "pgfence_dead_total"))]
+    ctx.step(f"executor-2's {url} (Prometheus text format), a few of its samples:")
+    for line in shown:
+        click.echo("     " + line)
+    ctx.check(bool(shown) and ready["ready"] is True,
+              "/metrics counts executor-2's deliveries; /readyz says ready")

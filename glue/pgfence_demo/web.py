@@ -115,4 +115,6 @@ def run(ctx: DemoContext) -> None:
     with ServerThread(app) as server:
         click.echo(click.style(f"   demo page: {server.url}/demo/?user=ann", bold=True)
                    + "  (up while this scene runs; `pgfence serve --demo` keeps one up for you)")
+        click.echo(click.style(f"   console:   {server.url}/console/?user=ann", bold=True)
+                   + "  (queues and their rates, stuck items, duplicates, executors, timelines)")
         _scenes(ctx, _Http(server.url))

@@ -41,7 +41,7 @@ SELECT is(
                       WHERE has_table_privilege('pgfence_definer', c.oid, p)), '-')) ORDER BY c.relname)
    FROM pg_class c WHERE c.relnamespace = 'pgfence'::regnamespace AND c.relkind = 'r' AND c.relname NOT LIKE '%yoyo%'),
   ARRAY['document: INSERT,SELECT,UPDATE', 'document_kind: INSERT,SELECT,UPDATE', 'document_revision: INSERT,SELECT',
-        'event: DELETE,INSERT,SELECT', 'installed_migration: -', 'meta: SELECT',
+        'event: DELETE,INSERT,SELECT', 'executor: DELETE,INSERT,SELECT,UPDATE', 'installed_migration: -', 'meta: SELECT',
         'operation: DELETE,INSERT,SELECT,UPDATE', 'outbox: DELETE,INSERT,SELECT,UPDATE',
         'outbox_channel: INSERT,SELECT,UPDATE', 'outbox_lapse: DELETE,INSERT,SELECT',
         'plan: DELETE,INSERT,SELECT,UPDATE', 'plan_action: INSERT,SELECT,UPDATE', 'plan_step: INSERT,SELECT,UPDATE'],

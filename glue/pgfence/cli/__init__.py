@@ -102,6 +102,7 @@ def _register() -> None:
     from .document import doc
     from .executor import executor_cmd
     from .inspect import inspect, purge
+    from .metrics import metrics_cmd
     from .migrate import migrate_cmd
     from .operation import op
     from .outbox import outbox
@@ -109,8 +110,8 @@ def _register() -> None:
     from .serve import serve_cmd, token_cmd
     from .status import status
 
-    for cmd in (db, demo, migrate_cmd, executor_cmd, outbox, plan, op, doc, status, inspect, purge,
-                serve_cmd, token_cmd):
+    for cmd in (db, demo, migrate_cmd, executor_cmd, outbox, plan, op, doc, status, metrics_cmd,
+                inspect, purge, serve_cmd, token_cmd):
         main.add_command(cmd)
 
 

@@ -22,6 +22,7 @@ from click.core import ParameterSource
 
 from ..db import Liveness, resolve_dsn
 from ..executor import Executor, ExecutorConfig, Module, OutboxModule
+from ..logjson import JsonFormatter
 from ..plan.module import PlanModule
 from ..transports import Transport, parse_route
 from ._common import CliState, pass_state
@@ -83,6 +84,14 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("op_lease", click.FloatRange(0.5, 86400), 120.0, "Operation lease in seconds."),
     Setting("log_level", click.Choice(_LEVELS), "info",
             "info logs one line per delivery; warning only retries, failures and lapses."),
+    Setting("log_format", click.Choice(["text", "json"]), "text",
+            "json: one JSON object per line (time, level, event, module, id, channel/kind, "
+            "attempt/fence, worker, outcome, duration_ms, error)."),
+    Setting("metrics_port", click.IntRange(0, 65535), None,
+            "Serve /metrics (Prometheus), /healthz and /readyz on this port (0 = a free one, "
+            "logged at start) [off]."),
+    Setting("metrics_host", click.STRING, "127.0.0.1",
+            "The address of --metrics-port (0.0.0.0 for every interface, e.g. in a container)."),
     Setting("listen_dsn", click.STRING, None,
             "DSN of the LISTEN connection, when --dsn goes through a transaction-mode pooler: "
             "a direct or session-mode connection [the --dsn]."),
@@ -297,6 +306,7 @@ def executor_cmd(ctx: click.Context, state: CliState, /, routes: tuple[str, ...]
         prefetch_wait=v["prefetch_wait"], shares=share_of,
         probe_interval=v["probe_interval"], probe_timeout=v["probe_timeout"],
         listen_dsn=v["listen_dsn"], prepare_threshold=5 if v["prepare"] else None,
+        metrics_port=v["metrics_port"], metrics_host=v["metrics_host"],
         liveness=Liveness(connect_timeout=state.connect_timeout,
                           keepalives_idle=v["keepalive_idle"],
                           keepalives_interval=v["keepalive_interval"],
@@ -322,4 +332,8 @@ def executor_cmd(ctx: click.Context, state: CliState, /, routes: tuple[str, ...]
                                  f"{', '.join(sorted(names))})", param_hint="--share")
     executor = Executor(resolve_dsn(state.dsn), modules, config)
     logging.getLogger("pgfence").setLevel(v["log_level"].upper())
+    if v["log_format"] == "json":
+        formatter = JsonFormatter(worker=config.worker_id)
+        for handler in logging.getLogger().handlers:
+            handler.setFormatter(formatter)
     executor.run_forever()

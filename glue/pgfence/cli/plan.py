@@ -148,16 +148,28 @@ def execute(state: CliState, plan_id: int, worker: str | None, heartbeat: float 
         result = api.execute(conn, plan_id, worker or _default_worker(),
                              dt.timedelta(seconds=heartbeat) if heartbeat else None)
         info = api.get(conn, plan_id)
+        serving_plans = _serving_plans(conn)
     if as_json:
         click.echo(json.dumps({"status": result.status, "receipts": result.receipts}, indent=2))
     else:
         _print_receipts(result.receipts)
         click.echo(f"plan#{plan_id}: {_status_line(info)}")
     if result.status == "executing":
-        click.echo(f"plan#{plan_id} waits at step {info['next_step']}: an executor takes it "
-                   "from here (or another worker owns the run)", err=True)
+        if info["worker"] is None and not serving_plans:
+            click.echo(f"plan#{plan_id} waits at step {info['next_step']}: no executor serving "
+                       "plans is running; the run waits (it does not fail) until one starts "
+                       "(pgfence executor --plans start|external)", err=True)
+        else:
+            click.echo(f"plan#{plan_id} waits at step {info['next_step']}: an executor takes it "
+                       "from here (or another worker owns the run)", err=True)
     if result.status not in ("executed", "executing"):
         raise SystemExit(1)
+
+
+def _serving_plans(conn: Any) -> int:
+    """How many live executors serve plans (``pgfence.executor_serving``, the registry)."""
+    row = conn.execute("SELECT pgfence.executor_serving('plan', '*')").fetchone()
+    return int(row[0]) if row else 0
 
 
 def _status_line(info: dict[str, Any]) -> str:
@@ -182,6 +194,8 @@ def show(state: CliState, plan_id: int, as_json: bool) -> None:
     with db_conn(state) as conn:
         info = api.get(conn, plan_id)
         steps = api.steps(conn, plan_id)
+        released = info["status"] == "executing" and info["worker"] is None
+        serving = _serving_plans(conn) if released else 0
     if as_json:
         from ._common import _jsonable
 
@@ -202,7 +216,10 @@ def show(state: CliState, plan_id: int, as_json: bool) -> None:
                               f"{info['reject_reason']}")
     if info["started_at"]:
         header["started"] = fmt_value(info["started_at"])
-        header["owner"] = info["worker"] or "(released: waiting for a worker)"
+        header["owner"] = info["worker"] or (
+            "(released: waiting for an executor with --plans)" if serving else
+            "(released: waiting for an executor with --plans (none is running); it waits, "
+            "it does not fail)")
         if info["status"] == "executing":
             header["heartbeat until"] = fmt_value(info["heartbeat_expires_at"])
     if info["finished_at"]:

@@ -98,6 +98,7 @@ def serve_cmd(state: CliState, host: str, port: int, secret_file: Path | None,
         base = f"http://{'[' + host + ']' if ':' in host else host}:{sock.getsockname()[1]}"
         click.echo(f"pgfence serve: {base}/documents  ({mode})")
         click.echo(f"  browser module: {base}/static/pgfence-documents.js")
+        click.echo(f"  console:        {base}/console/" + ("?user=ann" if demo else ""))
         if demo:
             click.echo(f"  demo page:      {base}/demo/?user=ann   (open it in two tabs, or a "
                        "second user with ?user=bob)")

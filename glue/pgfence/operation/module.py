@@ -92,12 +92,26 @@ class OperationModule(Module):
         self.finished: dict[int, str] = {}  # observable for tests: id -> final status
 
     # -- Module interface ----------------------------------------------------------------------
+    def serves(self) -> list[str]:
+        return list(self.kinds)
+
+    def _done(self, op: ClaimedOperation, status: str) -> None:
+        """Note an operation's final status (:attr:`finished`, the metrics)."""
+        self.finished[op.id] = status
+        stats = self.executor.stats
+        if status == "succeeded":
+            stats.inc("pgfence_delivered", ("operation", op.kind))
+        elif status == "failed":
+            stats.inc("pgfence_failed", ("operation", op.kind, "permanent"))
+
     async def claim(self, slots: int) -> AsyncIterator[list[Job]]:
         batch = max(1, min(slots, self.executor.config.batch))
         while slots > 0 and not self._stopping():
             rows: list[ClaimedOperation] = await self.executor.fetch(
                 SQL_CLAIM, (self.executor.worker_id, self.kinds, self.lease, min(batch, slots)),
                 row_factory=class_row(ClaimedOperation))
+            for op in rows:
+                self.executor.stats.inc("pgfence_claimed", ("operation", op.kind))
             yield [self._job(op) for op in rows]  # started before the next round
             slots -= len(rows)
             if len(rows) < batch:
@@ -175,12 +189,12 @@ class OperationModule(Module):
                 row = await self._get(op.id)
                 logger.error("failed   op#%d %s %s: %s", op.id, op.kind, op.target,
                              row.get("error"))
-                self.finished[op.id] = "failed"
+                self._done(op, "failed")
                 return None
             if decision == "canceled":
                 logger.info("canceled op#%d %s %s: a cancel was requested before any external "
                             "call; not calling out", op.id, op.kind, op.target)
-                self.finished[op.id] = "canceled"
+                self._done(op, "canceled")
                 return None
             if decision == "poll":
                 ref = (await self._get(op.id)).get("external_ref")
@@ -200,7 +214,7 @@ class OperationModule(Module):
                 logger.error("%-8s op#%d %s %s: the API refused it: %s", status or "stale",
                              op.id, op.kind, op.target, exc)
                 if status:
-                    self.finished[op.id] = status
+                    self._done(op, status)
                 return None
             except asyncio.CancelledError:
                 raise
@@ -279,8 +293,11 @@ class OperationModule(Module):
                     else:
                         log = logger.info if status == "succeeded" else logger.warning
                         log("%-8s op#%d %s %s (%s, fence %d)", status, op.id, op.kind,
-                            op.target, ref, op.fence)
-                        self.finished[op.id] = status
+                            op.target, ref, op.fence, extra={
+                                "event": "operation.finished", "unit_module": "operation",
+                                "id": op.id, "kind": op.kind, "fence": op.fence,
+                                "outcome": status})
+                        self._done(op, status)
                     return
             if verdict == "cancel" and not cancel_sent:
                 if handler.can_cancel:

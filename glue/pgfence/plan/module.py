@@ -99,6 +99,9 @@ class PlanModule(Module):
             with contextlib.suppress(Exception):
                 await transport.aclose()
 
+    def serves(self) -> list[str]:
+        return ["external"] if self.external_only else ["*"]
+
     @property
     def _worker(self) -> str:
         return self.executor.worker_id
@@ -115,6 +118,8 @@ class PlanModule(Module):
                 sql.SQL_CLAIM, (self._worker, min(batch, slots), self.external_only,
                                 self.heartbeat),
                 row_factory=class_row(sql.ClaimedPlan))
+            if rows:
+                self.executor.stats.inc("pgfence_claimed", ("plan", "*"), len(rows))
             yield [self._job(row) for row in rows]  # started before the next round
             slots -= len(rows)
             if len(rows) < batch:
@@ -149,8 +154,13 @@ class PlanModule(Module):
                     retry_until=time.monotonic() + interval.total_seconds()))[0]
                 ms = (time.monotonic() - started) * 1000
                 if step.outcome is None:
-                    log = logger.info if step.status in ("executed", "failed") else logger.warning
-                    log("plan#%d: run no longer ours (status %s); stopping", plan_id, step.status)
+                    if step.status in ("executed", "failed"):
+                        # The last step recorded ended the plan: nothing more to run.
+                        logger.info("plan#%d %s", plan_id, step.status)
+                    else:
+                        self.executor.stats.inc("pgfence_lost_races", ("plan", "*"))
+                        logger.warning("plan#%d: run no longer ours (status %s, another worker "
+                                       "or the reaper took it); stopping", plan_id, step.status)
                     return
                 if step.outcome == "released":
                     logger.info("plan#%d step %d (%s) is a SQL step: released to a SQL runner",
@@ -161,14 +171,25 @@ class PlanModule(Module):
                         return
                 else:
                     self.steps_run += 1
+                    self.executor.stats.observe("pgfence_delivery_duration_seconds",
+                                                ("plan", "*"), ms / 1000)
+                    self.executor.stats.inc("pgfence_delivered" if step.outcome == "ok"
+                                            else "pgfence_failed",
+                                            ("plan", "*") if step.outcome == "ok"
+                                            else ("plan", "*", "permanent"))
+                    fields = {"unit_module": "plan", "id": plan_id, "step": step.step_index,
+                              "kind": step.action, "fence": token, "duration_ms": round(ms, 1)}
                     if step.outcome == "ok":
                         logger.info("plan#%d step %d/%d %s ok (%.0f ms)", plan_id, step.step_index,
-                                    run.step_count, step.action, ms)
+                                    run.step_count, step.action, ms,
+                                    extra={**fields, "event": "plan.step", "outcome": "ok"})
                     else:
                         err = step.error or {}
                         logger.warning("plan#%d step %d/%d %s error %s: %s; plan failed", plan_id,
                                        step.step_index, run.step_count, step.action,
-                                       err.get("sqlstate"), err.get("message"))
+                                       err.get("sqlstate"), err.get("message"),
+                                       extra={**fields, "event": "plan.step", "outcome": "error",
+                                              "error": err.get("message")})
                 if step.status != "executing":
                     logger.info("plan#%d %s", plan_id, step.status)
                     return
@@ -178,6 +199,7 @@ class PlanModule(Module):
                            "heartbeat lapses unless someone takes it over", plan_id)
             raise
         except RunLost as exc:
+            self.executor.stats.inc("pgfence_lost_races", ("plan", "*"))
             logger.warning("plan#%d: %s", plan_id, exc)
         except Exception as exc:
             logger.error("plan#%d: stopping after %s: %s; the run is left to its heartbeat",
@@ -212,12 +234,17 @@ class PlanModule(Module):
         if not (rows and rows[0][0]):
             raise RunLost(f"external step {step.step_index} ({step.action}) done, but the "
                           "database refused the report: the run is no longer ours")
+        self.executor.stats.inc("pgfence_delivered" if ok else "pgfence_failed",
+                                ("plan", "*") if ok else ("plan", "*", "permanent"))
+        fields = {"event": "plan.external_step", "unit_module": "plan", "id": plan_id,
+                  "step": step.step_index, "kind": step.action, "fence": token}
         if ok:
             logger.info("plan#%d step %d %s delivered (key %s)", plan_id, step.step_index,
-                        step.action, step.idempotency_key)
+                        step.action, step.idempotency_key, extra={**fields, "outcome": "ok"})
         else:
             logger.warning("plan#%d step %d %s failed: %s; plan failed", plan_id, step.step_index,
-                           step.action, error)
+                           step.action, error, extra={**fields, "outcome": "error",
+                                                      "error": error})
         return True
 
     async def _deliver(self, plan_id: int, step: sql.StepResult, interval: dt.timedelta,

@@ -1,7 +1,8 @@
 """``pgfence serve``: the documents API, the browser module and the demo page, on uvicorn.
 
 :func:`serve_app` builds the standalone app (the :func:`~pgfence.web.documents_app` routes, an
-index page, and with ``demo=True`` the demo page at ``/demo/``). :class:`ServerThread` runs an
+index page, the read-only console at ``/console/`` (:mod:`pgfence.web.console`), and with
+``demo=True`` the demo page at ``/demo/``). :class:`ServerThread` runs an
 ASGI app on uvicorn in a background thread on a socket it binds first, so the real port is
 known before the first request (the demo scene, the tests and the bench use it).
 """
@@ -24,6 +25,7 @@ from starlette.routing import BaseRoute, Route
 
 from .app import STATIC_DIR, documents_app
 from .auth import Authenticate, Authorize
+from .console import console_routes
 
 logger = logging.getLogger(__name__)
 
@@ -40,7 +42,9 @@ def serve_app(*, dsn: str, authenticate: Authenticate, authorize: Authorize | No
     :func:`~pgfence.web.documents_app`)."""
 
     async def index(request: Request) -> Response:
-        links = ['<li><a href="static/pgfence-documents.js">static/pgfence-documents.js</a>'
+        links = ['<li><a href="console/">console/</a> — the read-only console: queues and'
+                 ' their rates, stuck items, possible duplicates, executors, timelines</li>',
+                 '<li><a href="static/pgfence-documents.js">static/pgfence-documents.js</a>'
                  ' — the browser session module (an ES module)</li>']
         if demo:
             links.insert(0, '<li><a href="demo/">demo/</a> — a record editor and a sheet grid'
@@ -60,7 +64,7 @@ def serve_app(*, dsn: str, authenticate: Authenticate, authorize: Authorize | No
     async def to_demo(request: Request) -> Response:
         return RedirectResponse(str(request.url.replace(path=request.url.path + "/")), 308)
 
-    routes: list[BaseRoute] = [Route("/", index, methods=["GET"])]
+    routes: list[BaseRoute] = [Route("/", index, methods=["GET"]), *console_routes()]
     if demo:
         routes += [Route("/demo/", demo_page, methods=["GET"]),
                    Route("/demo", to_demo, methods=["GET"])]
