@@ -223,6 +223,20 @@ SELECT 'outbox'::text                          AS module,
 FROM pgfence.outbox o
 WHERE o.status = 'processing' AND o.lease_expires_at < now()
 UNION ALL
+-- Ordering keys held by a failed or dead message (key_dead_policy block) with messages waiting.
+SELECT 'outbox', o.id, o.channel, o.status, NULL::text, o.attempts::bigint, o.claimed_at,
+       o.updated_at, o.finished_at, now() - o.finished_at,
+       format('key %s blocked by %s message %s (%s waiting behind it): outbox_requeue(%s) retries it first, outbox_cancel(%s, by, reason) gives the key to the next',
+              o.ordering_key, o.status, o.id, w.n, o.id, o.id)
+FROM pgfence.outbox o
+CROSS JOIN LATERAL (
+  SELECT count(*) AS n FROM pgfence.outbox x
+  WHERE x.channel = o.channel AND x.ordering_key = o.ordering_key
+    AND x.status <> 'sent' AND x.status <> 'canceled' AND x.status = 'waiting') w
+WHERE o.ordering_key IS NOT NULL AND o.status <> 'sent' AND o.status <> 'canceled'
+  AND o.status IN ('failed', 'dead') AND w.n > 0
+  AND (pgfence._outbox_settings(o.channel)).key_dead_policy = 'block'
+UNION ALL
 SELECT 'plan', p.id, '*', p.status, p.worker, p.run_token, p.started_at, p.heartbeat_at,
        p.heartbeat_expires_at, now() - p.heartbeat_expires_at,
        format('the next read (plan_get, plan_list) or plan_reap marks it failed (interrupted) at step %s of %s',
@@ -256,23 +270,25 @@ COMMENT ON VIEW pgfence.audit_stuck IS
 Outbox messages processing past their lease, plans executing past their heartbeat deadline
 (including runs released and never taken over; plans heal lazily, so they are listed until the
 next read or reaper marks them failed), operations running past their lease (\d+ explains each
-column). Empty when nothing is stuck. Usually self-healing within one reaper interval; a row that
-stays means no executor is running the reaper for that module.';
+column), and outbox ordering keys blocked by a failed or dead message with messages waiting
+behind it (those need an operator: next says what to do). Empty when nothing is stuck. Lapsed
+leases usually heal within one reaper interval; a row that stays means no executor is running
+the reaper for that module.';
 COMMENT ON COLUMN pgfence.audit_stuck.module IS 'outbox, plan or operation.';
 COMMENT ON COLUMN pgfence.audit_stuck.item_id IS 'The message''s, plan''s or operation''s id.';
 COMMENT ON COLUMN pgfence.audit_stuck.queue IS
   'The outbox channel or the operation kind; ''*'' for plans.';
 COMMENT ON COLUMN pgfence.audit_stuck.status IS
-  'The owned status it is stuck in: processing, executing or running.';
+  'The owned status it is stuck in: processing, executing or running (failed or dead: a blocked ordering key).';
 COMMENT ON COLUMN pgfence.audit_stuck.owner IS
-  'The worker that went silent (NULL: a plan released between steps that no worker took over).';
+  'The worker that went silent (NULL: a plan released between steps that no worker took over, or a blocked ordering key).';
 COMMENT ON COLUMN pgfence.audit_stuck.fence IS
   'Its fence token: outbox attempt, plan run token, operation fence.';
 COMMENT ON COLUMN pgfence.audit_stuck.claimed_at IS
   'When it took the item (plans: when the run started).';
 COMMENT ON COLUMN pgfence.audit_stuck.last_seen_at IS
   'When it last showed life (claim, heartbeat or step, lease extension).';
-COMMENT ON COLUMN pgfence.audit_stuck.expired_at IS 'The lease or heartbeat deadline that passed.';
+COMMENT ON COLUMN pgfence.audit_stuck.expired_at IS 'The lease or heartbeat deadline that passed (a blocked ordering key: when its message failed or died).';
 COMMENT ON COLUMN pgfence.audit_stuck.overdue IS 'now() - expired_at.';
 COMMENT ON COLUMN pgfence.audit_stuck.next IS
   'What pgfence does about it on its own (the reaper or the next claim), and what may already have happened outside.';
