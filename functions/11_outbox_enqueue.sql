@@ -168,7 +168,7 @@ BEGIN
   END IF;
   v_set := pgfence._outbox_settings(p_channel);
   v_max := coalesce(p_max_attempts, v_set.max_attempts);
-  SELECT u.i, pg_column_size(u.p) AS size INTO v_bad
+  SELECT u.i::integer AS i, pg_column_size(u.p) AS size INTO v_bad
   FROM unnest(p_payloads) WITH ORDINALITY AS u(p, i)
   WHERE pg_column_size(u.p) > v_set.max_payload_bytes
   LIMIT 1;
