@@ -235,7 +235,8 @@ CROSS JOIN LATERAL (
     AND x.status <> 'sent' AND x.status <> 'canceled' AND x.status = 'waiting') w
 WHERE o.ordering_key IS NOT NULL AND o.status <> 'sent' AND o.status <> 'canceled'
   AND o.status IN ('failed', 'dead') AND w.n > 0
-  AND (pgfence._outbox_settings(o.channel)).key_dead_policy = 'block'
+  AND coalesce((SELECT c.key_dead_policy FROM pgfence.outbox_channel c WHERE c.channel = o.channel),
+               (SELECT c.key_dead_policy FROM pgfence.outbox_channel c WHERE c.channel = '*')) = 'block'
 UNION ALL
 SELECT 'plan', p.id, '*', p.status, p.worker, p.run_token, p.started_at, p.heartbeat_at,
        p.heartbeat_expires_at, now() - p.heartbeat_expires_at,
