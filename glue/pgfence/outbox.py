@@ -30,13 +30,9 @@ SQL_ENQUEUE = (
     "SELECT pgfence.outbox_enqueue(%s::text, %s::text, %s::jsonb, %s::text, %s::timestamptz, %s::int,"
     " %s::text)"
 )
-#: The enqueue, and whether it inserted: a message inserted by this statement's transaction has
-#: created_at = now() (the transaction's start); a repeated idempotency key answers an older one.
-SQL_ENQUEUE_REPORTING = (
-    "SELECT e.id, g.created_at <> now() AS deduplicated"
-    " FROM (SELECT pgfence.outbox_enqueue(%s::text, %s::text, %s::jsonb, %s::text, %s::timestamptz,"
-    " %s::int, %s::text) AS id) e CROSS JOIN LATERAL pgfence.outbox_get(e.id) g"
-)
+#: Whether message %s was inserted by this transaction: its created_at is the transaction's
+#: start (now()); a repeated idempotency key answers an older message.
+SQL_INSERTED_HERE = "SELECT created_at = now() FROM pgfence.outbox_get(%s::bigint)"
 SQL_ENQUEUE_MANY = (
     "SELECT id FROM pgfence.outbox_enqueue_many(%s::text, %s::text[], %s::jsonb[], %s::text[],"
     " %s::timestamptz, %s::int, %s::text[]) AS id"
@@ -120,12 +116,11 @@ def enqueue_reporting(conn: AnyConn, channel: str, recipient: str, payload: dict
                       ordering_key: str | None = None) -> tuple[int, bool]:
     """:func:`enqueue`, answering ``(id, deduplicated)``: True when the idempotency key already
     named message ``id`` (nothing was inserted). Same arguments and errors as :func:`enqueue`."""
-    with translated(), conn.cursor(row_factory=tuple_row) as cur:
-        row = cur.execute(SQL_ENQUEUE_REPORTING, (channel, recipient, Jsonb(payload),
-                                                  idempotency_key, deliver_at, max_attempts,
-                                                  ordering_key)).fetchone()
-    assert row is not None
-    return int(row[0]), bool(row[1])
+    with translated(), conn.transaction():
+        mid = enqueue(conn, channel, recipient, payload, idempotency_key=idempotency_key,
+                      deliver_at=deliver_at, max_attempts=max_attempts, ordering_key=ordering_key)
+        inserted = scalar(conn, SQL_INSERTED_HERE, (mid,))
+    return mid, not inserted
 
 
 def enqueue_many(conn: AnyConn, channel: str, recipients: Sequence[str],
