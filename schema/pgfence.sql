@@ -969,7 +969,7 @@ $guards$;
 -- was taken over (or whose message already finished) changes nothing: it gets false / NULL.
 -- Time: every lease and due time is computed from now(), the database clock.
 -- Files: 10 guards, 11 enqueue, 12 claim, 13 settle (mark), 14 reaper, 15 operator functions
--- and views. No public function here. Errors: functions/ERRORS.md. Plans: docs/query-plans.md.
+-- and views, 16 ordering keys and per-key limits. No public function here. Errors: functions/ERRORS.md. Plans: docs/query-plans.md.
 
 COMMENT ON TABLE pgfence.outbox IS
   'Transactional outbox: one row per message. Not an API: use the pgfence.outbox_* functions.
