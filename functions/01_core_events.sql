@@ -6,8 +6,8 @@
 -- statement trigger shared by event, outbox, plan, plan_step and operation: rows go only in a
 -- purge (CALL pgfence.audit_purge, which sets pgfence.purging = on for its batch). A safety
 -- catch against a stray DELETE in psql, not a permission: no pgfence role can write the tables,
--- and their owner can disable triggers. TRUNCATE is not guarded (it needs the owner; the
--- benchmarks reset with it).
+-- and their owner can disable triggers. tg_no_truncate is the same catch for TRUNCATE (which
+-- only the tables' owner may run): refused unless pgfence.purging is on in the transaction.
 
 COMMENT ON TABLE pgfence.event IS
   'Append-only event log of every module, written in the same transaction as each change.
@@ -114,3 +114,40 @@ CREATE OR REPLACE TRIGGER event_purge_only
   FOR EACH STATEMENT
   WHEN (current_setting('pgfence.purging', true) IS DISTINCT FROM 'on')
   EXECUTE FUNCTION pgfence.tg_purge_only();
+
+-- TRUNCATE skips the row triggers, so tg_purge_only never sees it: a statement trigger of its
+-- own refuses it on the tables whose rows only a purge may delete. Only the tables' owner (the
+-- installing login) may TRUNCATE at all; a reset on purpose (tests, benchmarks) sets
+-- pgfence.purging = on for its transaction first, exactly as a hand-made DELETE must.
+CREATE OR REPLACE FUNCTION pgfence.tg_no_truncate()
+RETURNS trigger
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pgfence, pg_temp
+AS $$
+BEGIN
+  RAISE EXCEPTION 'pgfence.%: TRUNCATE is refused; rows are deleted only by a purge', TG_TABLE_NAME
+    USING ERRCODE = 'PF005',
+          DETAIL = 'TRUNCATE would remove items, receipts or events that are the audit trail, without the purge''s retention rules.',
+          HINT = 'CALL pgfence.audit_purge(module, older_than). The tables'' owner may reset them on purpose in a transaction with SET LOCAL pgfence.purging = on.';
+END
+$$;
+REVOKE ALL ON FUNCTION pgfence.tg_no_truncate() FROM PUBLIC;
+COMMENT ON FUNCTION pgfence.tg_no_truncate() IS
+  'Trigger: refuses TRUNCATE (PF005) of a table whose rows only a purge deletes.
+BEFORE TRUNCATE statement trigger on pgfence.event, outbox, outbox_lapse, plan, plan_step and
+operation, filtered by WHEN pgfence.purging is not on: the owner''s deliberate reset sets it for
+its transaction (SET LOCAL pgfence.purging = on), as a hand-made DELETE must.';
+
+DO $guards$
+DECLARE
+  v_table text;
+BEGIN
+  FOREACH v_table IN ARRAY ARRAY['event', 'outbox', 'outbox_lapse', 'plan', 'plan_step', 'operation'] LOOP
+    EXECUTE format($t$CREATE OR REPLACE TRIGGER %I
+      BEFORE TRUNCATE ON pgfence.%I
+      FOR EACH STATEMENT
+      WHEN (current_setting('pgfence.purging', true) IS DISTINCT FROM 'on')
+      EXECUTE FUNCTION pgfence.tg_no_truncate()$t$, v_table || '_no_truncate', v_table);
+  END LOOP;
+END
+$guards$;

@@ -8,18 +8,21 @@
 --                                 --mark_failed / lease lapsed--> pending (retry, with backoff)
 --                                                          or --> dead    (no attempts left)
 --   failed | dead --outbox_requeue--> pending  (operator; grants more attempts)
+--   waiting --its key's turn--> pending  (a message with an ordering_key: 16_outbox_keys.sql)
+--   waiting | pending | failed | dead --outbox_cancel--> canceled          (terminal)
 --
 -- Fence token: the attempt. `attempts` is bumped by every claim and returned as `attempt`; an
 -- owner's writes match `attempts = attempt AND status = 'processing'`, so a worker whose lease
 -- was taken over (or whose message already finished) changes nothing: it gets false / NULL.
 -- Time: every lease and due time is computed from now(), the database clock.
 -- Files: 10 guards, 11 enqueue, 12 claim, 13 settle (mark), 14 reaper, 15 operator functions
--- and views. No public function here. Errors: functions/ERRORS.md. Plans: docs/query-plans.md.
+-- and views, 16 ordering keys and per-key limits. No public function here. Errors: functions/ERRORS.md. Plans: docs/query-plans.md.
 
 COMMENT ON TABLE pgfence.outbox IS
   'Transactional outbox: one row per message. Not an API: use the pgfence.outbox_* functions.
 Status machine pending -> processing -> sent | failed | dead; a retry is pending again with
-attempts > 0. attempts is the fence token (the claim''s attempt).';
+attempts > 0; a message with an ordering_key waits (waiting) until its key''s turn; outbox_cancel
+makes one canceled. attempts is the fence token (the claim''s attempt).';
 COMMENT ON TABLE pgfence.outbox_channel IS
   'Retry settings per outbox channel; the row ''*'' holds the defaults for channels without one.
 Change them with pgfence.outbox_configure_channel().';
@@ -48,7 +51,7 @@ BEGIN
   IF TG_OP = 'INSERT' THEN
     -- Reached only through the WHEN condition of outbox_insert_guard: not a fresh message.
     -- (The enqueue event is written by outbox_enqueue_event, AFTER the row exists.)
-    RAISE EXCEPTION 'outbox: a new message starts pending, with 0 attempts, no owner and no lease'
+    RAISE EXCEPTION 'outbox: a new message starts pending (waiting, with an ordering key), with 0 attempts, no owner and no lease'
       USING ERRCODE = 'PF001',
             DETAIL = format('This row: status %s, attempts %s, max_attempts %s, locked_by %s, lease_expires_at %s, finished_at %s.',
                             coalesce(NEW.status, 'NULL'), coalesce(NEW.attempts::text, 'NULL'),
@@ -68,15 +71,21 @@ BEGIN
         OR (OLD.status = 'pending'    AND NEW.status = 'pending'    AND NEW.attempts = OLD.attempts)
         OR (OLD.status = 'processing' AND NEW.status IN ('processing', 'pending', 'sent', 'failed', 'dead')
                                       AND NEW.attempts = OLD.attempts)
-        OR (OLD.status IN ('failed', 'dead') AND NEW.status = 'pending' AND NEW.attempts = OLD.attempts))
+        OR (OLD.status IN ('failed', 'dead') AND NEW.status IN ('pending', 'waiting') AND NEW.attempts = OLD.attempts)
+        -- ordering keys (16_outbox_keys.sql): a waiting message is promoted to pending
+        OR (OLD.status = 'waiting'    AND NEW.status IN ('waiting', 'pending') AND NEW.attempts = OLD.attempts)
+        -- outbox_cancel: a message that is not being delivered and not sent
+        OR (OLD.status IN ('waiting', 'pending', 'failed', 'dead') AND NEW.status = 'canceled'
+                                      AND NEW.attempts = OLD.attempts))
        AND NEW.attempts <= NEW.max_attempts
-       AND (NEW.status <> 'pending' OR NEW.attempts < NEW.max_attempts)
+       AND (NEW.status NOT IN ('pending', 'waiting') OR NEW.attempts < NEW.max_attempts)
+       AND (NEW.status <> 'waiting' OR NEW.ordering_key IS NOT NULL)
        AND (NEW.status = 'processing') = (NEW.locked_by IS NOT NULL AND NEW.lease_expires_at IS NOT NULL)
-       AND (NEW.status IN ('sent', 'failed', 'dead')) = (NEW.finished_at IS NOT NULL)) THEN
+       AND (NEW.status IN ('sent', 'failed', 'dead', 'canceled')) = (NEW.finished_at IS NOT NULL)) THEN
     RAISE EXCEPTION 'illegal outbox transition for message %: % -> % (attempts % -> %)',
       OLD.id, OLD.status, NEW.status, OLD.attempts, NEW.attempts
       USING ERRCODE = 'PF001',
-            DETAIL = 'Allowed: pending->processing (attempts+1), pending->pending, processing->processing|pending|sent|failed|dead, failed|dead->pending (requeue); a sent message never changes again. Always: attempts <= max_attempts (< when pending: a pending message must have an attempt left), owner and lease iff processing, finished_at iff sent|failed|dead.',
+            DETAIL = 'Allowed: pending->processing (attempts+1), pending->pending, processing->processing|pending|sent|failed|dead, failed|dead->pending|waiting (requeue), waiting->waiting|pending (a keyed message''s turn), waiting|pending|failed|dead->canceled (outbox_cancel); a sent or canceled message never changes again. Always: attempts <= max_attempts (< when pending or waiting: it must have an attempt left), waiting only with an ordering_key, owner and lease iff processing, finished_at iff sent|failed|dead|canceled.',
             HINT = 'Use the pgfence.outbox_* functions; they make only legal moves.';
   END IF;
   IF NEW.log_events THEN
@@ -115,7 +124,8 @@ CREATE OR REPLACE TRIGGER outbox_guard
 CREATE OR REPLACE TRIGGER outbox_insert_guard
   BEFORE INSERT ON pgfence.outbox
   FOR EACH ROW
-  WHEN (NEW.status <> 'pending' OR NEW.attempts <> 0 OR NEW.max_attempts < 1
+  WHEN (NEW.status <> CASE WHEN NEW.ordering_key IS NULL THEN 'pending' ELSE 'waiting' END
+        OR NEW.attempts <> 0 OR NEW.max_attempts < 1
         OR NEW.locked_by IS NOT NULL OR NEW.lease_expires_at IS NOT NULL
         OR NEW.finished_at IS NOT NULL)
   EXECUTE FUNCTION pgfence.tg_outbox_guard();
@@ -161,7 +171,7 @@ LANGUAGE plpgsql
 SET search_path = pg_catalog, pgfence, pg_temp
 AS $$
 BEGIN
-  RAISE EXCEPTION 'outbox message % is immutable: channel, recipient, payload, idempotency_key and created_at are never updated', OLD.id
+  RAISE EXCEPTION 'outbox message % is immutable: channel, recipient, payload, idempotency_key, ordering_key and created_at are never updated', OLD.id
     USING ERRCODE = 'PF002',
           DETAIL = 'A message''s content is what was committed with the business change; only its delivery state changes.',
           HINT = 'Enqueue a new message instead.';
@@ -170,12 +180,13 @@ $$;
 REVOKE ALL ON FUNCTION pgfence.tg_outbox_frozen() FROM PUBLIC;
 COMMENT ON FUNCTION pgfence.tg_outbox_frozen() IS
   'Trigger: refuses any write of a message''s content (PF002).
-BEFORE UPDATE OF channel, recipient, payload, idempotency_key, created_at on pgfence.outbox: a
+BEFORE UPDATE OF channel, recipient, payload, idempotency_key, ordering_key, created_at on
+pgfence.outbox: a
 statement that writes those columns is refused. A column trigger costs nothing for statements
 that do not name them.';
 
 CREATE OR REPLACE TRIGGER outbox_frozen
-  BEFORE UPDATE OF channel, recipient, payload, idempotency_key, created_at ON pgfence.outbox
+  BEFORE UPDATE OF channel, recipient, payload, idempotency_key, ordering_key, created_at ON pgfence.outbox
   FOR EACH ROW EXECUTE FUNCTION pgfence.tg_outbox_frozen();
 
 -- ---------------------------------------------------------------------------------------------
@@ -272,3 +283,21 @@ COMMENT ON FUNCTION pgfence._outbox_require(bigint) IS
 Used on the lost-race path of the fenced functions, after their UPDATE matched no row.
 Errors: 22004 (id NULL), P0002 (unknown id).';
 
+
+CREATE OR REPLACE FUNCTION pgfence._outbox_payload_too_large(
+  p_channel text, p_message integer, p_bytes integer, p_max integer)
+RETURNS void
+LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, pgfence, pg_temp
+AS $$
+BEGIN
+  RAISE EXCEPTION 'outbox: the payload of message % is % bytes, over channel %''s max_payload_bytes %', p_message, p_bytes, p_channel, p_max
+    USING ERRCODE = 'PF004',
+          DETAIL = 'The size is that of the stored jsonb value (pg_column_size); nothing was enqueued.',
+          HINT = 'Send a reference to the data instead of the data, or have an admin raise the bound: outbox_configure_channel(channel, p_max_payload_bytes => n).';
+END
+$$;
+REVOKE ALL ON FUNCTION pgfence._outbox_payload_too_large(text, integer, integer, integer) FROM PUBLIC;
+COMMENT ON FUNCTION pgfence._outbox_payload_too_large(text, integer, integer, integer) IS
+  'Private: raises PF004 for a payload over its channel''s max_payload_bytes (message n of a call).
+Errors: PF004 (always).';

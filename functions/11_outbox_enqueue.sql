@@ -1,10 +1,14 @@
 -- pgfence functions/11_outbox_enqueue.sql — outbox (module 1): the write path.
 --
--- Public: outbox_enqueue(channel, recipient, payload, idempotency_key, deliver_at, max_attempts)
---         outbox_enqueue_many(channel, recipients[], payloads[], idempotency_keys[], ...)
+-- Public: outbox_enqueue(channel, recipient, payload, idempotency_key, deliver_at, max_attempts,
+--                        ordering_key)
+--         outbox_enqueue_many(channel, recipients[], payloads[], idempotency_keys[], ...,
+--                             ordering_keys[])
 -- Called by clients (pgfence_client) inside their own business transaction, so a message
 -- exists exactly when the business change commits. A repeated idempotency key answers the
--- existing id (PF003 when it names another channel or recipient). At commit, NOTIFY
+-- existing id (PF003 when it names another channel or recipient). A payload is at most the
+-- channel's max_payload_bytes (PF004). A message with an ordering key is inserted waiting; its
+-- key's turn is decided at commit (16_outbox_keys.sql). At commit, NOTIFY
 -- pgfence_outbox wakes the executors; it carries the channel and id only, never the payload.
 -- Validation: _outbox_check_message (10_outbox_guards.sql). Errors: functions/ERRORS.md.
 -- Plans: the SET clauses pin one generic plan with index access (docs/query-plans.md#outbox).
@@ -15,7 +19,8 @@ CREATE OR REPLACE FUNCTION pgfence.outbox_enqueue(
   p_payload         jsonb,
   p_idempotency_key text DEFAULT NULL,
   p_deliver_at      timestamptz DEFAULT NULL,
-  p_max_attempts    integer DEFAULT NULL
+  p_max_attempts    integer DEFAULT NULL,
+  p_ordering_key    text DEFAULT NULL
 )
 RETURNS bigint
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
@@ -37,12 +42,21 @@ BEGIN
             HINT = 'Pass NULL to deliver now, or a real timestamp.';
   END IF;
 
+  IF p_ordering_key IS NOT NULL AND (p_ordering_key = '' OR length(p_ordering_key) > 255) THEN
+    RAISE EXCEPTION 'outbox: ordering_key must be 1-255 characters or NULL'
+      USING ERRCODE = '22023', DETAIL = format('The key has %s characters; nothing was enqueued.', length(p_ordering_key)),
+            HINT = 'Use the id of the aggregate whose events must stay in order, e.g. ''order-42''.';
+  END IF;
+
   v_set := pgfence._outbox_settings(p_channel);
+  IF pg_column_size(p_payload) > v_set.max_payload_bytes THEN
+    PERFORM pgfence._outbox_payload_too_large(p_channel, 1, pg_column_size(p_payload), v_set.max_payload_bytes);
+  END IF;
   INSERT INTO pgfence.outbox AS o (channel, recipient, payload, idempotency_key, max_attempts,
-                                   next_attempt_at, log_events)
+                                   next_attempt_at, log_events, ordering_key, status)
   VALUES (p_channel, p_recipient, p_payload, p_idempotency_key,
           coalesce(p_max_attempts, v_set.max_attempts), coalesce(p_deliver_at, now()),
-          v_set.log_events)
+          v_set.log_events, p_ordering_key, CASE WHEN p_ordering_key IS NULL THEN 'pending' ELSE 'waiting' END)
   ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
   RETURNING o.id INTO v_id;
 
@@ -71,19 +85,22 @@ BEGIN
   RETURN v_id;
 END
 $$;
-REVOKE ALL ON FUNCTION pgfence.outbox_enqueue(text, text, jsonb, text, timestamptz, integer) FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION pgfence.outbox_enqueue(text, text, jsonb, text, timestamptz, integer)
+REVOKE ALL ON FUNCTION pgfence.outbox_enqueue(text, text, jsonb, text, timestamptz, integer, text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION pgfence.outbox_enqueue(text, text, jsonb, text, timestamptz, integer, text)
   TO pgfence_client, pgfence_admin;
-COMMENT ON FUNCTION pgfence.outbox_enqueue(text, text, jsonb, text, timestamptz, integer) IS
+COMMENT ON FUNCTION pgfence.outbox_enqueue(text, text, jsonb, text, timestamptz, integer, text) IS
   'Enqueue one message in the caller''s transaction; returns its id.
 Call it inside your own business transaction, so the message exists iff your change commits. A
 repeated idempotency key (also from a concurrent transaction) returns the existing id and
 inserts nothing; the first call''s payload wins. deliver_at delays the first attempt;
-max_attempts NULL = the channel''s setting. At commit a NOTIFY pgfence_outbox carries
-{"channel","id"} only, never the payload.
-Errors: 22004 (missing argument), 22023 (bad channel/recipient/payload/key/max_attempts/deliver_at),
-PF003 (key already used for another channel or recipient), 40001 (key held by a transaction
-invisible to a REPEATABLE READ snapshot: retry).';
+max_attempts NULL = the channel''s setting. ordering_key: messages of one channel and key are
+claimed in enqueue order, at most the channel''s key_max_in_flight at once (1: one after the
+other; a retry holds the key); such a message is waiting until its turn, decided at commit.
+At commit a NOTIFY pgfence_outbox carries {"channel","id"} only, never the payload.
+Errors: 22004 (missing argument), 22023 (bad channel/recipient/payload/key/max_attempts/deliver_at/
+ordering_key), PF003 (key already used for another channel or recipient), PF004 (payload larger
+than the channel''s max_payload_bytes), 40001 (key held by a transaction invisible to a
+REPEATABLE READ snapshot: retry; or a concurrent decision on the ordering key).';
 
 CREATE OR REPLACE FUNCTION pgfence.outbox_enqueue_many(
   p_channel          text,
@@ -91,7 +108,8 @@ CREATE OR REPLACE FUNCTION pgfence.outbox_enqueue_many(
   p_payloads         jsonb[],
   p_idempotency_keys text[] DEFAULT NULL,
   p_deliver_at       timestamptz DEFAULT NULL,
-  p_max_attempts     integer DEFAULT NULL
+  p_max_attempts     integer DEFAULT NULL,
+  p_ordering_keys    text[] DEFAULT NULL
 )
 RETURNS SETOF bigint
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
@@ -117,11 +135,13 @@ BEGIN
             HINT = 'Pass the channel and one array element per message (an empty array enqueues nothing).';
   END IF;
   IF cardinality(p_payloads) <> v_n
-     OR (p_idempotency_keys IS NOT NULL AND cardinality(p_idempotency_keys) <> v_n) THEN
-    RAISE EXCEPTION 'outbox_enqueue_many: recipients, payloads and idempotency_keys must have the same length'
+     OR (p_idempotency_keys IS NOT NULL AND cardinality(p_idempotency_keys) <> v_n)
+     OR (p_ordering_keys IS NOT NULL AND cardinality(p_ordering_keys) <> v_n) THEN
+    RAISE EXCEPTION 'outbox_enqueue_many: recipients, payloads, idempotency_keys and ordering_keys must have the same length'
       USING ERRCODE = '22023',
-            DETAIL = format('Elements: %s recipients, %s payloads, %s idempotency_keys; nothing was enqueued.',
-                            v_n, cardinality(p_payloads), coalesce(cardinality(p_idempotency_keys)::text, 'no')),
+            DETAIL = format('Elements: %s recipients, %s payloads, %s idempotency_keys, %s ordering_keys; nothing was enqueued.',
+                            v_n, cardinality(p_payloads), coalesce(cardinality(p_idempotency_keys)::text, 'no'),
+                            coalesce(cardinality(p_ordering_keys)::text, 'no')),
             HINT = 'Pass one element per message in each array (or NULL for no keys).';
   END IF;
   IF v_n = 0 THEN
@@ -134,27 +154,38 @@ BEGIN
             HINT = 'Pass NULL to deliver now, or a real timestamp.';
   END IF;
   SELECT i, r, p, k INTO v_bad
-  FROM unnest(p_recipients, p_payloads, coalesce(p_idempotency_keys, array_fill(NULL::text, ARRAY[v_n])))
-         WITH ORDINALITY AS u(r, p, k, i)
+  FROM unnest(p_recipients, p_payloads, coalesce(p_idempotency_keys, array_fill(NULL::text, ARRAY[v_n])),
+              coalesce(p_ordering_keys, array_fill(NULL::text, ARRAY[v_n])))
+         WITH ORDINALITY AS u(r, p, k, ok, i)
   WHERE r IS NULL OR r = '' OR length(r) > 2048
      OR p IS NULL OR jsonb_typeof(p) <> 'object'
-     OR k = '' OR length(k) > 255
+     OR k = '' OR length(k) > 255 OR ok = '' OR length(ok) > 255
   LIMIT 1;
   IF FOUND THEN
-    RAISE EXCEPTION 'outbox_enqueue_many: message % is invalid (recipient 1-2048 chars, payload a JSON object, key 1-255 chars or NULL)', v_bad.i
+    RAISE EXCEPTION 'outbox_enqueue_many: message % is invalid (recipient 1-2048 chars, payload a JSON object, keys 1-255 chars or NULL)', v_bad.i
       USING ERRCODE = '22023', DETAIL = 'Elements are numbered from 1, in unnest order; nothing was enqueued.',
             HINT = 'Fix that element; nothing was enqueued.';
   END IF;
   v_set := pgfence._outbox_settings(p_channel);
   v_max := coalesce(p_max_attempts, v_set.max_attempts);
+  SELECT u.i::integer AS i, pg_column_size(u.p) AS size INTO v_bad
+  FROM unnest(p_payloads) WITH ORDINALITY AS u(p, i)
+  WHERE pg_column_size(u.p) > v_set.max_payload_bytes
+  LIMIT 1;
+  IF FOUND THEN
+    PERFORM pgfence._outbox_payload_too_large(p_channel, v_bad.i, v_bad.size, v_set.max_payload_bytes);
+  END IF;
   IF p_idempotency_keys IS NULL THEN
     -- No keys: a plain INSERT (no conflict handling, no key to check); identity values follow
     -- the input order.
     RETURN QUERY
     WITH ins AS (
-      INSERT INTO pgfence.outbox AS o (channel, recipient, payload, max_attempts, next_attempt_at, log_events)
-      SELECT p_channel, u.r, u.p, v_max, coalesce(p_deliver_at, now()), v_set.log_events
-      FROM unnest(p_recipients, p_payloads) WITH ORDINALITY AS u(r, p, i)
+      INSERT INTO pgfence.outbox AS o (channel, recipient, payload, max_attempts, next_attempt_at, log_events,
+                                       ordering_key, status)
+      SELECT p_channel, u.r, u.p, v_max, coalesce(p_deliver_at, now()), v_set.log_events,
+             u.ok, CASE WHEN u.ok IS NULL THEN 'pending' ELSE 'waiting' END
+      FROM unnest(p_recipients, p_payloads, coalesce(p_ordering_keys, array_fill(NULL::text, ARRAY[v_n])))
+             WITH ORDINALITY AS u(r, p, ok, i)
       ORDER BY u.i
       RETURNING o.id)
     SELECT ins.id FROM ins ORDER BY ins.id;
@@ -188,10 +219,12 @@ BEGIN
     END IF;
     v_ids := ARRAY(SELECT nextval(v_seq) FROM generate_series(1, v_n));
     INSERT INTO pgfence.outbox AS o (id, channel, recipient, payload, idempotency_key, max_attempts,
-                                     next_attempt_at, log_events)
+                                     next_attempt_at, log_events, ordering_key, status)
     OVERRIDING SYSTEM VALUE
-    SELECT v_ids[u.i], p_channel, u.r, u.p, u.k, v_max, coalesce(p_deliver_at, now()), v_set.log_events
-    FROM unnest(p_recipients, p_payloads, p_idempotency_keys) WITH ORDINALITY AS u(r, p, k, i)
+    SELECT v_ids[u.i], p_channel, u.r, u.p, u.k, v_max, coalesce(p_deliver_at, now()), v_set.log_events,
+           u.ok, CASE WHEN u.ok IS NULL THEN 'pending' ELSE 'waiting' END
+    FROM unnest(p_recipients, p_payloads, p_idempotency_keys,
+                coalesce(p_ordering_keys, array_fill(NULL::text, ARRAY[v_n]))) WITH ORDINALITY AS u(r, p, k, ok, i)
     ORDER BY u.k COLLATE "C", u.i
     ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING;
     -- The ids, in a statement of its own: its snapshot (READ COMMITTED) sees a key that a
@@ -222,18 +255,20 @@ BEGIN
   END IF;
 END
 $$;
-REVOKE ALL ON FUNCTION pgfence.outbox_enqueue_many(text, text[], jsonb[], text[], timestamptz, integer) FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION pgfence.outbox_enqueue_many(text, text[], jsonb[], text[], timestamptz, integer)
+REVOKE ALL ON FUNCTION pgfence.outbox_enqueue_many(text, text[], jsonb[], text[], timestamptz, integer, text[]) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION pgfence.outbox_enqueue_many(text, text[], jsonb[], text[], timestamptz, integer, text[])
   TO pgfence_client, pgfence_admin;
-COMMENT ON FUNCTION pgfence.outbox_enqueue_many(text, text[], jsonb[], text[], timestamptz, integer) IS
+COMMENT ON FUNCTION pgfence.outbox_enqueue_many(text, text[], jsonb[], text[], timestamptz, integer, text[]) IS
   'Enqueue many messages on one channel in one statement; returns their ids in input order.
 Element i of recipients, payloads and idempotency_keys is message i (a repeated key yields the
 existing id). Keys are taken in one canonical order, so concurrent calls with the same keys in
 any order wait for each other instead of deadlocking. One NOTIFY per call. Same validation as
 outbox_enqueue; an invalid element rejects the whole call (22023), so nothing is half-enqueued.
+Element i of ordering_keys (NULL: none) is message i''s ordering key, as in outbox_enqueue.
 Arrays of any shape are read element by element (unnest order).
 Errors: 22004 (channel, recipients or payloads NULL), 22023 (bad channel, element, max_attempts
 or deliver_at; arrays of different lengths), PF003 (a key already used for another channel or
-recipient, or for two recipients in this call), 40001 (a key held by a transaction invisible to
-a REPEATABLE READ snapshot: retry).';
+recipient, or for two recipients in this call), PF004 (a payload larger than the channel''s
+max_payload_bytes), 40001 (a key held by a transaction invisible to a REPEATABLE READ snapshot:
+retry; or a concurrent decision on an ordering key).';
 

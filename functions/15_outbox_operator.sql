@@ -1,13 +1,16 @@
 -- pgfence functions/15_outbox_operator.sql — outbox (module 1): operator functions and views.
 --
 -- Public: outbox_requeue(id, extra_attempts) -> boolean       retry a failed or dead message
+--         outbox_cancel(id, by, reason) -> boolean              a message that must not go out
 --         outbox_configure_channel(channel, max_attempts, backoff_base, backoff_cap, lease,
---                                  log_events) -> the stored settings
+--                                  log_events, max_payload_bytes, key_max_in_flight, key_rate,
+--                                  key_burst, key_dead_policy) -> the stored settings
 --         outbox_get(id), outbox_list(channel, status, limit)  read messages
 --         views outbox_summary (per channel and status), outbox_leases (who holds what)
 -- For pgfence_admin (outbox_get also for clients and executors; the views also for pg_monitor,
--- granted in 90_audit_owned.sql). Nothing here takes part in a delivery: a requeue is the one
--- write, and it keeps counting attempts, so fence tokens are never reused.
+-- granted in 90_audit_owned.sql). Nothing here takes part in a delivery: a requeue and a cancel
+-- are the writes; a requeue keeps counting attempts, so fence tokens are never reused, and a
+-- cancel never touches a message being delivered.
 -- Errors: functions/ERRORS.md.
 
 CREATE OR REPLACE FUNCTION pgfence.outbox_requeue(p_id bigint, p_extra_attempts integer DEFAULT NULL)
@@ -22,7 +25,8 @@ BEGIN
             HINT = 'Pass NULL for the channel''s max_attempts.';
   END IF;
   UPDATE pgfence.outbox o
-  SET status = 'pending',
+  -- a keyed message queues again behind its key's turn (16_outbox_keys.sql decides it)
+  SET status = CASE WHEN o.ordering_key IS NULL OR o.status = 'pending' THEN 'pending' ELSE 'waiting' END,
       next_attempt_at = now(),
       finished_at = NULL,
       updated_at = now(),
@@ -43,9 +47,58 @@ COMMENT ON FUNCTION pgfence.outbox_requeue(bigint, integer) IS
   'Operator: retry a failed or dead message now, with more attempts; false if it is not retryable.
 Grants extra_attempts more attempts (default: the channel''s max_attempts); a pending message is
 made due now (and gets extra_attempts more, if given). attempts keeps counting, so fence tokens
-are never reused. Returns false for a message that is processing or sent (a sent message never
-changes again).
+are never reused. A failed or dead message with an ordering_key waits for its key''s turn again
+(first in its key: it is the oldest). Returns false for a message that is waiting, processing,
+sent or canceled.
 Errors: 22004 (id NULL), 22023 (extra_attempts outside 1..1000), P0002 (unknown id).';
+
+CREATE OR REPLACE FUNCTION pgfence.outbox_cancel(p_id bigint, p_by text, p_reason text)
+RETURNS boolean
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pgfence, pg_temp
+AS $$
+DECLARE
+  v_from text;
+  v_row  pgfence.outbox;
+BEGIN
+  IF p_by IS NULL OR p_by = '' OR length(p_by) > 200 OR p_reason IS NULL OR p_reason = '' THEN
+    RAISE EXCEPTION 'outbox_cancel: who cancels (1-200 characters) and why are required'
+      USING ERRCODE = '22023', DETAIL = 'A cancel is an operator''s decision: the event log records who and why; nothing was changed.',
+            HINT = 'Pass your name and a reason, e.g. outbox_cancel(42, ''alice'', ''customer withdrew the order'').';
+  END IF;
+  PERFORM pgfence._set_actor(p_by);
+  -- The status is re-checked under the row lock: a concurrent claim that took the message first
+  -- makes this match nothing (a lost race: false), and one that comes after skips it.
+  SELECT o.status INTO v_from FROM pgfence.outbox o WHERE o.id = p_id;
+  UPDATE pgfence.outbox o
+  SET status = 'canceled', finished_at = now(), updated_at = now(),
+      last_error = left(format('canceled by %s: %s', p_by, p_reason), 8000)
+  WHERE o.id = p_id AND o.status IN ('waiting', 'pending', 'failed', 'dead')
+  RETURNING o.* INTO v_row;
+  IF v_row.id IS NULL THEN
+    PERFORM pgfence._set_actor(NULL);
+    PERFORM pgfence._outbox_require(p_id);
+    RETURN false;
+  END IF;
+  IF NOT v_row.log_events THEN
+    -- Always in the event log, whatever the channel's log_events (which wrote it otherwise).
+    PERFORM pgfence._event('outbox', v_row.id, 'transition', v_from, 'canceled', v_row.attempts,
+      jsonb_build_object('channel', v_row.channel, 'error', v_row.last_error), p_by);
+  END IF;
+  PERFORM pgfence._set_actor(NULL);
+  RETURN true;
+END
+$$;
+REVOKE ALL ON FUNCTION pgfence.outbox_cancel(bigint, text, text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION pgfence.outbox_cancel(bigint, text, text) TO pgfence_admin;
+COMMENT ON FUNCTION pgfence.outbox_cancel(bigint, text, text) IS
+  'Operator: cancel a message that is not being delivered; false if it is processing or finished.
+waiting, pending, failed or dead -> canceled, a terminal status (finished_at set; last_error says
+who and why), with its transition event in pgfence.event whatever the channel''s log_events.
+Fenced against a concurrent claim: the status is checked under the row lock, so a message a
+claimer took first is left alone (false: a lost race) and a claimer that comes second skips it.
+Canceling the message that holds an ordering key gives the key''s turn to its next message.
+Errors: 22004 (id NULL), 22023 (by empty or over 200 characters, reason empty), P0002 (unknown id).';
 
 CREATE OR REPLACE FUNCTION pgfence.outbox_configure_channel(
   p_channel      text,
@@ -53,7 +106,12 @@ CREATE OR REPLACE FUNCTION pgfence.outbox_configure_channel(
   p_backoff_base interval DEFAULT NULL,
   p_backoff_cap  interval DEFAULT NULL,
   p_lease        interval DEFAULT NULL,
-  p_log_events   boolean DEFAULT NULL
+  p_log_events   boolean DEFAULT NULL,
+  p_max_payload_bytes integer DEFAULT NULL,
+  p_key_max_in_flight integer DEFAULT NULL,
+  p_key_rate     double precision DEFAULT NULL,
+  p_key_burst    integer DEFAULT NULL,
+  p_key_dead_policy text DEFAULT NULL
 )
 RETURNS pgfence.outbox_channel
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
@@ -70,17 +128,27 @@ BEGIN
   END IF;
   v_cur := pgfence._outbox_settings(p_channel);
   BEGIN
-    INSERT INTO pgfence.outbox_channel AS c (channel, max_attempts, backoff_base, backoff_cap, lease, log_events)
+    INSERT INTO pgfence.outbox_channel AS c (channel, max_attempts, backoff_base, backoff_cap, lease, log_events,
+                                             max_payload_bytes, key_max_in_flight, key_rate, key_burst,
+                                             key_dead_policy)
     VALUES (p_channel,
             coalesce(p_max_attempts, v_cur.max_attempts),
             coalesce(p_backoff_base, v_cur.backoff_base),
             coalesce(p_backoff_cap, v_cur.backoff_cap),
             coalesce(p_lease, v_cur.lease),
-            coalesce(p_log_events, v_cur.log_events))
+            coalesce(p_log_events, v_cur.log_events),
+            coalesce(p_max_payload_bytes, v_cur.max_payload_bytes),
+            coalesce(p_key_max_in_flight, v_cur.key_max_in_flight),
+            CASE WHEN p_key_rate = 0 THEN NULL ELSE coalesce(p_key_rate, v_cur.key_rate) END,
+            coalesce(p_key_burst, v_cur.key_burst),
+            coalesce(p_key_dead_policy, v_cur.key_dead_policy))
     ON CONFLICT (channel) DO UPDATE
       SET max_attempts = EXCLUDED.max_attempts, backoff_base = EXCLUDED.backoff_base,
           backoff_cap = EXCLUDED.backoff_cap, lease = EXCLUDED.lease,
-          log_events = EXCLUDED.log_events, updated_at = now()
+          log_events = EXCLUDED.log_events, max_payload_bytes = EXCLUDED.max_payload_bytes,
+          key_max_in_flight = EXCLUDED.key_max_in_flight, key_rate = EXCLUDED.key_rate,
+          key_burst = EXCLUDED.key_burst, key_dead_policy = EXCLUDED.key_dead_policy,
+          updated_at = now()
     RETURNING c.* INTO v_row;
     IF p_log_events IS NOT NULL THEN
       -- messages still in flight follow the new setting; finished ones keep their history
@@ -92,27 +160,42 @@ BEGIN
   EXCEPTION WHEN check_violation THEN
     RAISE EXCEPTION 'outbox_configure_channel: invalid settings for "%"', p_channel
       USING ERRCODE = '22023', DETAIL = 'Nothing was changed.',
-            HINT = 'Need 1 <= max_attempts <= 1000, 0 < backoff_base <= backoff_cap <= 30 days, 0 < lease <= 1 day.';
+            HINT = 'Need 1 <= max_attempts <= 1000, 0 < backoff_base <= backoff_cap <= 30 days, 0 < lease <= 1 day, 1 <= max_payload_bytes <= 268435455, 1 <= key_max_in_flight <= 10000, 0 <= key_rate <= 1000000 (0: no rate), 1 <= key_burst <= 10000, key_dead_policy block or release.';
   END;
+  IF p_key_max_in_flight IS NOT NULL OR p_key_dead_policy IS NOT NULL OR p_key_rate IS NOT NULL
+     OR p_key_burst IS NOT NULL THEN
+    -- Keys waiting under the old rules may take their turn under the new ones now.
+    PERFORM pgfence._outbox_key_decide(k.channel, k.ordering_key)
+    FROM pgfence.outbox_key k
+    WHERE k.channel = p_channel
+       OR (p_channel = '*' AND NOT EXISTS (SELECT 1 FROM pgfence.outbox_channel c WHERE c.channel = k.channel));
+  END IF;
   RETURN v_row;
 END
 $$;
-REVOKE ALL ON FUNCTION pgfence.outbox_configure_channel(text, integer, interval, interval, interval, boolean) FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION pgfence.outbox_configure_channel(text, integer, interval, interval, interval, boolean) TO pgfence_admin;
-COMMENT ON FUNCTION pgfence.outbox_configure_channel(text, integer, interval, interval, interval, boolean) IS
-  'Operator: set a channel''s retry settings and event logging; returns the stored row.
+REVOKE ALL ON FUNCTION pgfence.outbox_configure_channel(text, integer, interval, interval, interval, boolean, integer, integer, double precision, integer, text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION pgfence.outbox_configure_channel(text, integer, interval, interval, interval, boolean, integer, integer, double precision, integer, text) TO pgfence_admin;
+COMMENT ON FUNCTION pgfence.outbox_configure_channel(text, integer, interval, interval, interval, boolean, integer, integer, double precision, integer, text) IS
+  'Operator: set a channel''s retry, size, event logging and ordering-key rules; returns the row.
 NULL keeps the current value (inherited from ''*'' for a new channel; ''*'' itself holds the
-defaults). Applies to claims and failures from now on; max_attempts applies to messages enqueued
-from now on; log_events also to messages still pending or processing.
+defaults). Applies to claims and failures from now on; max_attempts and max_payload_bytes (the
+jsonb size of a payload, 1 MiB by default) to messages enqueued from now on; log_events also to
+messages still pending or processing. Ordering keys: key_max_in_flight (how many messages of one
+key may be pending or processing at once, 1 by default: strictly one after the other),
+key_rate (claims per second per key, a token bucket on the database clock; 0 = no rate) with
+key_burst, key_dead_policy (block: a failed or dead message holds its key until an operator
+requeues or cancels it; release: the key moves on). A change of these decides every waiting key
+of the channel again at once.
 Errors: 22023 (bad name or settings: 1 <= max_attempts <= 1000, 0 < backoff_base <= backoff_cap
-<= 30 days, 0 < lease <= 1 day).';
+<= 30 days, 0 < lease <= 1 day, 1 <= max_payload_bytes <= 268435455, 1 <= key_max_in_flight <=
+10000, 0 <= key_rate <= 1000000, 1 <= key_burst <= 10000, key_dead_policy block or release).';
 
 CREATE OR REPLACE FUNCTION pgfence.outbox_get(p_id bigint)
 RETURNS TABLE (
   id bigint, channel text, recipient text, payload jsonb, idempotency_key text, status text,
   attempts integer, max_attempts integer, next_attempt_at timestamptz, locked_by text,
   claimed_at timestamptz, lease_expires_at timestamptz, last_error text, receipt jsonb,
-  created_at timestamptz, updated_at timestamptz, finished_at timestamptz
+  created_at timestamptz, updated_at timestamptz, finished_at timestamptz, ordering_key text
 )
 LANGUAGE plpgsql STABLE SECURITY DEFINER
 SET search_path = pg_catalog, pgfence, pg_temp
@@ -123,7 +206,7 @@ BEGIN
   RETURN QUERY
   SELECT o.id, o.channel, o.recipient, o.payload, o.idempotency_key, o.status, o.attempts,
          o.max_attempts, o.next_attempt_at, o.locked_by, o.claimed_at, o.lease_expires_at,
-         o.last_error, o.receipt, o.created_at, o.updated_at, o.finished_at
+         o.last_error, o.receipt, o.created_at, o.updated_at, o.finished_at, o.ordering_key
   FROM pgfence.outbox o WHERE o.id = p_id;
 END
 $$;
@@ -131,6 +214,7 @@ REVOKE ALL ON FUNCTION pgfence.outbox_get(bigint) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION pgfence.outbox_get(bigint) TO pgfence_client, pgfence_executor, pgfence_admin;
 COMMENT ON FUNCTION pgfence.outbox_get(bigint) IS
   'One message with its delivery state (status, attempts, owner and lease, last error, receipt).
+ordering_key: its ordering key (NULL: none).
 Errors: 22004 (id NULL), P0002 (unknown id).';
 
 -- ---------------------------------------------------------------------------------------------
@@ -157,7 +241,7 @@ One row per channel and status (\d+ explains each column). Counts every row: aft
 without purge it scans the whole outbox.';
 
 COMMENT ON COLUMN pgfence.outbox_summary.channel IS 'The outbox channel.';
-COMMENT ON COLUMN pgfence.outbox_summary.status IS 'pending, processing, sent, failed or dead.';
+COMMENT ON COLUMN pgfence.outbox_summary.status IS 'waiting, pending, processing, sent, failed, dead or canceled.';
 COMMENT ON COLUMN pgfence.outbox_summary.messages IS 'How many messages of the channel are in this status.';
 COMMENT ON COLUMN pgfence.outbox_summary.oldest_created_at IS 'When the oldest of them was enqueued.';
 COMMENT ON COLUMN pgfence.outbox_summary.oldest_due_age IS
@@ -207,10 +291,10 @@ SET search_path = pg_catalog, pgfence, pg_temp
 AS $$
 #variable_conflict use_column
 BEGIN
-  IF p_status IS NOT NULL AND p_status NOT IN ('pending', 'processing', 'sent', 'failed', 'dead') THEN
+  IF p_status IS NOT NULL AND p_status NOT IN ('waiting', 'pending', 'processing', 'sent', 'failed', 'dead', 'canceled') THEN
     RAISE EXCEPTION 'outbox_list: unknown status "%"', p_status
-      USING ERRCODE = '22023', DETAIL = 'The outbox status machine has five statuses.',
-            HINT = 'One of pending, processing, sent, failed, dead.';
+      USING ERRCODE = '22023', DETAIL = 'The outbox status machine has seven statuses.',
+            HINT = 'One of waiting, pending, processing, sent, failed, dead, canceled.';
   END IF;
   IF p_limit IS NULL OR p_limit NOT BETWEEN 1 AND 10000 THEN
     RAISE EXCEPTION 'outbox_list: limit must be between 1 and 10000, got %', p_limit

@@ -223,6 +223,21 @@ SELECT 'outbox'::text                          AS module,
 FROM pgfence.outbox o
 WHERE o.status = 'processing' AND o.lease_expires_at < now()
 UNION ALL
+-- Ordering keys held by a failed or dead message (key_dead_policy block) with messages waiting.
+SELECT 'outbox', o.id, o.channel, o.status, NULL::text, o.attempts::bigint, o.claimed_at,
+       o.updated_at, o.finished_at, now() - o.finished_at,
+       format('key %s blocked by %s message %s (%s waiting behind it): outbox_requeue(%s) retries it first, outbox_cancel(%s, by, reason) gives the key to the next',
+              o.ordering_key, o.status, o.id, w.n, o.id, o.id)
+FROM pgfence.outbox o
+CROSS JOIN LATERAL (
+  SELECT count(*) AS n FROM pgfence.outbox x
+  WHERE x.channel = o.channel AND x.ordering_key = o.ordering_key
+    AND x.status <> 'sent' AND x.status <> 'canceled' AND x.status = 'waiting') w
+WHERE o.ordering_key IS NOT NULL AND o.status <> 'sent' AND o.status <> 'canceled'
+  AND o.status IN ('failed', 'dead') AND w.n > 0
+  AND coalesce((SELECT c.key_dead_policy FROM pgfence.outbox_channel c WHERE c.channel = o.channel),
+               (SELECT c.key_dead_policy FROM pgfence.outbox_channel c WHERE c.channel = '*')) = 'block'
+UNION ALL
 SELECT 'plan', p.id, '*', p.status, p.worker, p.run_token, p.started_at, p.heartbeat_at,
        p.heartbeat_expires_at, now() - p.heartbeat_expires_at,
        format('the next read (plan_get, plan_list) or plan_reap marks it failed (interrupted) at step %s of %s',
@@ -268,26 +283,28 @@ COMMENT ON VIEW pgfence.audit_stuck IS
   'What is stuck, and since when: every owned item whose lease or heartbeat lapsed (database clock).
 Outbox messages processing past their lease, plans executing past their heartbeat deadline
 (including runs released and never taken over; plans heal lazily, so they are listed until the
-next read or reaper marks them failed), operations running past their lease, and (module
-database) what holds back VACUUM longer than pgfence.cleanup_warn_after (audit_cleanup_blockers
-rows with warn: item_id = pid, queue = kind, fence = xid age). \d+ explains each column. Empty
-when nothing is stuck. Usually self-healing within one reaper interval; a row that
-stays means no executor is running the reaper for that module.';
+next read or reaper marks them failed), operations running past their lease, outbox ordering
+keys blocked by a failed or dead message with messages waiting behind it (those need an
+operator: next says what to do), and (module database) what holds back VACUUM longer than
+pgfence.cleanup_warn_after (audit_cleanup_blockers rows with warn: item_id = pid, queue = kind,
+fence = xid age). \d+ explains each column. Empty when nothing is stuck. Lapsed leases usually
+heal within one reaper interval; a row that stays means no executor is running the reaper for
+that module.';
 COMMENT ON COLUMN pgfence.audit_stuck.module IS 'outbox, plan or operation; database for what holds back cleanup.';
 COMMENT ON COLUMN pgfence.audit_stuck.item_id IS 'The message''s, plan''s or operation''s id (database: the holder''s pid, if any).';
 COMMENT ON COLUMN pgfence.audit_stuck.queue IS
   'The outbox channel or the operation kind; ''*'' for plans (database: transaction, replication slot, prepared transaction).';
 COMMENT ON COLUMN pgfence.audit_stuck.status IS
-  'The owned status it is stuck in: processing, executing or running (database: e.g. idle in transaction).';
+  'The owned status it is stuck in: processing, executing or running (failed or dead: a blocked ordering key; database: e.g. idle in transaction).';
 COMMENT ON COLUMN pgfence.audit_stuck.owner IS
-  'The worker that went silent (NULL: a plan released between steps that no worker took over).';
+  'The worker that went silent (NULL: a plan released between steps that no worker took over, or a blocked ordering key).';
 COMMENT ON COLUMN pgfence.audit_stuck.fence IS
   'Its fence token: outbox attempt, plan run token, operation fence (database: the xid age it holds).';
 COMMENT ON COLUMN pgfence.audit_stuck.claimed_at IS
   'When it took the item (plans: when the run started).';
 COMMENT ON COLUMN pgfence.audit_stuck.last_seen_at IS
   'When it last showed life (claim, heartbeat or step, lease extension).';
-COMMENT ON COLUMN pgfence.audit_stuck.expired_at IS 'The lease or heartbeat deadline that passed (database: since + pgfence.cleanup_warn_after).';
+COMMENT ON COLUMN pgfence.audit_stuck.expired_at IS 'The lease or heartbeat deadline that passed (a blocked ordering key: when its message failed or died; database: since + pgfence.cleanup_warn_after).';
 COMMENT ON COLUMN pgfence.audit_stuck.overdue IS 'now() - expired_at.';
 COMMENT ON COLUMN pgfence.audit_stuck.next IS
   'What pgfence does about it on its own (the reaper or the next claim), and what may already have happened outside.';

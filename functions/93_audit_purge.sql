@@ -44,11 +44,16 @@ BEGIN
       SELECT array_agg(c.id) INTO v_ids FROM (
         SELECT o.id FROM pgfence.outbox o
         WHERE o.id > p_after AND o.id <= last_id
-          AND o.status IN ('sent', 'failed', 'dead') AND o.finished_at < p_cutoff
+          AND o.status IN ('sent', 'failed', 'dead', 'canceled') AND o.finished_at < p_cutoff
+          -- a failed or dead message that holds its ordering key stays until an operator acts
+          AND (o.ordering_key IS NULL OR o.status IN ('sent', 'canceled') OR NOT EXISTS (
+                 SELECT 1 FROM pgfence.outbox w
+                 WHERE w.channel = o.channel AND w.ordering_key = o.ordering_key
+                   AND w.status <> 'sent' AND w.status <> 'canceled' AND w.status = 'waiting'))
         FOR UPDATE SKIP LOCKED) c;
       IF v_ids IS NOT NULL THEN
         DELETE FROM pgfence.outbox o
-        WHERE o.id = ANY (v_ids) AND o.status IN ('sent', 'failed', 'dead') AND o.finished_at < p_cutoff;
+        WHERE o.id = ANY (v_ids) AND o.status IN ('sent', 'failed', 'dead', 'canceled') AND o.finished_at < p_cutoff;
         GET DIAGNOSTICS v_n = ROW_COUNT;
         DELETE FROM pgfence.outbox_lapse l WHERE l.message_id = ANY (v_ids)
           AND NOT EXISTS (SELECT 1 FROM pgfence.outbox o WHERE o.id = l.message_id);

@@ -16,7 +16,7 @@
 GRANT USAGE ON SCHEMA pgfence TO pgfence_definer;
 
 REVOKE ALL ON pgfence.meta, pgfence.event, pgfence.outbox_channel, pgfence.outbox,
-  pgfence.outbox_lapse, pgfence.plan_action, pgfence.plan, pgfence.plan_step, pgfence.operation,
+  pgfence.outbox_lapse, pgfence.outbox_key, pgfence.plan_action, pgfence.plan, pgfence.plan_step, pgfence.operation,
   pgfence.document_kind, pgfence.document, pgfence.document_revision
   FROM pgfence_definer;
 GRANT SELECT                         ON pgfence.meta              TO pgfence_definer;
@@ -24,6 +24,7 @@ GRANT SELECT, INSERT, DELETE         ON pgfence.event             TO pgfence_def
 GRANT SELECT, INSERT, UPDATE         ON pgfence.outbox_channel    TO pgfence_definer;
 GRANT SELECT, INSERT, UPDATE, DELETE ON pgfence.outbox            TO pgfence_definer;
 GRANT SELECT, INSERT, DELETE         ON pgfence.outbox_lapse      TO pgfence_definer;
+GRANT SELECT, INSERT, UPDATE, DELETE ON pgfence.outbox_key        TO pgfence_definer;  -- derived state: deleted when idle
 GRANT SELECT, INSERT, UPDATE         ON pgfence.plan_action       TO pgfence_definer;
 GRANT SELECT, INSERT, UPDATE, DELETE ON pgfence.plan              TO pgfence_definer;
 GRANT SELECT, INSERT, UPDATE         ON pgfence.plan_step         TO pgfence_definer;  -- purged with its plan (ON DELETE CASCADE)

@@ -61,6 +61,13 @@ SELECT pgfence.outbox_enqueue('fz-reaped', 'https://fz.example/reaped', '{"n": 1
 SELECT pgfence.outbox_claim('fz-w3', 1, ARRAY['fz-reaped']);
 UPDATE pgfence.outbox SET lease_expires_at = now() - interval '1 second' WHERE channel = 'fz-reaped';
 SELECT pgfence.outbox_reap();
+-- ordering keys: a key in flight with one waiting behind it, a key blocked by a dead message
+SELECT pgfence.outbox_enqueue('fz-keyed', 'https://fz.example/k', '{"n": 12}', NULL, NULL, NULL, 'fz-order-1');
+SELECT pgfence.outbox_enqueue('fz-keyed', 'https://fz.example/k', '{"n": 13}', NULL, NULL, NULL, 'fz-order-1');
+SELECT pgfence.outbox_claim('fz-w4', 1, ARRAY['fz-keyed']);
+SELECT pgfence.outbox_enqueue('fz-dead', 'https://fz.example/kd', '{"n": 14}', NULL, NULL, NULL, 'fz-order-2');
+SELECT pgfence.outbox_enqueue('fz-dead', 'https://fz.example/kd', '{"n": 15}', NULL, NULL, NULL, 'fz-order-2');
+SELECT pgfence.outbox_mark_failed(c.id, c.attempt, 'HTTP 503', true) FROM pgfence.outbox_claim('fz-w4', 1, ARRAY['fz-dead']) c;
 
 -- ------------------------------------------------------------------------------------------
 -- plan: every status, SQL and external steps, a receipt of each outcome, a compensation, and

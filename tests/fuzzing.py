@@ -230,15 +230,17 @@ def after_call_sql(tables: list[str]) -> sql.Composed:
 # Each query returns the rows that break the invariant, as (invariant, item) text.
 INVARIANTS = r"""
 SELECT 'outbox row invariants', o.id::text FROM pgfence.outbox o
-WHERE NOT (o.status IN ('pending', 'processing', 'sent', 'failed', 'dead')
+WHERE NOT (o.status IN ('waiting', 'pending', 'processing', 'sent', 'failed', 'dead', 'canceled')
        AND o.max_attempts >= 1 AND o.attempts BETWEEN 0 AND o.max_attempts
-       AND (o.status <> 'pending' OR o.attempts < o.max_attempts)
-       AND (o.status = 'pending' OR o.attempts >= 1)
+       AND (o.status NOT IN ('pending', 'waiting') OR o.attempts < o.max_attempts)
+       AND (o.status IN ('pending', 'waiting', 'canceled') OR o.attempts >= 1)
+       AND (o.status <> 'waiting' OR o.ordering_key IS NOT NULL)
        AND (o.status = 'processing') = (o.locked_by IS NOT NULL AND o.lease_expires_at IS NOT NULL)
-       AND (o.status IN ('sent', 'failed', 'dead')) = (o.finished_at IS NOT NULL)
+       AND (o.status IN ('sent', 'failed', 'dead', 'canceled')) = (o.finished_at IS NOT NULL)
        AND o.channel ~ '^[a-z0-9][a-z0-9_.-]{0,62}$' AND length(o.recipient) BETWEEN 1 AND 2048
        AND jsonb_typeof(o.payload) = 'object'
        AND (o.idempotency_key IS NULL OR length(o.idempotency_key) BETWEEN 1 AND 255))
+
 UNION ALL
 SELECT 'outbox lapse receipt without its attempt', l.message_id || '/' || l.attempt FROM pgfence.outbox_lapse l
 WHERE NOT EXISTS (SELECT 1 FROM pgfence.outbox o WHERE o.id = l.message_id AND o.attempts >= l.attempt)

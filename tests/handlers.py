@@ -57,3 +57,21 @@ async def slow_record(message: Claimed) -> dict[str, object]:
     _record(message)
     await asyncio.sleep(float(message.payload.get("sleep", 0)))
     return {"pid": os.getpid()}
+
+
+async def key_record(message: Claimed) -> dict[str, object]:
+    """Record ``S <channel> <key> <seq>`` as the delivery starts and ``E ...`` as it ends, in
+    one O_APPEND file shared by every executor process, so the file's line order is the order
+    in which deliveries really started and ended (``payload["key"]``, ``payload["seq"]``)."""
+    import asyncio
+
+    path = os.environ["PGFENCE_TEST_RECORD"]
+    tag = f"{message.channel} {message.payload['key']} {message.payload['seq']}"
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, f"S {tag}\n".encode())
+        await asyncio.sleep(0.002)
+        os.write(fd, f"E {tag}\n".encode())
+    finally:
+        os.close(fd)
+    return {"pid": os.getpid()}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 import psycopg
 import pytest
@@ -27,8 +28,9 @@ def test_migrate_twice_via_cli(empty_db: str) -> None:
 def test_enqueue_show_list_requeue_status(db: str) -> None:
     mid = int(run(db, "outbox", "enqueue", "--channel", "hooks", "--recipient",
                   "http://127.0.0.1:9/x", "--key", "cli-1", '{"hello": "world"}').strip())
-    assert int(run(db, "outbox", "enqueue", "--channel", "hooks", "--recipient",
-                   "http://127.0.0.1:9/x", "--key", "cli-1", '{"hello": "again"}').strip()) == mid
+    assert run(db, "outbox", "enqueue", "--channel", "hooks", "--recipient",
+               "http://127.0.0.1:9/x", "--key", "cli-1", '{"hello": "again"}').strip() \
+        == f"deduplicated: existing id {mid}"
     shown = json.loads(run(db, "outbox", "show", str(mid), "--json"))
     assert (shown["status"], shown["payload"], shown["idempotency_key"]) == \
         ("pending", {"hello": "world"}, "cli-1")
@@ -44,6 +46,42 @@ def test_enqueue_show_list_requeue_status(db: str) -> None:
     assert "requeued (now pending)" in run(db, "outbox", "requeue", str(mid))
     shown = json.loads(run(db, "outbox", "show", str(mid), "--json"))
     assert (shown["status"], shown["attempts"], shown["max_attempts"]) == ("pending", 1, 11)
+
+
+def test_enqueue_reads_the_payload_from_a_file_or_stdin(db: str, tmp_path: Path) -> None:
+    body = tmp_path / "payload.json"
+    body.write_text('{"from": "file"}', encoding="utf-8")
+    from_file = int(run(db, "outbox", "enqueue", "--channel", "c", "--recipient", "r",
+                        f"@{body}").strip())
+    result = CliRunner().invoke(main, ["--dsn", db, "outbox", "enqueue", "--channel", "c",
+                                       "--recipient", "r", "--ordering-key", "order-7", "-"],
+                                input='{"from": "stdin"}', catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    from_stdin = int(result.output.strip())
+    assert json.loads(run(db, "outbox", "show", str(from_file), "--json"))["payload"] == {"from": "file"}
+    shown = json.loads(run(db, "outbox", "show", str(from_stdin), "--json"))
+    assert (shown["payload"], shown["ordering_key"], shown["status"]) == \
+        ({"from": "stdin"}, "order-7", "pending")
+    out = run(db, "outbox", "enqueue", "--channel", "c", "--recipient", "r",
+              f"@{tmp_path / 'missing.json'}", code=2)
+    assert "missing.json" in out and "Traceback" not in out
+
+
+def test_cancel_from_the_cli(db: str) -> None:
+    mid = int(run(db, "outbox", "enqueue", "--channel", "c", "--recipient", "r", "{}").strip())
+    assert f"outbox#{mid} canceled" in run(db, "outbox", "cancel", str(mid), "--by", "alice",
+                                            "--reason", "withdrawn")
+    assert json.loads(run(db, "outbox", "show", str(mid), "--json"))["status"] == "canceled"
+    out = run(db, "outbox", "cancel", str(mid), "--by", "alice", "--reason", "again", code=1)
+    assert "is canceled" in out
+    assert "canceled" in run(db, "outbox", "list", "--status", "canceled")
+
+
+def test_payload_over_the_channel_bound_is_one_clear_line(db: str) -> None:
+    run(db, "outbox", "configure", "small", "--max-payload-bytes", "64")
+    out = run(db, "outbox", "enqueue", "--channel", "small", "--recipient", "r",
+              json.dumps({"blob": "x" * 200}), code=1)
+    assert "[PF004]" in out and "Traceback" not in out
 
 
 def test_requeue_of_a_sent_message_is_refused(db: str) -> None:

@@ -55,6 +55,14 @@ class IdempotencyKeyReused(PgfenceError):
     """PF003: the idempotency key already names a different item."""
 
 
+class PayloadTooLarge(PgfenceError):
+    """PF004: an outbox payload is over its channel's ``max_payload_bytes``."""
+
+
+class TruncateRefused(PgfenceError):
+    """PF005: TRUNCATE of a table whose rows only a purge deletes."""
+
+
 class SerializationFailure(PgfenceError):
     """40001: retry the whole transaction."""
 
@@ -186,6 +194,8 @@ SQLSTATES: Mapping[str, SqlState] = MappingProxyType({row.code: row for row in (
     SqlState("PF002", "immutable", Immutable, (409, "immutable")),
     SqlState("PF003", "idempotency_key_reused", IdempotencyKeyReused,
              (422, "idempotency_key_reused")),     # same key, other content or base version
+    SqlState("PF004", "payload_too_large", PayloadTooLarge, (413, "payload_too_large")),
+    SqlState("PF005", "truncate_refused", TruncateRefused),
     SqlState("PF101", "unknown_action", UnknownAction),
     SqlState("PF102", "action_conflict", ActionConflict),
     SqlState("PF103", "self_approval", SelfApproval),

@@ -27,11 +27,15 @@ from .errors import translated
 logger = logging.getLogger(__name__)
 
 SQL_ENQUEUE = (
-    "SELECT pgfence.outbox_enqueue(%s::text, %s::text, %s::jsonb, %s::text, %s::timestamptz, %s::int)"
+    "SELECT pgfence.outbox_enqueue(%s::text, %s::text, %s::jsonb, %s::text, %s::timestamptz, %s::int,"
+    " %s::text)"
 )
+#: Whether message %s was inserted by this transaction: its created_at is the transaction's
+#: start (now()); a repeated idempotency key answers an older message.
+SQL_INSERTED_HERE = "SELECT created_at = now() FROM pgfence.outbox_get(%s::bigint)"
 SQL_ENQUEUE_MANY = (
     "SELECT id FROM pgfence.outbox_enqueue_many(%s::text, %s::text[], %s::jsonb[], %s::text[],"
-    " %s::timestamptz, %s::int) AS id"
+    " %s::timestamptz, %s::int, %s::text[]) AS id"
 )
 SQL_CLAIM = "SELECT * FROM pgfence.outbox_claim(%s::text, %s::int, %s::text[], %s::interval)"
 SQL_MARK_SENT = "SELECT pgfence.outbox_mark_sent(%s::bigint, %s::int, %s::jsonb)"
@@ -48,11 +52,12 @@ SQL_MARK_FAILED = (
 SQL_RECLAIM = "SELECT pgfence.outbox_reap(%s::int)"
 SQL_NEXT_DUE = "SELECT pgfence.outbox_next_due(%s::text[])"
 SQL_REQUEUE = "SELECT pgfence.outbox_requeue(%s::bigint, %s::int)"
+SQL_CANCEL = "SELECT pgfence.outbox_cancel(%s::bigint, %s::text, %s::text)"
 SQL_GET = "SELECT * FROM pgfence.outbox_get(%s::bigint)"
 SQL_LIST = "SELECT * FROM pgfence.outbox_list(%s::text, %s::text, %s::int)"
 SQL_CONFIGURE = (
     "SELECT * FROM pgfence.outbox_configure_channel(%s::text, %s::int, %s::interval,"
-    " %s::interval, %s::interval, %s::boolean)"
+    " %s::interval, %s::interval, %s::boolean, %s::int, %s::int, %s::float8, %s::int, %s::text)"
 )
 
 #: LISTEN channel on which enqueue NOTIFYs ``{"channel": …, "id": …}`` at commit.
@@ -84,7 +89,7 @@ AnyConn = psycopg.Connection[Any]
 
 def enqueue(conn: AnyConn, channel: str, recipient: str, payload: dict[str, Any], *,
             idempotency_key: str | None = None, deliver_at: dt.datetime | None = None,
-            max_attempts: int | None = None) -> int:
+            max_attempts: int | None = None, ordering_key: str | None = None) -> int:
     """Enqueue one message on ``conn`` (inside its current transaction, if any); return its id.
 
     Args:
@@ -94,30 +99,48 @@ def enqueue(conn: AnyConn, channel: str, recipient: str, payload: dict[str, Any]
         idempotency_key: a repeat returns the existing id; ≤ 255 chars.
         deliver_at: earliest delivery time (aware datetime); None = now (database clock).
         max_attempts: 1..1000; None = the channel's setting.
+        ordering_key: messages of one channel and key are claimed in enqueue order, at most the
+            channel's ``key_max_in_flight`` at once (1: one after the other); ≤ 255 chars.
 
     Raises:
-        InvalidArgument (22004/22023), IdempotencyKeyReused (PF003), SerializationFailure (40001).
+        InvalidArgument (22004/22023), IdempotencyKeyReused (PF003), PayloadTooLarge (PF004),
+        SerializationFailure (40001).
     """
     return int(scalar(conn, SQL_ENQUEUE, (channel, recipient, Jsonb(payload), idempotency_key,
-                                           deliver_at, max_attempts)))
+                                           deliver_at, max_attempts, ordering_key)))
+
+
+def enqueue_reporting(conn: AnyConn, channel: str, recipient: str, payload: dict[str, Any], *,
+                      idempotency_key: str | None = None, deliver_at: dt.datetime | None = None,
+                      max_attempts: int | None = None,
+                      ordering_key: str | None = None) -> tuple[int, bool]:
+    """:func:`enqueue`, answering ``(id, deduplicated)``: True when the idempotency key already
+    named message ``id`` (nothing was inserted). Same arguments and errors as :func:`enqueue`."""
+    with translated(), conn.transaction():
+        mid = enqueue(conn, channel, recipient, payload, idempotency_key=idempotency_key,
+                      deliver_at=deliver_at, max_attempts=max_attempts, ordering_key=ordering_key)
+        inserted = scalar(conn, SQL_INSERTED_HERE, (mid,))
+    return mid, not inserted
 
 
 def enqueue_many(conn: AnyConn, channel: str, recipients: Sequence[str],
                  payloads: Sequence[dict[str, Any]], *,
                  idempotency_keys: Sequence[str | None] | None = None,
                  deliver_at: dt.datetime | None = None,
-                 max_attempts: int | None = None) -> list[int]:
+                 max_attempts: int | None = None,
+                 ordering_keys: Sequence[str | None] | None = None) -> list[int]:
     """Enqueue many messages on one channel in one statement; return ids in input order.
 
-    Element *i* of ``recipients``/``payloads``/``idempotency_keys`` is message *i*. Same rules
-    and errors as :func:`enqueue`; an invalid element rejects the whole call.
+    Element *i* of ``recipients``/``payloads``/``idempotency_keys``/``ordering_keys`` is message
+    *i*. Same rules and errors as :func:`enqueue`; an invalid element rejects the whole call.
     """
     with translated(), conn.cursor(row_factory=tuple_row) as cur:
         rows = cur.execute(
             SQL_ENQUEUE_MANY,
             (channel, list(recipients), [Jsonb(p) for p in payloads],
              list(idempotency_keys) if idempotency_keys is not None else None,
-             deliver_at, max_attempts),
+             deliver_at, max_attempts,
+             list(ordering_keys) if ordering_keys is not None else None),
         ).fetchall()
     return [int(r[0]) for r in rows]
 
@@ -207,6 +230,16 @@ def requeue(conn: AnyConn, message_id: int, extra_attempts: int | None = None) -
     return bool(scalar(conn, SQL_REQUEUE, (message_id, extra_attempts)))
 
 
+def cancel(conn: AnyConn, message_id: int, by: str, reason: str) -> bool:
+    """Operator: cancel a message that is not being delivered (waiting, pending, failed, dead).
+
+    ``by``: who cancels (1-200 chars), ``reason``: why (both go to the event log). Returns False
+    when the message is processing or already finished (a claim that came first wins). Raises
+    InvalidArgument (22004/22023), NotFound (P0002).
+    """
+    return bool(scalar(conn, SQL_CANCEL, (message_id, by, reason)))
+
+
 def get(conn: AnyConn, message_id: int) -> dict[str, Any]:
     """One message with its delivery state. Raises NotFound (P0002) for an unknown id."""
     with translated(), conn.cursor(row_factory=dict_row) as cur:
@@ -228,15 +261,23 @@ def configure_channel(conn: AnyConn, channel: str, *, max_attempts: int | None =
                       backoff_base: dt.timedelta | None = None,
                       backoff_cap: dt.timedelta | None = None,
                       lease: dt.timedelta | None = None,
-                      log_events: bool | None = None) -> dict[str, Any]:
-    """Set a channel's retry settings (None keeps the current value); returns the stored row.
+                      log_events: bool | None = None, max_payload_bytes: int | None = None,
+                      key_max_in_flight: int | None = None, key_rate: float | None = None,
+                      key_burst: int | None = None,
+                      key_dead_policy: str | None = None) -> dict[str, Any]:
+    """Set a channel's settings (None keeps the current value); returns the stored row.
 
     ``channel='*'`` changes the defaults for channels without their own row. ``log_events``
     writes every transition of the channel's messages to ``pgfence.event``.
+    ``max_payload_bytes``: the largest payload (jsonb size) enqueue accepts. Ordering keys:
+    ``key_max_in_flight`` messages of one key at once, ``key_rate`` claims per second per key
+    (0 = no rate) in bursts of ``key_burst``, ``key_dead_policy`` 'block' or 'release'.
+    Raises InvalidArgument (22023) for a bad name or setting.
     """
     with translated(), conn.cursor(row_factory=dict_row) as cur:
         cur.execute(SQL_CONFIGURE,
-                    (channel, max_attempts, backoff_base, backoff_cap, lease, log_events))
+                    (channel, max_attempts, backoff_base, backoff_cap, lease, log_events,
+                     max_payload_bytes, key_max_in_flight, key_rate, key_burst, key_dead_policy))
         row = cur.fetchone()
     assert row is not None
     return row

@@ -7,8 +7,8 @@ SELECT plan(175);
 -- =============================================================================================
 -- Catalog: signatures, definer, volatility, privileges
 -- =============================================================================================
-SELECT has_function('pgfence', 'outbox_enqueue', ARRAY['text','text','jsonb','text','timestamp with time zone','integer'], 'outbox_enqueue signature');
-SELECT has_function('pgfence', 'outbox_enqueue_many', ARRAY['text','text[]','jsonb[]','text[]','timestamp with time zone','integer'], 'outbox_enqueue_many signature');
+SELECT has_function('pgfence', 'outbox_enqueue', ARRAY['text','text','jsonb','text','timestamp with time zone','integer','text'], 'outbox_enqueue signature');
+SELECT has_function('pgfence', 'outbox_enqueue_many', ARRAY['text','text[]','jsonb[]','text[]','timestamp with time zone','integer','text[]'], 'outbox_enqueue_many signature');
 SELECT has_function('pgfence', 'outbox_claim', ARRAY['text','integer','text[]','interval'], 'outbox_claim signature');
 SELECT has_function('pgfence', 'outbox_mark_sent', ARRAY['bigint','integer','jsonb'], 'outbox_mark_sent signature');
 SELECT has_function('pgfence', 'outbox_mark_sent_many', ARRAY['bigint[]','integer[]','jsonb[]'], 'outbox_mark_sent_many signature');
@@ -16,7 +16,7 @@ SELECT has_function('pgfence', 'outbox_mark_failed', ARRAY['bigint','integer','t
 SELECT has_function('pgfence', 'outbox_reap', ARRAY['integer'], 'outbox_reap signature');
 SELECT has_function('pgfence', 'outbox_reclaim_stale', ARRAY['integer'], 'outbox_reclaim_stale (deprecated) signature');
 SELECT has_function('pgfence', 'outbox_requeue', ARRAY['bigint','integer'], 'outbox_requeue signature');
-SELECT has_function('pgfence', 'outbox_configure_channel', ARRAY['text','integer','interval','interval','interval','boolean'], 'outbox_configure_channel signature');
+SELECT has_function('pgfence', 'outbox_configure_channel', ARRAY['text','integer','interval','interval','interval','boolean','integer','integer','double precision','integer','text'], 'outbox_configure_channel signature');
 SELECT has_function('pgfence', 'outbox_get', ARRAY['bigint'], 'outbox_get signature');
 SELECT has_function('pgfence', 'outbox_next_due', ARRAY['text[]'], 'outbox_next_due signature');
 SELECT has_view('pgfence', 'outbox_summary', 'outbox_summary view');
@@ -29,8 +29,8 @@ FROM pg_proc p WHERE p.pronamespace = 'pgfence'::regnamespace AND p.proname LIKE
 SELECT volatility_is('pgfence', 'outbox_claim', ARRAY['text','integer','text[]','interval'], 'volatile', 'outbox_claim is volatile');
 SELECT volatility_is('pgfence', 'outbox_get', ARRAY['bigint'], 'stable', 'outbox_get is stable');
 
-SELECT function_privs_are('pgfence', 'outbox_enqueue', ARRAY['text','text','jsonb','text','timestamp with time zone','integer'], 'pgfence_client', ARRAY['EXECUTE'], 'client may enqueue');
-SELECT function_privs_are('pgfence', 'outbox_enqueue', ARRAY['text','text','jsonb','text','timestamp with time zone','integer'], 'pgfence_executor', ARRAY[]::text[], 'executor may not enqueue');
+SELECT function_privs_are('pgfence', 'outbox_enqueue', ARRAY['text','text','jsonb','text','timestamp with time zone','integer','text'], 'pgfence_client', ARRAY['EXECUTE'], 'client may enqueue');
+SELECT function_privs_are('pgfence', 'outbox_enqueue', ARRAY['text','text','jsonb','text','timestamp with time zone','integer','text'], 'pgfence_executor', ARRAY[]::text[], 'executor may not enqueue');
 SELECT function_privs_are('pgfence', 'outbox_claim', ARRAY['text','integer','text[]','interval'], 'pgfence_client', ARRAY[]::text[], 'client may not claim');
 SELECT function_privs_are('pgfence', 'outbox_claim', ARRAY['text','integer','text[]','interval'], 'pgfence_executor', ARRAY['EXECUTE'], 'executor may claim');
 SELECT function_privs_are('pgfence', 'outbox_mark_sent', ARRAY['bigint','integer','jsonb'], 'pgfence_executor', ARRAY['EXECUTE'], 'executor may mark sent');
@@ -39,7 +39,7 @@ SELECT function_privs_are('pgfence', 'outbox_reap', ARRAY['integer'], 'pgfence_e
 SELECT function_privs_are('pgfence', 'outbox_reclaim_stale', ARRAY['integer'], 'pgfence_executor', ARRAY['EXECUTE'], 'executor may run the reaper by its former name');
 SELECT function_privs_are('pgfence', 'outbox_requeue', ARRAY['bigint','integer'], 'pgfence_executor', ARRAY[]::text[], 'executor may not requeue');
 SELECT function_privs_are('pgfence', 'outbox_requeue', ARRAY['bigint','integer'], 'pgfence_admin', ARRAY['EXECUTE'], 'admin may requeue');
-SELECT function_privs_are('pgfence', 'outbox_configure_channel', ARRAY['text','integer','interval','interval','interval','boolean'], 'pgfence_client', ARRAY[]::text[], 'client may not configure channels');
+SELECT function_privs_are('pgfence', 'outbox_configure_channel', ARRAY['text','integer','interval','interval','interval','boolean','integer','integer','double precision','integer','text'], 'pgfence_client', ARRAY[]::text[], 'client may not configure channels');
 SELECT table_privs_are('pgfence', 'outbox_summary', 'pgfence_admin', ARRAY['SELECT'], 'admin reads outbox_summary');
 SELECT table_privs_are('pgfence', 'outbox', 'pgfence_client', ARRAY[]::text[], 'client has no privilege on the outbox table');
 

@@ -43,7 +43,7 @@ SELECT is(
   ARRAY['document: INSERT,SELECT,UPDATE', 'document_kind: INSERT,SELECT,UPDATE', 'document_revision: INSERT,SELECT',
         'event: DELETE,INSERT,SELECT', 'executor: DELETE,INSERT,SELECT,UPDATE', 'installed_migration: -', 'meta: SELECT',
         'operation: DELETE,INSERT,SELECT,UPDATE', 'outbox: DELETE,INSERT,SELECT,UPDATE',
-        'outbox_channel: INSERT,SELECT,UPDATE', 'outbox_lapse: DELETE,INSERT,SELECT',
+        'outbox_channel: INSERT,SELECT,UPDATE', 'outbox_key: DELETE,INSERT,SELECT,UPDATE', 'outbox_lapse: DELETE,INSERT,SELECT',
         'plan: DELETE,INSERT,SELECT,UPDATE', 'plan_action: INSERT,SELECT,UPDATE', 'plan_step: INSERT,SELECT,UPDATE'],
   'pgfence_definer holds exactly the listed table privileges: no TRUNCATE, no UPDATE of events or revisions, meta read-only');
 SELECT is((SELECT array_agg(c.relname::text ORDER BY 1) FROM pg_class c

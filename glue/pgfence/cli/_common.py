@@ -6,6 +6,7 @@ import datetime as dt
 import decimal
 import importlib
 import json
+import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -71,6 +72,23 @@ def db_conn(state: CliState) -> Iterator[psycopg.Connection[Any]]:
             yield conn
         except psycopg.Error as exc:
             raise translate(exc) from exc
+
+
+def read_arg_text(value: str, param_hint: str) -> str:
+    """An argument's text: ``-`` reads stdin, ``@path`` the file at path, anything else is itself.
+
+    Raises:
+        click.BadParameter: the file cannot be read (the message names the OS error).
+    """
+    if value == "-":
+        return sys.stdin.read()
+    if value.startswith("@"):
+        try:
+            with open(value[1:], encoding="utf-8") as fh:
+                return fh.read()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise click.BadParameter(str(exc), param_hint=param_hint) from exc
+    return value
 
 
 def parse_json(text: str, param_hint: str, want: type | None = None, want_text: str = "") -> Any:

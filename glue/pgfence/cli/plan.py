@@ -6,7 +6,6 @@ import datetime as dt
 import json
 import os
 import socket
-import sys
 from typing import Any
 
 import click
@@ -21,21 +20,13 @@ from ._common import (
     json_option,
     parse_json,
     pass_state,
+    read_arg_text,
 )
 
 
 def _steps_arg(value: str) -> list[dict[str, Any]]:
     """STEPS as JSON text, ``@file`` or ``-`` (stdin)."""
-    if value == "-":
-        text = sys.stdin.read()
-    elif value.startswith("@"):
-        try:
-            with open(value[1:], encoding="utf-8") as fh:
-                text = fh.read()
-        except OSError as exc:
-            raise click.BadParameter(str(exc), param_hint="STEPS") from exc
-    else:
-        text = value
+    text = read_arg_text(value, "STEPS")
     steps: list[Any] = parse_json(text, "STEPS", list, "a JSON array of steps")
     return steps
 

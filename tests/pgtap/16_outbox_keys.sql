@@ -1,0 +1,258 @@
+-- pgTAP: outbox ordering keys and per-key limits (functions/16_outbox_keys.sql), and the
+-- operator's verbs of issue 17: outbox_cancel, the per-channel payload bound (PF004), the
+-- TRUNCATE guard (PF005). One session for the rules (the enqueue's decision is a deferred
+-- trigger: SET CONSTRAINTS ... IMMEDIATE makes it run at the end of each statement, since this
+-- file never commits), then eight dblink peers claiming and settling at once over committed
+-- keys (channels 'tap-k-peer*', deleted at the end). The races between an enqueue's commit and
+-- a settle, and between a cancel and a claim: tests/isolation/specs/outbox-keys.spec.
+BEGIN;
+\ir helpers/setup.sql
+SELECT plan(97);
+SET CONSTRAINTS pgfence.outbox_key_enqueued IMMEDIATE;
+
+-- =============================================================================================
+-- Catalog, roles
+-- =============================================================================================
+SELECT has_function('pgfence', 'outbox_cancel', ARRAY['bigint','text','text'], 'outbox_cancel signature');
+SELECT ok((SELECT prosecdef FROM pg_proc WHERE oid = 'pgfence.outbox_cancel(bigint,text,text)'::regprocedure),
+  'outbox_cancel is SECURITY DEFINER');
+SELECT function_privs_are('pgfence', 'outbox_cancel', ARRAY['bigint','text','text'], 'pgfence_admin', ARRAY['EXECUTE'], 'admin may cancel');
+SELECT function_privs_are('pgfence', 'outbox_cancel', ARRAY['bigint','text','text'], 'pgfence_executor', ARRAY[]::text[], 'executor may not cancel');
+SELECT function_privs_are('pgfence', 'outbox_cancel', ARRAY['bigint','text','text'], 'pgfence_client', ARRAY[]::text[], 'client may not cancel');
+SELECT has_table('pgfence', 'outbox_key', 'table outbox_key');
+SELECT has_column('pgfence', 'outbox', 'ordering_key', 'outbox.ordering_key');
+SELECT col_default_is('pgfence', 'outbox_channel', 'max_payload_bytes', '1048576', 'payloads are bounded at 1 MiB by default');
+SELECT is((SELECT key_max_in_flight FROM pgfence.outbox_channel WHERE channel = '*'), 1, 'by default one message of a key at a time');
+SELECT is((SELECT key_dead_policy FROM pgfence.outbox_channel WHERE channel = '*'), 'block', 'by default a dead message blocks its key');
+
+-- =============================================================================================
+-- outbox_cancel
+-- =============================================================================================
+CREATE TEMP TABLE c AS
+SELECT pgfence.outbox_enqueue('tap-k-cancel', 'r', '{}'::jsonb) AS a,
+       pgfence.outbox_enqueue('tap-k-cancel', 'r', '{}'::jsonb) AS b;
+SELECT ok(pgfence.outbox_cancel((SELECT a FROM c), 'alice', 'customer withdrew'), 'cancel a pending message: true');
+SELECT results_eq($$SELECT status, finished_at IS NOT NULL, last_error FROM pgfence.outbox WHERE id = (SELECT a FROM c)$$,
+  $$VALUES ('canceled'::text, true, 'canceled by alice: customer withdrew'::text)$$, 'it is canceled, finished, and says who and why');
+SELECT results_eq($$SELECT event, from_status, to_status, actor FROM pgfence.event WHERE module = 'outbox' AND item_id = (SELECT a FROM c)$$,
+  $$VALUES ('transition'::text, 'pending'::text, 'canceled'::text, 'alice'::text)$$,
+  'its event is written although the channel does not log events, with the canceller as actor');
+SELECT is((SELECT count(*)::int FROM pgfence.outbox_claim('tap-w', 10, ARRAY['tap-k-cancel'])), 1, 'a claim takes only the other message');
+SELECT ok(NOT pgfence.outbox_cancel((SELECT b FROM c), 'alice', 'too late'), 'cancel a processing message: false (the claim came first)');
+SELECT is((SELECT status FROM pgfence.outbox WHERE id = (SELECT b FROM c)), 'processing', 'and it is still processing');
+SELECT ok(NOT pgfence.outbox_cancel((SELECT a FROM c), 'bob', 'again'), 'cancel a canceled message: false');
+SELECT ok(pgfence.outbox_mark_sent((SELECT b FROM c), 1), 'the claimed one is delivered');
+SELECT ok(NOT pgfence.outbox_cancel((SELECT b FROM c), 'alice', 'after'), 'cancel a sent message: false');
+SELECT throws_ok($$SELECT pgfence.outbox_cancel(NULL, 'alice', 'x')$$, '22004', NULL, 'cancel without an id: 22004');
+SELECT throws_ok($$SELECT pgfence.outbox_cancel(-1, 'alice', 'x')$$, 'P0002', NULL, 'cancel of an unknown id: P0002');
+SELECT throws_ok(format($$SELECT pgfence.outbox_cancel(%s, '', 'x')$$, (SELECT b FROM c)), '22023', NULL, 'cancel without a name: 22023');
+SELECT throws_ok(format($$SELECT pgfence.outbox_cancel(%s, 'alice', NULL)$$, (SELECT b FROM c)), '22023', NULL, 'cancel without a reason: 22023');
+SELECT throws_ok(format($$UPDATE pgfence.outbox SET status = 'pending', finished_at = NULL WHERE id = %s$$, (SELECT a FROM c)),
+  'PF001', NULL, 'a canceled message never changes again (PF001)');
+SELECT is(pgfence.outbox_requeue((SELECT a FROM c)), false, 'requeue of a canceled message: false');
+
+-- =============================================================================================
+-- Payload bound (PF004)
+-- =============================================================================================
+SELECT throws_ok($$SELECT pgfence.outbox_enqueue('tap-k-size', 'r', jsonb_build_object('blob', repeat('x', 2 * 1024 * 1024)))$$,
+  'PF004', NULL, 'a 2 MiB payload is over the default bound: PF004');
+SELECT lives_ok($$SELECT pgfence.outbox_enqueue('tap-k-size', 'r', jsonb_build_object('blob', repeat('x', 100 * 1024)))$$,
+  'a 100 KiB payload is accepted');
+SELECT lives_ok($$SELECT pgfence.outbox_configure_channel('tap-k-size', p_max_payload_bytes => 100)$$, 'an admin lowers the bound of one channel');
+SELECT throws_ok($$SELECT pgfence.outbox_enqueue('tap-k-size', 'r', jsonb_build_object('blob', repeat('x', 200)))$$,
+  'PF004', NULL, 'over the channel''s bound: PF004');
+SELECT throws_ok($$SELECT pgfence.outbox_enqueue_many('tap-k-size', ARRAY['r', 'r'], ARRAY['{}'::jsonb, jsonb_build_object('blob', repeat('x', 200))])$$,
+  'PF004', NULL, 'enqueue_many with one payload over the bound: PF004');
+SELECT is((SELECT count(*)::int FROM pgfence.outbox WHERE channel = 'tap-k-size'), 1, 'and nothing of it was enqueued');
+SELECT throws_ok($$SELECT pgfence.outbox_configure_channel('tap-k-size', p_max_payload_bytes => 0)$$, '22023', NULL, 'a bound below 1: 22023');
+
+-- =============================================================================================
+-- TRUNCATE guard (PF005)
+-- =============================================================================================
+SELECT throws_ok($$TRUNCATE pgfence.outbox$$, 'PF005', NULL, 'TRUNCATE outbox: PF005');
+SELECT throws_ok($$TRUNCATE pgfence.event$$, 'PF005', NULL, 'TRUNCATE event: PF005');
+SELECT throws_ok($$TRUNCATE pgfence.outbox_lapse$$, 'PF005', NULL, 'TRUNCATE outbox_lapse: PF005');
+SELECT throws_ok($$TRUNCATE pgfence.plan, pgfence.plan_step$$, 'PF005', NULL, 'TRUNCATE plan: PF005');
+SELECT throws_ok($$TRUNCATE pgfence.plan_step$$, 'PF005', NULL, 'TRUNCATE plan_step: PF005');
+SELECT throws_ok($$TRUNCATE pgfence.operation$$, 'PF005', NULL, 'TRUNCATE operation: PF005');
+SELECT is((SELECT count(*)::int FROM pgfence.outbox WHERE channel = 'tap-k-cancel'), 2, 'the refused TRUNCATE removed nothing');
+SET LOCAL pgfence.purging = on;
+SELECT lives_ok($$TRUNCATE pgfence.outbox_lapse$$, 'the owner''s deliberate reset (pgfence.purging on) is allowed');
+SET LOCAL pgfence.purging = off;
+
+-- =============================================================================================
+-- Ordering keys: one at a time, in enqueue order
+-- =============================================================================================
+CREATE TEMP TABLE k AS
+SELECT pgfence.outbox_enqueue('tap-k-order', 'r', '{"n": 1}', NULL, NULL, NULL, 'order-42') AS m1,
+       pgfence.outbox_enqueue('tap-k-order', 'r', '{"n": 2}', NULL, NULL, NULL, 'order-42') AS m2,
+       pgfence.outbox_enqueue('tap-k-order', 'r', '{"n": 3}', NULL, NULL, NULL, 'order-42') AS m3,
+       pgfence.outbox_enqueue('tap-k-order', 'r', '{"n": 0}') AS free;
+SELECT results_eq($$SELECT status FROM pgfence.outbox WHERE channel = 'tap-k-order' ORDER BY id$$,
+  $$VALUES ('pending'::text), ('waiting'), ('waiting'), ('pending')$$,
+  'the key''s first message is pending, the later ones wait; a keyless one is pending');
+SELECT results_eq($$SELECT id FROM pgfence.outbox_claim('tap-w1', 10, ARRAY['tap-k-order']) ORDER BY id$$,
+  $$SELECT m1 FROM k UNION ALL SELECT free FROM k$$, 'a claim of 10 gets the key''s first and the keyless one only');
+SELECT is((SELECT count(*)::int FROM pgfence.outbox_claim('tap-w2', 10, ARRAY['tap-k-order'])), 0, 'a second claimer gets nothing of the key');
+SELECT is(pgfence.outbox_mark_failed((SELECT m1 FROM k), 1, 'receiver down'), 'pending', 'the first fails, retryable: pending again');
+SELECT is((SELECT status FROM pgfence.outbox WHERE id = (SELECT m2 FROM k)), 'waiting', 'the retry holds the key: the second still waits');
+UPDATE pgfence.outbox SET next_attempt_at = now() WHERE id = (SELECT m1 FROM k);
+SELECT results_eq($$SELECT id, attempt FROM pgfence.outbox_claim('tap-w1', 10, ARRAY['tap-k-order'])$$,
+  $$SELECT m1, 2 FROM k$$, 'once due, the retry is claimed again (attempt 2), not the second');
+SELECT ok(pgfence.outbox_mark_sent((SELECT m1 FROM k), 2), 'the first is delivered');
+SELECT results_eq($$SELECT status FROM pgfence.outbox WHERE id IN (SELECT m2 FROM k UNION ALL SELECT m3 FROM k) ORDER BY id$$,
+  $$VALUES ('pending'::text), ('waiting')$$, 'in the same statement the second takes the key''s turn');
+SELECT results_eq($$SELECT id FROM pgfence.outbox_claim('tap-w1', 10, ARRAY['tap-k-order'])$$,
+  $$SELECT m2 FROM k$$, 'and is claimed next');
+SELECT ok(pgfence.outbox_mark_sent((SELECT m2 FROM k), 1), 'the second is delivered');
+SELECT ok(pgfence.outbox_cancel((SELECT m3 FROM k), 'alice', 'not needed'), 'the third is canceled while its turn');
+SELECT ok(NOT EXISTS (SELECT 1 FROM pgfence.outbox_key WHERE channel = 'tap-k-order'), 'a key with nothing left is forgotten');
+SELECT results_eq($$SELECT ordering_key FROM pgfence.outbox_get((SELECT m3 FROM k))$$, $$VALUES ('order-42'::text)$$,
+  'outbox_get shows the ordering key');
+SELECT throws_ok(format($$UPDATE pgfence.outbox SET ordering_key = 'other' WHERE id = %s$$, (SELECT m3 FROM k)),
+  'PF002', NULL, 'the ordering key is frozen (PF002)');
+SELECT throws_ok($$INSERT INTO pgfence.outbox (channel, recipient, payload, max_attempts, ordering_key) VALUES ('tap-k-order', 'r', '{}', 1, 'x')$$,
+  'PF001', NULL, 'a hand-written keyed INSERT that is not waiting: PF001');
+SELECT throws_ok($$INSERT INTO pgfence.outbox (channel, recipient, payload, max_attempts, status) VALUES ('tap-k-order', 'r', '{}', 1, 'waiting')$$,
+  'PF001', NULL, 'a keyless message cannot wait: PF001');
+SELECT throws_ok($$SELECT pgfence.outbox_enqueue('tap-k-order', 'r', '{}', NULL, NULL, NULL, '')$$, '22023', NULL, 'an empty ordering key: 22023');
+SELECT throws_ok($$SELECT pgfence.outbox_enqueue('tap-k-order', 'r', '{}', NULL, NULL, NULL, repeat('k', 256))$$, '22023', NULL, 'an ordering key over 255 characters: 22023');
+
+-- enqueue_many: element i's key; repeated idempotency keys change nothing
+CREATE TEMP TABLE km AS
+SELECT array_agg(id ORDER BY ord) AS ids FROM pgfence.outbox_enqueue_many('tap-k-many', ARRAY['r','r','r','r'],
+  ARRAY['{}','{}','{}','{}']::jsonb[], ARRAY['i1', 'i2', NULL, 'i1'], NULL, NULL, ARRAY['a', 'a', 'b', 'a']) WITH ORDINALITY AS t(id, ord);
+SELECT results_eq($$SELECT ordering_key, status FROM pgfence.outbox WHERE channel = 'tap-k-many' ORDER BY id$$,
+  $$VALUES ('a'::text, 'pending'::text), ('a', 'waiting'), ('b', 'pending')$$,
+  'enqueue_many: each key''s first is pending, the others wait (a repeated idempotency key inserts nothing)');
+SELECT is((SELECT ids[4] = ids[1] FROM km), true, 'the repeated idempotency key answers the first id');
+SELECT throws_ok($$SELECT pgfence.outbox_enqueue_many('tap-k-many', ARRAY['r'], ARRAY['{}']::jsonb[], NULL, NULL, NULL, ARRAY['a', 'b'])$$,
+  '22023', NULL, 'enqueue_many with ordering_keys of another length: 22023');
+
+-- =============================================================================================
+-- Dead-key policy: block (default) and release; audit_stuck
+-- =============================================================================================
+SELECT pgfence.outbox_configure_channel('tap-k-dead', p_max_attempts => 1) IS NOT NULL AS configured;
+CREATE TEMP TABLE d AS
+SELECT pgfence.outbox_enqueue('tap-k-dead', 'r', '{}', NULL, NULL, NULL, 'kd') AS m1,
+       pgfence.outbox_enqueue('tap-k-dead', 'r', '{}', NULL, NULL, NULL, 'kd') AS m2;
+SELECT is((SELECT count(*)::int FROM pgfence.outbox_claim('tap-w', 10, ARRAY['tap-k-dead'])), 1, 'block: the first is claimed');
+SELECT is(pgfence.outbox_mark_failed((SELECT m1 FROM d), 1, 'boom'), 'dead', 'and dies (no attempt left)');
+SELECT is((SELECT status FROM pgfence.outbox WHERE id = (SELECT m2 FROM d)), 'waiting', 'block: the next still waits');
+SELECT results_eq($$SELECT item_id, status, next LIKE 'key kd blocked by dead message %' FROM pgfence.audit_stuck WHERE queue = 'tap-k-dead'$$,
+  $$SELECT m1, 'dead'::text, true FROM d$$, 'audit_stuck: key blocked by dead message N');
+SELECT ok(pgfence.outbox_requeue((SELECT m1 FROM d)), 'the operator requeues the dead message');
+SELECT results_eq($$SELECT status FROM pgfence.outbox WHERE channel = 'tap-k-dead' ORDER BY id$$,
+  $$VALUES ('pending'::text), ('waiting')$$, 'it takes the key''s turn first again; the next still waits');
+SELECT is((SELECT count(*)::int FROM pgfence.audit_stuck WHERE queue = 'tap-k-dead'), 0, 'the key is no longer listed as stuck');
+SELECT is((SELECT attempt FROM pgfence.outbox_claim('tap-w', 10, ARRAY['tap-k-dead'])), 2, 'claimed again (attempt 2)');
+SELECT is(pgfence.outbox_mark_failed((SELECT m1 FROM d), 2, 'rejected', false), 'failed', 'a permanent failure holds the key too');
+SELECT is((SELECT status FROM pgfence.outbox WHERE id = (SELECT m2 FROM d)), 'waiting', 'block: the next still waits behind the failed one');
+SELECT ok(pgfence.outbox_cancel((SELECT m1 FROM d), 'alice', 'give up'), 'the operator cancels the failed one');
+SELECT is((SELECT status FROM pgfence.outbox WHERE id = (SELECT m2 FROM d)), 'pending', 'which gives the key to the next');
+
+SELECT pgfence.outbox_configure_channel('tap-k-rel', p_max_attempts => 1, p_key_dead_policy => 'release') IS NOT NULL AS configured;
+CREATE TEMP TABLE rl AS
+SELECT pgfence.outbox_enqueue('tap-k-rel', 'r', '{}', NULL, NULL, NULL, 'kr') AS m1,
+       pgfence.outbox_enqueue('tap-k-rel', 'r', '{}', NULL, NULL, NULL, 'kr') AS m2;
+SELECT is((SELECT count(*)::int FROM pgfence.outbox_claim('tap-w', 10, ARRAY['tap-k-rel'])), 1, 'release: the first is claimed');
+SELECT is(pgfence.outbox_mark_failed((SELECT m1 FROM rl), 1, 'boom'), 'dead', 'and dies');
+SELECT is((SELECT status FROM pgfence.outbox WHERE id = (SELECT m2 FROM rl)), 'pending', 'release: the key moves on to the next');
+SELECT is((SELECT count(*)::int FROM pgfence.audit_stuck WHERE queue = 'tap-k-rel'), 0, 'release: nothing stuck');
+SELECT throws_ok($$SELECT pgfence.outbox_configure_channel('tap-k-rel', p_key_dead_policy => 'maybe')$$, '22023', NULL, 'an unknown dead-key policy: 22023');
+
+-- switching block -> release frees a blocked key at once
+SELECT pgfence.outbox_configure_channel('tap-k-sw', p_max_attempts => 1) IS NOT NULL AS configured;
+CREATE TEMP TABLE sw AS
+SELECT pgfence.outbox_enqueue('tap-k-sw', 'r', '{}', NULL, NULL, NULL, 'ks') AS m1,
+       pgfence.outbox_enqueue('tap-k-sw', 'r', '{}', NULL, NULL, NULL, 'ks') AS m2;
+SELECT is((SELECT count(*)::int FROM pgfence.outbox_claim('tap-w', 10, ARRAY['tap-k-sw'])), 1, 'switch: the first is claimed');
+SELECT is(pgfence.outbox_mark_failed((SELECT m1 FROM sw), 1, 'boom'), 'dead', 'and dies, blocking its key');
+SELECT pgfence.outbox_configure_channel('tap-k-sw', p_key_dead_policy => 'release') IS NOT NULL AS configured;
+SELECT is((SELECT status FROM pgfence.outbox WHERE id = (SELECT m2 FROM sw)), 'pending', 'the policy change to release promotes the next at once');
+
+-- =============================================================================================
+-- Per-key limits: max_in_flight, rate, fairness
+-- =============================================================================================
+SELECT pgfence.outbox_configure_channel('tap-k-lim', p_key_max_in_flight => 2) IS NOT NULL AS configured;
+SELECT pgfence.outbox_enqueue_many('tap-k-lim', array_fill('r'::text, ARRAY[5]), array_fill('{}'::jsonb, ARRAY[5]), NULL, NULL, NULL, array_fill('host-a'::text, ARRAY[5])) IS NOT NULL;
+SELECT is((SELECT count(*)::int FROM pgfence.outbox WHERE channel = 'tap-k-lim' AND status = 'pending'), 2, 'max_in_flight 2: two of the key are pending');
+CREATE TEMP TABLE lim AS SELECT id, attempt FROM pgfence.outbox_claim('tap-w', 10, ARRAY['tap-k-lim']);
+SELECT is((SELECT count(*)::int FROM lim), 2, 'a claim of 10 gets two');
+SELECT is((SELECT min(id) FROM lim), (SELECT min(id) FROM pgfence.outbox WHERE channel = 'tap-k-lim'), 'the oldest two');
+SELECT ok(pgfence.outbox_mark_sent((SELECT min(id) FROM lim), 1), 'one of them is delivered');
+SELECT is((SELECT count(*)::int FROM pgfence.outbox WHERE channel = 'tap-k-lim' AND status IN ('pending', 'processing')), 2,
+  'the next takes its place: still two in flight');
+
+SELECT pgfence.outbox_configure_channel('tap-k-rate', p_key_max_in_flight => 3, p_key_rate => 1) IS NOT NULL AS configured;
+SELECT pgfence.outbox_enqueue_many('tap-k-rate', array_fill('r'::text, ARRAY[3]), array_fill('{}'::jsonb, ARRAY[3]), NULL, NULL, NULL, array_fill('host-b'::text, ARRAY[3])) IS NOT NULL;
+SELECT results_eq($$SELECT next_attempt_at - now() FROM pgfence.outbox WHERE channel = 'tap-k-rate' ORDER BY id$$,
+  $$VALUES (interval '0'), (interval '1 second'), (interval '2 seconds')$$,
+  'rate 1/s: the key''s messages are due one second apart (token bucket on now())');
+SELECT is((SELECT count(*)::int FROM pgfence.outbox_claim('tap-w', 10, ARRAY['tap-k-rate'])), 1, 'a claim now gets only the one due now');
+SELECT pgfence.outbox_configure_channel('tap-k-burst', p_key_max_in_flight => 4, p_key_rate => 10, p_key_burst => 2) IS NOT NULL AS configured;
+SELECT pgfence.outbox_enqueue_many('tap-k-burst', array_fill('r'::text, ARRAY[4]), array_fill('{}'::jsonb, ARRAY[4]), NULL, NULL, NULL, array_fill('host-c'::text, ARRAY[4])) IS NOT NULL;
+SELECT results_eq($$SELECT next_attempt_at - now() FROM pgfence.outbox WHERE channel = 'tap-k-burst' ORDER BY id$$,
+  $$VALUES (interval '0'), (interval '0'), (interval '0.1 second'), (interval '0.2 second')$$,
+  'rate 10/s, burst 2: two at once, then one every 100 ms');
+SELECT throws_ok($$SELECT pgfence.outbox_configure_channel('tap-k-rate', p_key_rate => -1)$$, '22023', NULL, 'a negative rate: 22023');
+SELECT throws_ok($$SELECT pgfence.outbox_configure_channel('tap-k-rate', p_key_max_in_flight => 0)$$, '22023', NULL, 'max_in_flight 0: 22023');
+
+-- fairness: a key with 50 due messages does not starve a key with 1
+SELECT pgfence.outbox_enqueue_many('tap-k-fair', array_fill('r'::text, ARRAY[50]), array_fill('{}'::jsonb, ARRAY[50]), NULL, NULL, NULL, array_fill('busy'::text, ARRAY[50])) IS NOT NULL;
+SELECT pgfence.outbox_enqueue('tap-k-fair', 'r', '{}', NULL, NULL, NULL, 'quiet') IS NOT NULL;
+SELECT results_eq($$SELECT o.ordering_key FROM pgfence.outbox_claim('tap-w', 10, ARRAY['tap-k-fair']) c JOIN pgfence.outbox o USING (id) ORDER BY 1$$,
+  $$VALUES ('busy'::text), ('quiet')$$, 'fair: one claim of 10 serves both keys, the busy one no more than its limit');
+
+-- =============================================================================================
+-- Eight sessions at once over committed keys: never more than max_in_flight of a key in flight,
+-- and each key's messages claimed in enqueue order
+-- =============================================================================================
+SELECT tap_helpers.peer('kp' || i) FROM generate_series(0, 8) i;
+SELECT x FROM dblink('kp0', $$SELECT 1 FROM pgfence.outbox_configure_channel('tap-k-peer', p_key_max_in_flight => 2)$$) AS t(x int);
+SELECT is((SELECT n FROM dblink('kp0', $$SELECT count(*) FROM pgfence.outbox_enqueue_many('tap-k-peer', array_fill('r'::text, ARRAY[120]), array_fill('{}'::jsonb, ARRAY[120]), NULL, NULL, NULL, ARRAY(SELECT 'key-' || (i % 6) FROM generate_series(1, 120) i))$$) AS t(n bigint)),
+  120::bigint, 'a peer commits 120 messages over 6 keys (max_in_flight 2)');
+CREATE TEMP TABLE rounds (round int, peer int, id bigint, attempt int);
+DO $$
+DECLARE
+  v_round int := 0;
+  v_peer int;
+BEGIN
+  LOOP
+    v_round := v_round + 1;
+    -- eight open transactions claim at once, each holding its claims uncommitted
+    FOR v_peer IN 1..8 LOOP
+      PERFORM dblink_exec('kp' || v_peer, 'BEGIN');
+      INSERT INTO rounds SELECT v_round, v_peer, t.id, t.attempt
+      FROM dblink('kp' || v_peer, format($q$SELECT id, attempt FROM pgfence.outbox_claim('tap-kp%s', 3, ARRAY['tap-k-peer'])$q$, v_peer))
+             AS t(id bigint, attempt int);
+    END LOOP;
+    FOR v_peer IN 1..8 LOOP
+      PERFORM dblink_exec('kp' || v_peer, 'COMMIT');
+    END LOOP;
+    EXIT WHEN NOT EXISTS (SELECT 1 FROM rounds WHERE round = v_round) OR v_round > 100;
+    -- then each settles its own claims, autocommit as an executor does (a settle takes the
+    -- key's row lock: a second one of the same key waits for the first to commit)
+    FOR v_peer IN 1..8 LOOP
+      PERFORM * FROM dblink('kp' || v_peer, format($q$SELECT count(*) FROM pgfence.outbox_mark_sent_many(%L, %L)$q$,
+        (SELECT coalesce(array_agg(id), '{}') FROM rounds WHERE round = v_round AND peer = v_peer),
+        (SELECT coalesce(array_agg(attempt), '{}') FROM rounds WHERE round = v_round AND peer = v_peer))) AS t(n bigint);
+    END LOOP;
+  END LOOP;
+END $$;
+SELECT is((SELECT count(DISTINCT id)::int FROM rounds), 120, 'every message was claimed');
+SELECT is((SELECT count(*)::int FROM rounds), 120, 'none twice');
+SELECT is((SELECT max(n)::int FROM (SELECT round, count(*) AS n FROM rounds r
+                                     JOIN dblink('kp0', $$SELECT id, ordering_key FROM pgfence.outbox WHERE channel = 'tap-k-peer'$$) AS o(id bigint, ordering_key text) USING (id)
+                                     GROUP BY round, o.ordering_key) x), 2,
+  'in no round were more than 2 of one key in flight across the eight sessions');
+SELECT is((SELECT count(*)::int FROM (
+             SELECT o.ordering_key, r.round, r.id, lag(r.round) OVER (PARTITION BY o.ordering_key ORDER BY r.id) AS prev_round
+             FROM rounds r JOIN dblink('kp0', $$SELECT id, ordering_key FROM pgfence.outbox WHERE channel = 'tap-k-peer'$$) AS o(id bigint, ordering_key text) USING (id)) x
+           WHERE x.round < x.prev_round), 0,
+  'each key''s messages were claimed in enqueue order (no later id in an earlier round)');
+SELECT dblink_exec('kp0', $$SET pgfence.purging = on; DELETE FROM pgfence.outbox WHERE channel LIKE 'tap-k-peer%'; DELETE FROM pgfence.outbox_key WHERE channel LIKE 'tap-k-peer%'; DELETE FROM pgfence.outbox_channel WHERE channel LIKE 'tap-k-peer%'$$);
+SELECT tap_helpers.close_peers();
+
+SELECT * FROM finish();
+ROLLBACK;

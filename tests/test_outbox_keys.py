@@ -1,0 +1,75 @@
+"""Ordering keys and per-key limits with real executor processes (functions/16_outbox_keys.sql).
+
+Four executors deliver two channels at once through a Python transport that appends a start and
+an end line per delivery to one shared O_APPEND file (tests/handlers.py ``key_record``), so the
+file is the receiver's log in real order. Channel ``ordered`` (key_max_in_flight 1): each key's
+messages start in enqueue order, and never while another of the key is in flight. Channel
+``limited`` (key_max_in_flight 3): never more than 3 of one key in flight. Scaled (1,200 and 600
+messages) to run in seconds; the claim walk per key is the same at any size.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from pgfence import outbox
+from support import FAST, Proc, scalar, wait_for
+
+ORDERED, LIMITED = "ordered", "limited"
+ORDERED_KEYS, ORDERED_PER_KEY = 100, 12
+LIMITED_KEYS, LIMITED_PER_KEY, LIMIT = 20, 30, 3
+
+
+def _enqueue(conn: psycopg.Connection[Any], channel: str, keys: int, per_key: int) -> None:
+    # interleaved (key 0 seq 0, key 1 seq 0, ...), in batches of commits, as producers would
+    for seq in range(per_key):
+        names = [f"k{k}" for k in range(keys)]
+        outbox.enqueue_many(conn, channel, ["r"] * keys,
+                            [{"key": n, "seq": seq} for n in names], ordering_keys=names)
+
+
+@pytest.mark.timeout(120)
+def test_four_executors_keep_each_keys_order_and_limit(db: str, conn: psycopg.Connection[Any],
+                                                      tmp_path: Path) -> None:
+    outbox.configure_channel(conn, LIMITED, key_max_in_flight=LIMIT)
+    _enqueue(conn, ORDERED, ORDERED_KEYS, ORDERED_PER_KEY)
+    _enqueue(conn, LIMITED, LIMITED_KEYS, LIMITED_PER_KEY)
+    total = ORDERED_KEYS * ORDERED_PER_KEY + LIMITED_KEYS * LIMITED_PER_KEY
+    record = tmp_path / "receiver.log"
+    env = {"PGFENCE_TEST_RECORD": str(record)}
+    procs = [Proc(db, ["--route", f"{ORDERED}=python:handlers:key_record",
+                       "--route", f"{LIMITED}=python:handlers:key_record",
+                       "--worker-id", f"kx{i}", "--concurrency", "16", *FAST],
+                  tmp_path / f"exec{i}.log", env) for i in range(4)]
+    try:
+        wait_for(lambda: scalar(db, "SELECT count(*) FROM pgfence.outbox WHERE status = 'sent'") == total,
+                 90, f"all {total} messages sent")
+    finally:
+        for p in procs:
+            assert p.terminate() == 0, p.output()
+    workers = scalar(db, "SELECT count(DISTINCT receipt->>'pid') FROM pgfence.outbox")
+    assert workers == 4, "every executor delivered some"
+
+    in_flight: dict[tuple[str, str], int] = defaultdict(int)
+    peak: dict[str, int] = defaultdict(int)
+    started: dict[tuple[str, str], list[int]] = defaultdict(list)
+    for line in record.read_text().splitlines():
+        edge, channel, key, seq = line.split()
+        if edge == "S":
+            in_flight[channel, key] += 1
+            peak[channel] = max(peak[channel], in_flight[channel, key])
+            started[channel, key].append(int(seq))
+        else:
+            in_flight[channel, key] -= 1
+    assert sum(len(v) for v in started.values()) == total, "each message delivered once"
+    assert peak[ORDERED] == 1, "never two of one ordered key at once"
+    assert 1 <= peak[LIMITED] <= LIMIT, f"never more than {LIMIT} of one limited key at once"
+    for (channel, key), seqs in started.items():
+        if channel == ORDERED:
+            assert seqs == sorted(seqs), f"{key}: delivered in enqueue order"
+    assert scalar(db, "SELECT count(*) FROM pgfence.outbox_key") == 0, "every key forgotten at the end"
