@@ -14,8 +14,8 @@
 -- docs/query-plans.md#pinned-settings.
 
 -- outbox
-ALTER FUNCTION pgfence.outbox_enqueue(text, text, jsonb, text, timestamptz, integer) SET jit = off;
-ALTER FUNCTION pgfence.outbox_enqueue_many(text, text[], jsonb[], text[], timestamptz, integer) SET jit = off;
+ALTER FUNCTION pgfence.outbox_enqueue(text, text, jsonb, text, timestamptz, integer, text) SET jit = off;
+ALTER FUNCTION pgfence.outbox_enqueue_many(text, text[], jsonb[], text[], timestamptz, integer, text[]) SET jit = off;
 ALTER FUNCTION pgfence.outbox_claim(text, integer, text[], interval) SET jit = off;
 ALTER FUNCTION pgfence.outbox_next_due(text[]) SET jit = off;
 ALTER FUNCTION pgfence.outbox_mark_sent(bigint, integer, jsonb) SET jit = off;
