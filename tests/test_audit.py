@@ -61,7 +61,8 @@ def test_status_shows_every_module(db: str, conn: psycopg.Connection) -> None:
     conn.execute("SELECT * FROM pgfence.document_save(%s, 1, '{\"a\": 2}', 'bob')", (doc,))
 
     out = json.loads(run(db, "status", "--json"))
-    assert set(out) == {"queues", "outbox", "stuck", "duplicates", "leases", "documents"}
+    assert set(out) == {"queues", "outbox", "stuck", "duplicates", "leases", "documents",
+                        "cleanup_blockers", "tables"}
     queues = {(q["module"], q["queue"]): q for q in out["queues"]}
     assert queues[("outbox", "hooks")]["done_5m"] == 1
     assert queues[("operation", "branch.reset")]["in_flight"] == 1
@@ -76,7 +77,8 @@ def test_status_shows_every_module(db: str, conn: psycopg.Connection) -> None:
 
     text = run(db, "status")
     for heading in ("queues", "outbox (per channel and status)", "stuck (lease or heartbeat lapsed)",
-                    "may have been duplicated", "leases held", "documents with conflicts"):
+                    "may have been duplicated", "leases held", "documents with conflicts",
+                    "tables (dead rows VACUUM has not removed yet)"):
         assert heading in text
     assert "w-plan" in text and "lease_lapsed" in text and "st-1" in text
     assert op.id > 0
