@@ -62,7 +62,8 @@ def test_status_shows_every_module(db: str, conn: psycopg.Connection) -> None:
 
     out = json.loads(run(db, "status", "--json", code=1))  # 1: stuck and a possible duplicate
     assert set(out) == {"health", "warnings", "queues", "outbox", "stuck", "duplicates", "leases",
-                        "documents", "executors", "unserved"}
+                        "documents", "executors", "unserved", "cleanup_blockers",
+                        "cleanup_warn_after", "tables"}
     assert [w["kind"] for w in out["warnings"]] == ["stuck", "duplicates"]
     queues = {(q["module"], q["queue"]): q for q in out["queues"]}
     assert queues[("outbox", "hooks")]["done_5m"] == 1
@@ -78,7 +79,8 @@ def test_status_shows_every_module(db: str, conn: psycopg.Connection) -> None:
 
     text = run(db, "status", code=1)
     for heading in ("queues", "outbox (per channel and status)", "stuck (lease or heartbeat lapsed)",
-                    "may have been duplicated", "leases held", "documents with conflicts"):
+                    "may have been duplicated", "leases held", "documents with conflicts",
+                    "tables (dead rows VACUUM has not removed yet)"):
         assert heading in text
     assert "w-plan" in text and "lease_lapsed" in text and "st-1" in text
     assert op.id > 0
