@@ -36,8 +36,6 @@ AS $$
 #variable_conflict use_column
 DECLARE
   v_lease interval;
-  v_floor    timestamptz;
-  v_floor_id bigint;
   c_pending CONSTANT text := 'pending';
 BEGIN
   IF p_worker IS NULL OR p_worker = '' OR length(p_worker) > 200 THEN
@@ -62,10 +60,6 @@ BEGIN
   IF array_ndims(p_channels) > 1 OR array_lower(p_channels, 1) <> 1 THEN
     p_channels := ARRAY(SELECT u.ch FROM unnest(p_channels) AS u(ch));
   END IF;
-  -- Every walk starts at the claim floor: no pending message is due before it, so the entries
-  -- that claimed and sent messages leave at the front of the due indexes (kept there while a
-  -- snapshot is held open) are skipped in one descent. docs/query-plans.md#the-claim-floor.
-  SELECT f.p_at, f.p_id INTO v_floor, v_floor_id FROM pgfence._outbox_floor() f;
   -- One statement: the ARRAY(...) sub-select locks the due rows, the UPDATE claims them by
   -- primary key. Each shape walks an index in due order and stops after p_batch rows: all
   -- channels -> outbox_due_idx; some channels -> outbox_channel_due_idx once per channel (at
@@ -84,8 +78,7 @@ BEGIN
       WHERE o.id = ANY (ARRAY(
               SELECT d.id FROM pgfence.outbox d
               -- attempts < max_attempts: true of every pending message; matches outbox_due_idx
-              WHERE d.status = 'pending' AND d.attempts < d.max_attempts
-                AND (d.next_attempt_at, d.id) >= (v_floor, v_floor_id) AND d.next_attempt_at <= now()
+              WHERE d.status = 'pending' AND d.attempts < d.max_attempts AND d.next_attempt_at <= now()
               ORDER BY d.next_attempt_at, d.id
               LIMIT p_batch
               FOR UPDATE SKIP LOCKED))
@@ -108,8 +101,7 @@ BEGIN
           claimed_at = now(), updated_at = now(), lease_expires_at = now() + v_lease
       WHERE o.id = ANY (ARRAY(
               SELECT d.id FROM pgfence.outbox d
-              WHERE d.channel = p_channels[1] AND d.status = 'pending'
-                AND (d.next_attempt_at, d.id) >= (v_floor, v_floor_id) AND d.next_attempt_at <= now()
+              WHERE d.channel = p_channels[1] AND d.status = 'pending' AND d.next_attempt_at <= now()
               ORDER BY d.next_attempt_at, d.id
               LIMIT p_batch
               FOR UPDATE SKIP LOCKED))
@@ -135,8 +127,7 @@ BEGIN
               FROM (SELECT DISTINCT u.ch FROM unnest(p_channels) AS u(ch)) chans
               CROSS JOIN LATERAL (
                 SELECT d.id, d.next_attempt_at FROM pgfence.outbox d
-                WHERE d.channel = chans.ch AND d.status = 'pending'
-                  AND (d.next_attempt_at, d.id) >= (v_floor, v_floor_id) AND d.next_attempt_at <= now()
+                WHERE d.channel = chans.ch AND d.status = 'pending' AND d.next_attempt_at <= now()
                 ORDER BY d.next_attempt_at, d.id
                 LIMIT p_batch
                 FOR UPDATE SKIP LOCKED) b
@@ -172,24 +163,18 @@ SET enable_seqscan = off
 SET enable_bitmapscan = off
 AS $$
 DECLARE
-  v_due      timestamptz;
-  v_floor    timestamptz;
-  v_floor_id bigint;
+  v_due timestamptz;
 BEGIN
-  -- the claim floor (read only: the claims raise it); no pending message is before it
-  SELECT pgfence._outbox_at(f.p_at), f.p_id INTO v_floor, v_floor_id FROM pgfence._outbox_floor_read() f;
   IF p_channels IS NULL THEN
     SELECT o.next_attempt_at INTO v_due FROM pgfence.outbox o
     WHERE o.status = 'pending' AND o.attempts < o.max_attempts  -- matches outbox_due_idx
-      AND (o.next_attempt_at, o.id) >= (v_floor, v_floor_id)
-    ORDER BY o.next_attempt_at, o.id LIMIT 1;
+    ORDER BY o.next_attempt_at LIMIT 1;
   ELSE
     SELECT min(n.at) INTO v_due
     FROM unnest(p_channels) AS c(ch)
     CROSS JOIN LATERAL (
       SELECT o.next_attempt_at AS at FROM pgfence.outbox o
-      WHERE o.channel = c.ch AND o.status = 'pending' AND (o.next_attempt_at, o.id) >= (v_floor, v_floor_id)
-      ORDER BY o.next_attempt_at, o.id LIMIT 1) n;
+      WHERE o.channel = c.ch AND o.status = 'pending' ORDER BY o.next_attempt_at LIMIT 1) n;
   END IF;
   RETURN CASE WHEN v_due IS NOT NULL THEN greatest(v_due - now(), interval '0') END;
 END

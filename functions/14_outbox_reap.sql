@@ -26,9 +26,6 @@ BEGIN
       USING ERRCODE = '22023', DETAIL = 'max_rows bounds how many lapsed claims one call takes back; nothing was reaped.',
             HINT = 'Omit it for the default (1000), or pass a positive batch size.';
   END IF;
-  -- messages below the claim floor (written with the triggers bypassed) lower it: claimed within
-  -- one reaper period (functions/16_outbox_floor.sql)
-  PERFORM pgfence._outbox_floor_check();
   PERFORM pgfence._set_actor('reaper');
   -- SKIP LOCKED: a row being marked right now is left alone. FOR UPDATE re-reads a row that was
   -- committed after our snapshot and drops it unless it is still processing and lapsed; the

@@ -7,8 +7,8 @@
 -- Applied before 90_audit_owned.sql and 91_audit_health.sql, whose audit_stuck and
 -- audit_queue_health show the same holders. Read-only views for pgfence_admin and pg_monitor.
 -- Every claim walks past the index entries of rows that VACUUM could not remove yet, so one
--- snapshot held open for an hour makes every queue slower (issue 14; the outbox claim floor
--- keeps its claims flat: functions/16_outbox_floor.sql). Time: now(), the database clock.
+-- snapshot held open for an hour makes every queue slower (issue 14: bench/outbox_pressure.py
+-- measures it). Time: now(), the database clock.
 -- Visibility: pg_stat_activity shows the transaction start and query of another role's
 -- sessions only to members of pg_read_all_stats (pg_monitor is one); the xmin of every session
 -- is shown to all.

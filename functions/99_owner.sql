@@ -46,13 +46,6 @@ $registry$;
 -- input order; every other insert takes them from the identity default, which needs no grant.
 REVOKE ALL ON SEQUENCE pgfence.outbox_id_seq FROM pgfence_definer;
 GRANT USAGE ON SEQUENCE pgfence.outbox_id_seq TO pgfence_definer;
--- the outbox claim floor (functions/16_outbox_floor.sql): read, and set with setval
-REVOKE ALL ON SEQUENCE pgfence.outbox_floor_seq, pgfence.outbox_floor_id_seq,
-  pgfence.outbox_floor_guard_seq, pgfence.outbox_floor_guard_id_seq, pgfence.outbox_floor_version_seq,
-  pgfence.outbox_floor_arm_seq, pgfence.outbox_floor_armed_at_seq FROM pgfence_definer;
-GRANT SELECT, UPDATE ON SEQUENCE pgfence.outbox_floor_seq, pgfence.outbox_floor_id_seq,
-  pgfence.outbox_floor_guard_seq, pgfence.outbox_floor_guard_id_seq, pgfence.outbox_floor_version_seq,
-  pgfence.outbox_floor_arm_seq, pgfence.outbox_floor_armed_at_seq TO pgfence_definer;
 
 -- Hand every function, procedure and view not yet owned by pgfence_definer to it (new ones, and
 -- all of them on the upgrade that introduced the role). A non-superuser may give an object to a

@@ -34,28 +34,10 @@ def _fill(conn: psycopg.Connection[Any], analyze: bool) -> None:
         conn.execute("ANALYZE pgfence.outbox")  # two channels, nothing processing
 
 
-def _hold_floor(conn: psycopg.Connection[Any]) -> None:
-    """Keep the claim floor where it is (armed, for an xid and a time never reached), so that the
-    claims below run only their own walks; the floor's walks are checked on their own."""
-    conn.execute("SELECT setval('pgfence.outbox_floor_arm_seq', 9223372036854775807),"
-                 " setval('pgfence.outbox_floor_armed_at_seq', 9223372036854775000)")
-
-
 @pytest.mark.parametrize("analyze", [False, True], ids=["stats-of-empty-table", "analyzed"])
 def test_every_outbox_statement_uses_its_index(conn: psycopg.Connection[Any], analyze: bool) -> None:
     _fill(conn, analyze)
     plans = PlanScans(conn, {"outbox"})
-    # the claim floor's own walks (functions/16_outbox_floor.sql): from the floor, and the
-    # reaper's check below it, both on the all-channels due index
-    conn.execute("SELECT pgfence._outbox_floor_reset()")
-    _, scans = plans.scans("SELECT pgfence._outbox_floor_move()")
-    assert scans == {DUE}, "publishing the floor's guard: the earliest pending message"
-    conn.execute("SELECT setval('pgfence.outbox_floor_armed_at_seq', -9223372036854775808)")
-    _, scans = plans.scans("SELECT pgfence._outbox_floor()")
-    assert scans == {DUE}, "raising the floor: the earliest pending message at or above it"
-    _, scans = plans.scans("SELECT pgfence._outbox_floor_check()")
-    assert scans == {DUE}, "the reaper's check: a pending message below the floor"
-    _hold_floor(conn)
 
     rows, scans = plans.scans("SELECT id, attempt FROM pgfence.outbox_claim('w', 1, '{mine}')")
     assert scans == {CHANNEL_DUE, PK}, "one-channel claim: walk the channel's due index, update by id"
@@ -86,5 +68,4 @@ def test_every_outbox_statement_uses_its_index(conn: psycopg.Connection[Any], an
     conn.execute("UPDATE pgfence.outbox SET lease_expires_at = now() - interval '1 second'"
                  " WHERE status = 'processing'")
     _, scans = plans.scans("SELECT pgfence.outbox_reap()")
-    assert scans == {DUE, LEASE, PK}, ("the reaper checks the claim floor, walks lapsed leases,"
-                                       " then updates by id")
+    assert scans == {LEASE, PK}, "the reaper walks lapsed leases, then updates by id"
