@@ -3068,15 +3068,12 @@ LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pgfence, pg_temp
 AS $$
 DECLARE
-  v_count  integer;
-  -- A run released to executors (worker NULL) waits while no live executor serves plans.
-  v_served boolean := pgfence._plan_served();
+  v_count integer;
 BEGIN
   WITH stale AS (
     SELECT p.id FROM pgfence.plan p
     WHERE (p_id IS NULL OR p.id = p_id)
-      AND ((p.status = 'executing' AND p.heartbeat_expires_at < now()
-            AND (p.worker IS NOT NULL OR v_served))
+      AND ((p.status = 'executing' AND p.heartbeat_expires_at < now())
            OR (p.status = 'pending' AND p.expires_at <= now()))
     ORDER BY p.id
     LIMIT p_max_rows
@@ -3090,7 +3087,9 @@ BEGIN
     FROM stale
     WHERE p.id = stale.id
       AND ((p.status = 'executing' AND p.heartbeat_expires_at < now()
-            AND (p.worker IS NOT NULL OR v_served))
+            -- a run released to executors (no owner) waits while no live executor serves
+            -- plans (asked only for the lapsed candidates)
+            AND (p.worker IS NOT NULL OR pgfence._plan_served()))
            OR (p.status = 'pending' AND p.expires_at <= now()))
     RETURNING p.id
   )
