@@ -32,7 +32,8 @@ LANGUAGE plpgsql
 SET search_path = pg_catalog, pgfence, pg_temp
 AS $$
 DECLARE
-  v_op text;
+  v_op  text;
+  v_log boolean;
 BEGIN
   IF TG_OP = 'DELETE' THEN
     RAISE EXCEPTION 'document % cannot be removed: a deleted document keeps its tombstone so its id and versions are never reused', OLD.id
@@ -76,8 +77,12 @@ BEGIN
   -- fails and takes them back with it.
   INSERT INTO pgfence.document_revision (document_id, version, op, content, save_id, saved_by, saved_at)
   VALUES (NEW.id, NEW.version, v_op, NEW.content, NEW.save_id, NEW.saved_by, NEW.saved_at);
-  -- The save event only if the kind logs saves (document_kind.log_saves); a delete always.
-  IF v_op = 'delete' OR (SELECT k.log_saves FROM pgfence.document_kind k WHERE k.kind = NEW.kind) THEN
+  -- The save event only if the kind logs saves (document_kind.log_saves); a delete always, and
+  -- without reading the kind (two IFs: an OR in one expression may evaluate both sides).
+  IF v_op = 'save' THEN
+    v_log := (SELECT k.log_saves FROM pgfence.document_kind k WHERE k.kind = NEW.kind);
+  END IF;
+  IF v_op = 'delete' OR v_log THEN
     INSERT INTO pgfence.event (module, item_id, event, from_status, to_status, actor, fence, detail)
     VALUES ('document', NEW.id, v_op, OLD.status, NEW.status, NEW.saved_by, NEW.version,
             jsonb_strip_nulls(jsonb_build_object('kind', NEW.kind, 'based_on', OLD.version,
