@@ -194,7 +194,7 @@ SQLSTATES: Mapping[str, SqlState] = MappingProxyType({row.code: row for row in (
     SqlState("PF002", "immutable", Immutable, (409, "immutable")),
     SqlState("PF003", "idempotency_key_reused", IdempotencyKeyReused,
              (422, "idempotency_key_reused")),     # same key, other content or base version
-    SqlState("PF004", "payload_too_large", PayloadTooLarge, (413, "payload_too_large")),
+    SqlState("PF004", "payload_too_large", PayloadTooLarge),
     SqlState("PF005", "truncate_refused", TruncateRefused),
     SqlState("PF101", "unknown_action", UnknownAction),
     SqlState("PF102", "action_conflict", ActionConflict),
