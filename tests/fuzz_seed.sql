@@ -26,6 +26,9 @@ BEGIN
 END $$;
 CREATE OR REPLACE TRIGGER fuzz_receipt_purged AFTER DELETE ON pgfence.plan_step
   FOR EACH ROW EXECUTE FUNCTION public.fuzz_receipt_purged();
+-- the trigger runs as whoever deletes the receipt: audit_purge (SECURITY DEFINER) deletes as
+-- pgfence_definer
+GRANT SELECT, DELETE ON public.fuzz_effect TO pgfence_definer;
 CREATE OR REPLACE FUNCTION public.fuzz_retired(p jsonb) RETURNS jsonb LANGUAGE sql AS $$ SELECT p $$;
 CREATE OR REPLACE FUNCTION public.fuzz_changing(p jsonb) RETURNS jsonb LANGUAGE sql AS $$ SELECT p $$;
 CREATE OR REPLACE FUNCTION public.fuzz_gone(p jsonb) RETURNS jsonb LANGUAGE sql AS $$ SELECT p $$;
