@@ -216,3 +216,44 @@ def test_every_sql_block_of_docs_metrics_runs(db: str, conn: psycopg.Connection,
         outputs.append(run.stdout)
     assert "pgfence_queue_depth" in outputs[0]
     assert "docs" in outputs[1]  # the unserved channel
+
+
+def _scans(node: dict, out: list[tuple[str, str, int]]) -> None:
+    if node.get("Relation Name") in ("outbox", "plan", "operation") and node["Actual Loops"] > 0:
+        out.append((node["Relation Name"], node["Node Type"], int(node["Actual Rows"]) * int(node["Actual Loops"])))
+    for child in node.get("Plans", []):
+        _scans(child, out)
+
+
+@pytest.mark.timeout(180)
+def test_audit_metrics_reads_live_and_failed_rows_not_the_history(conn: psycopg.Connection) -> None:
+    """A scrape reads the live and failed rows through partial indexes, never the sent history:
+    with 30,000 sent messages kept (no purge) and a handful live, no scan of the outbox, plan or
+    operation table that runs returns more rows than are live or failed, no outbox scan that runs
+    is sequential, and the depths are right."""
+    # The history: sent messages (written directly, as a purge-less month would leave them).
+    conn.execute("SET session_replication_role = replica")
+    conn.execute("""INSERT INTO pgfence.outbox (channel, recipient, payload, status, attempts, max_attempts,
+                                                finished_at)
+                    SELECT 'hist', 'r', '{}', 'sent', 1, 5, now() FROM generate_series(1, 30000)""")
+    conn.execute("RESET session_replication_role")
+    conn.execute("SELECT pgfence.outbox_enqueue_many('hist', ARRAY['a', 'b', 'c'], ARRAY['{}', '{}', '{}']::jsonb[])")
+    conn.execute("SELECT pgfence.outbox_enqueue('later', 'r', '{}', NULL, now() + interval '1 hour')")
+    claimed = conn.execute("SELECT id, attempt FROM pgfence.outbox_claim('w', 1, ARRAY['hist'])").fetchone()
+    assert claimed is not None
+    assert conn.execute("SELECT pgfence.outbox_mark_failed(%s, %s, 'bad request', false)", claimed).fetchone()
+    conn.execute("SELECT pgfence.outbox_claim('w', 1, ARRAY['hist'])")
+    conn.execute("ANALYZE pgfence.outbox")
+    depth = {(q, s): v for q, s, v in conn.execute(
+        "SELECT queue, status, value FROM pgfence.audit_metrics WHERE metric = 'pgfence_queue_depth'"
+        " AND module = 'outbox'")}
+    assert depth[("hist", "ready")] == 1 and depth[("hist", "in_flight")] == 1
+    assert depth[("hist", "failed")] == 1 and depth[("hist", "dead")] == 0
+    assert depth[("later", "deferred")] == 1 and depth[("later", "ready")] == 0
+    plan_json = conn.execute("EXPLAIN (ANALYZE, FORMAT JSON) SELECT * FROM pgfence.audit_metrics").fetchone()
+    assert plan_json is not None
+    scans: list[tuple[str, str, int]] = []
+    _scans(plan_json[0][0]["Plan"], scans)
+    assert any(rel == "outbox" for rel, _, _ in scans), scans
+    assert [s for s in scans if s[0] == "outbox" and s[1] == "Seq Scan"] == [], scans
+    assert all(rows <= 10 for _, _, rows in scans), scans
