@@ -1013,7 +1013,8 @@ $guards$;
 --
 -- Public: trace_contexts(module, ids[])  (an executor with tracing on: one call per claimed batch)
 -- Internal: _traceparent(), _tracestate() (the defaults of the traceparent / tracestate columns
---           of outbox, plan and operation), _trace_check(value, setting).
+--           of outbox, plan and operation), _trace_check(value, setting); trigger
+--           tg_trace_frozen (the columns are never updated: PF002).
 -- A caller whose trace should reach the executor sets, in the transaction that enqueues
 -- (proposes, requests): SET LOCAL pgfence.traceparent = '00-<trace id>-<parent id>-<flags>'
 -- (and optionally pgfence.tracestate); every outbox message, plan and operation it then inserts
@@ -1106,6 +1107,41 @@ BEGIN
   END LOOP;
 END
 $defaults$;
+
+-- The trace context is part of what was committed with the item: never updated (PF002). The
+-- triggers are named <table>_frozen_trace: they fire before <table>_guard (alphabetical order).
+CREATE OR REPLACE FUNCTION pgfence.tg_trace_frozen()
+RETURNS trigger
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pgfence, pg_temp
+AS $$
+BEGIN
+  RAISE EXCEPTION '% %: its trace context (traceparent, tracestate) is never updated', TG_TABLE_NAME, OLD.id
+    USING ERRCODE = 'PF002',
+          DETAIL = 'The trace context is the one of the transaction that created the row.',
+          HINT = 'Set pgfence.traceparent in the transaction that enqueues (proposes, requests) instead.';
+END
+$$;
+REVOKE ALL ON FUNCTION pgfence.tg_trace_frozen() FROM PUBLIC;
+COMMENT ON FUNCTION pgfence.tg_trace_frozen() IS
+  'Trigger: refuses any write of the traceparent or tracestate of a message, plan or operation (PF002).
+BEFORE UPDATE OF traceparent, tracestate on pgfence.outbox, pgfence.plan and pgfence.operation:
+a column trigger, nothing for statements that do not name them.';
+
+DO $frozen$
+DECLARE
+  v_table text;
+BEGIN
+  FOREACH v_table IN ARRAY ARRAY['outbox', 'plan', 'operation'] LOOP
+    IF EXISTS (SELECT FROM pg_attribute
+               WHERE attrelid = format('pgfence.%I', v_table)::regclass AND attname = 'traceparent'
+                 AND NOT attisdropped) THEN
+      EXECUTE format('CREATE OR REPLACE TRIGGER %I BEFORE UPDATE OF traceparent, tracestate ON pgfence.%I'
+                     ' FOR EACH ROW EXECUTE FUNCTION pgfence.tg_trace_frozen()', v_table || '_frozen_trace', v_table);
+    END IF;
+  END LOOP;
+END
+$frozen$;
 
 CREATE OR REPLACE FUNCTION pgfence.trace_contexts(p_module text, p_ids bigint[])
 RETURNS TABLE (id bigint, traceparent text, tracestate text)

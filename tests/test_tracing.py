@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -28,6 +29,7 @@ from pgfence.outbox import Claimed
 from pgfence.plan.module import PlanModule
 from pgfence.transports import CallableTransport, PermanentError
 from support import InstantOperation
+from test_audit_docs import psql, sql_blocks
 
 
 def _provider() -> tuple[TracerProvider, InMemorySpanExporter]:
@@ -239,3 +241,17 @@ def test_with_tracing_off_the_executor_reads_no_trace_context(
     assert _calls(conn, "trace_contexts") == on.tracing.fetches >= 1, \
         "one call per claimed batch, only with tracing on"
     assert len(_named(exporter.get_finished_spans(), "process hooks")) == 5
+
+
+def test_the_sql_block_of_docs_tracing_runs_and_stores_its_context(
+        db: str, conn: psycopg.Connection[Any], tmp_path: Path) -> None:
+    doc = Path(__file__).resolve().parents[1] / "docs" / "tracing.md"
+    [block] = sql_blocks(doc.read_text(encoding="utf-8"))
+    run = psql(db, block, tmp_path)
+    assert run.returncode == 0, run.stderr
+    assert conn.execute("SELECT traceparent, tracestate FROM pgfence.outbox WHERE channel = 'orders'").fetchall() == [
+        ("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", "congo=t61rcWkgMzE")]
+    # The same block with a hand-built (uppercase) traceparent: refused (22023), nothing enqueued.
+    bad = psql(db, block.replace("4bf92f3577b34da6", "4BF92F3577B34DA6"), tmp_path)
+    assert bad.returncode != 0 and "is not a W3C traceparent" in bad.stderr, bad.stderr
+    assert conn.execute("SELECT count(*) FROM pgfence.outbox WHERE channel = 'orders'").fetchone() == (1,)

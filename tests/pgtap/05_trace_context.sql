@@ -4,7 +4,7 @@
 -- executor's read per claimed batch) and its grants.
 BEGIN;
 \ir helpers/setup.sql
-SELECT plan(45);
+SELECT plan(48);
 
 CREATE TEMP TABLE ids (name text PRIMARY KEY, id bigint);
 GRANT SELECT ON ids TO PUBLIC;  -- read by pg_temp.tid under SET ROLE
@@ -107,6 +107,16 @@ SELECT is(pg_temp.outbox_rows(), (SELECT n FROM before), 'nothing was written by
 SELECT is((SELECT count(*) FROM pgfence.operation WHERE target = 'target-2'), 0::bigint, 'no operation either');
 RESET pgfence.traceparent;
 RESET pgfence.tracestate;
+
+-- =============================================================================================
+-- Frozen: the trace context is never updated (PF002), not even by the tables' owner
+-- =============================================================================================
+SELECT throws_ok($$UPDATE pgfence.outbox SET traceparent = NULL WHERE id = pg_temp.tid('one')$$, 'PF002', NULL,
+  'an UPDATE of an outbox message''s traceparent: PF002');
+SELECT throws_ok($$UPDATE pgfence.plan SET tracestate = 'x=1' WHERE id = pg_temp.tid('plan')$$, 'PF002', NULL,
+  'of a plan''s tracestate: PF002');
+SELECT throws_ok($$UPDATE pgfence.operation SET traceparent = '00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00' WHERE id = pg_temp.tid('op')$$,
+  'PF002', NULL, 'of an operation''s traceparent: PF002');
 
 -- =============================================================================================
 -- trace_contexts: what the executor reads per claimed batch
