@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import json
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +29,7 @@ from pgfence.operation.module import OperationModule
 from pgfence.outbox import Claimed
 from pgfence.plan.module import PlanModule
 from pgfence.transports import CallableTransport, PermanentError
-from support import InstantOperation
+from support import InstantOperation, Proc, wait_for
 from test_audit_docs import psql, sql_blocks
 
 
@@ -255,3 +256,41 @@ def test_the_sql_block_of_docs_tracing_runs_and_stores_its_context(
     bad = psql(db, block.replace("4bf92f3577b34da6", "4BF92F3577B34DA6"), tmp_path)
     assert bad.returncode != 0 and "is not a W3C traceparent" in bad.stderr, bad.stderr
     assert conn.execute("SELECT count(*) FROM pgfence.outbox WHERE channel = 'orders'").fetchone() == (1,)
+
+
+def _spans(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("disabled", [False, True], ids=["otel", "OTEL_SDK_DISABLED"])
+def test_a_real_executor_process_with_otel_exports_delivery_spans(
+        db: str, conn: psycopg.Connection[Any], tmp_path: Path, disabled: bool) -> None:
+    conn.execute(f'ALTER DATABASE "{conn.info.dbname}" SET track_functions = \'all\'')
+    provider, _ = _provider()
+    with provider.get_tracer("shop").start_as_current_span("checkout") as checkout:
+        ok = outbox.enqueue(conn, "hooks", "r", {"n": 1})
+        bad = outbox.enqueue(conn, "hooks", "r", {"fail": True})
+    spans_file = tmp_path / "spans.jsonl"
+    proc = Proc(db, ["--otel", "--route", "hooks=python:otel_spans:deliver", "--poll-interval", "0.2",
+                     "--worker-id", "otel-1"], tmp_path / "executor.log",
+                env={"PGFENCE_TEST_SPANS": str(spans_file),
+                     **({"OTEL_SDK_DISABLED": "true"} if disabled else {})})
+    try:
+        wait_for(lambda: _one(conn, "SELECT count(*) FROM pgfence.outbox WHERE status IN ('sent', 'failed')") == 2,
+                 30, "both messages to be delivered or failed")
+    finally:
+        assert proc.terminate() == 0, proc.output()
+    spans = {s["attributes"]["pgfence.id"]: s for s in _spans(spans_file) if s["name"] == "process hooks"}
+    if disabled:
+        assert spans == {}
+        assert _calls(conn, "trace_contexts") == 0
+        assert "but OTEL_SDK_DISABLED=true: no spans" in proc.output()
+        return
+    ctx = checkout.get_span_context()
+    assert sorted(spans) == sorted([ok, bad])
+    assert spans[ok]["trace_id"] == f"{ctx.trace_id:032x}" and spans[ok]["parent"] == f"{ctx.span_id:016x}"
+    assert spans[ok]["attributes"]["pgfence.worker"] == "otel-1"
+    assert spans[ok]["attributes"]["pgfence.outcome"] == "delivered"
+    assert spans[bad]["status"] == "ERROR" and spans[bad]["attributes"]["error.type"] == "failed"
+    assert _calls(conn, "trace_contexts") >= 1

@@ -388,7 +388,7 @@ class Executor:
         if self.config.otel:
             from . import tracing
             if tracing.disabled_by_env():
-                logger.info("OTEL_SDK_DISABLED=true: no spans")
+                logger.warning("tracing asked for, but OTEL_SDK_DISABLED=true: no spans")
             else:
                 self.tracing = tracing.Tracing(self, self.config.otel_provider)
 
