@@ -12,6 +12,8 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -294,3 +296,26 @@ def test_a_real_executor_process_with_otel_exports_delivery_spans(
     assert spans[ok]["attributes"]["pgfence.outcome"] == "delivered"
     assert spans[bad]["status"] == "ERROR" and spans[bad]["attributes"]["error.type"] == "failed"
     assert _calls(conn, "trace_contexts") >= 1
+
+
+#: Python with the opentelemetry package made unimportable (as if the extra were not installed).
+WITHOUT_OTEL = "import sys; sys.modules['opentelemetry'] = None\n"
+
+
+def test_without_opentelemetry_installed_enqueue_works_and_otel_is_refused_clearly(
+        db: str, conn: psycopg.Connection[Any]) -> None:
+    script = WITHOUT_OTEL + (
+        "import psycopg\n"
+        "from pgfence import outbox, tracing\n"
+        "assert not tracing.available()\n"
+        f"with psycopg.connect({db!r}, autocommit=True) as c:\n"
+        "    print(outbox.enqueue(c, 'hooks', 'r', {}))\n"
+        "from pgfence.cli import main\n"
+        f"main(['--dsn', {db!r}, 'executor', '--otel', '--route', 'hooks=noop'])\n")
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60,
+                         check=False)
+    assert run.returncode == 2, run.stderr
+    assert "OpenTelemetry is not installed: pip install 'pgfence[otel]'" in run.stderr
+    assert "Traceback" not in run.stderr
+    mid = int(run.stdout.split()[0])
+    assert _one(conn, "SELECT traceparent IS NULL AND status = 'pending' FROM pgfence.outbox WHERE id = %s", (mid,))
