@@ -26,7 +26,7 @@ $(VENV)/.installed: pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV) || { \
 	  echo "python3 -m venv failed: install python3-venv (apt-get install python3-venv)"; exit 1; }
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[dev,web]'
+	$(PY) -m pip install -q -e '.[dev,web,otel]'
 	@touch $@
 
 venv: $(VENV)/.installed

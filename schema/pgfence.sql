@@ -219,7 +219,7 @@ COMMENT ON COLUMN pgfence.outbox_channel.log_events IS
 INSERT INTO pgfence.outbox_channel (channel, max_attempts, backoff_base, backoff_cap, lease, log_events, max_payload_bytes, key_max_in_flight, key_rate, key_burst, key_dead_policy) VALUES
   ('*', 10, '00:00:01', '01:00:00', '00:05:00', false, 1048576, 1, NULL, 1, 'block');
 
--- pgfence.outbox (changed later by 0007_outbox_due_index, 0017_outbox_keys, 0021_metrics_indexes)
+-- pgfence.outbox (changed later by 0007_outbox_due_index, 0017_outbox_keys, 0019_trace_context, 0021_metrics_indexes)
 CREATE TABLE pgfence.outbox (
   id               bigint GENERATED ALWAYS AS IDENTITY NOT NULL,
   channel          text NOT NULL,
@@ -240,6 +240,8 @@ CREATE TABLE pgfence.outbox (
   updated_at       timestamp with time zone NOT NULL DEFAULT now(),
   finished_at      timestamp with time zone,
   ordering_key     text,
+  traceparent      text,
+  tracestate       text,
   CONSTRAINT outbox_pkey PRIMARY KEY (id),
   CONSTRAINT outbox_status_check CHECK ((status = ANY (ARRAY['waiting'::text, 'pending'::text, 'processing'::text, 'sent'::text, 'failed'::text, 'dead'::text, 'canceled'::text])))
 );
@@ -257,6 +259,10 @@ COMMENT ON COLUMN pgfence.outbox.log_events IS
   'Copied from the channel''s setting at enqueue (and refreshed by outbox_configure_channel and outbox_requeue): this message''s transitions go to pgfence.event.';
 COMMENT ON COLUMN pgfence.outbox.ordering_key IS
   'Optional: messages of one channel and ordering key are claimed in enqueue order, at most the channel''s key_max_in_flight at once (one by default). NULL: no order.';
+COMMENT ON COLUMN pgfence.outbox.traceparent IS
+  'W3C traceparent of the enqueuing transaction (its setting pgfence.traceparent), NULL if none: the executor''s delivery span is its child.';
+COMMENT ON COLUMN pgfence.outbox.tracestate IS
+  'W3C tracestate of the enqueuing transaction (setting pgfence.tracestate), kept only with a traceparent; NULL if none.';
 CREATE INDEX outbox_channel_due_idx ON pgfence.outbox USING btree (channel, next_attempt_at, id) WHERE (status = 'pending'::text);
 CREATE INDEX outbox_due_idx ON pgfence.outbox USING btree (next_attempt_at, id) WHERE ((status = 'pending'::text) AND (attempts < max_attempts));
 COMMENT ON INDEX pgfence.outbox_due_idx IS
@@ -293,7 +299,7 @@ COMMENT ON COLUMN pgfence.plan_action.function IS
 COMMENT ON COLUMN pgfence.plan_action.retired_at IS
   'Set by plan_retire_action: new proposals may not use the action, and an approved plan reaching a step of it records an error receipt instead of running it.';
 
--- pgfence.plan (changed later by 0008_claim_walk_indexes, 0010_plan_run_token)
+-- pgfence.plan (changed later by 0008_claim_walk_indexes, 0010_plan_run_token, 0019_trace_context)
 CREATE TABLE pgfence.plan (
   id                   bigint GENERATED ALWAYS AS IDENTITY NOT NULL,
   status               text NOT NULL DEFAULT 'pending'::text,
@@ -322,6 +328,8 @@ CREATE TABLE pgfence.plan (
   finished_at          timestamp with time zone,
   updated_at           timestamp with time zone NOT NULL DEFAULT now(),
   run_token            bigint NOT NULL DEFAULT 0,
+  traceparent          text,
+  tracestate           text,
   CONSTRAINT plan_pkey PRIMARY KEY (id),
   CONSTRAINT plan_idempotency_key_key UNIQUE (idempotency_key),
   CONSTRAINT plan_compensates_fkey FOREIGN KEY (compensates) REFERENCES pgfence.plan(id),
@@ -362,6 +370,10 @@ COMMENT ON COLUMN pgfence.plan.failure IS
   'Why a failed plan failed: step_error (a step''s error receipt) or interrupted (the heartbeat lapsed: the owner died, stalled or never came back).';
 COMMENT ON COLUMN pgfence.plan.run_token IS
   'The fence token of the run: 0 until the first take, then bumped by every plan_start, plan_claim, takeover of a released run and re-entry under the owner''s name. The owner functions (plan_run_step, plan_record_step, plan_heartbeat, plan_release) act only with the current token; it never goes down (PF002).';
+COMMENT ON COLUMN pgfence.plan.traceparent IS
+  'W3C traceparent of the proposing transaction (its setting pgfence.traceparent), NULL if none: the executor''s run and step spans are its children.';
+COMMENT ON COLUMN pgfence.plan.tracestate IS
+  'W3C tracestate of the proposing transaction (setting pgfence.tracestate), kept only with a traceparent; NULL if none.';
 CREATE INDEX plan_approved_idx ON pgfence.plan USING btree (id) WHERE (status = 'approved'::text);
 COMMENT ON INDEX pgfence.plan_approved_idx IS
   'Approved plans waiting for an executor, oldest first: the walk of plan_claim.';
@@ -417,7 +429,7 @@ COMMENT ON COLUMN pgfence.plan_step.error IS
 -- pgfence 0004 — operation: long external operations (reset a branch, provision, export),
 -- at most one in flight per (kind, target), issued once and then only polled.
 
--- pgfence.operation (changed later by 0008_claim_walk_indexes, 0009_operation_kind_queue, 0021_metrics_indexes)
+-- pgfence.operation (changed later by 0008_claim_walk_indexes, 0009_operation_kind_queue, 0019_trace_context, 0021_metrics_indexes)
 CREATE TABLE pgfence.operation (
   id                   bigint GENERATED ALWAYS AS IDENTITY NOT NULL,
   kind                 text NOT NULL,
@@ -451,6 +463,8 @@ CREATE TABLE pgfence.operation (
   updated_at           timestamp with time zone NOT NULL DEFAULT now(),
   started_at           timestamp with time zone,
   finished_at          timestamp with time zone,
+  traceparent          text,
+  tracestate           text,
   CONSTRAINT operation_pkey PRIMARY KEY (id),
   CONSTRAINT operation_idempotency_key_key UNIQUE (idempotency_key),
   CONSTRAINT operation_cancel_by CHECK (((cancel_requested_at IS NULL) = (cancel_requested_by IS NULL))),
@@ -502,6 +516,10 @@ COMMENT ON COLUMN pgfence.operation.cancel_requested_at IS
   'A cancel request for a running operation whose external call was started; the owner learns it from operation_poll and ends the operation as canceled.';
 COMMENT ON COLUMN pgfence.operation.result IS
   'What the owner reported at the end (operation_finish detail), or the reason a pgfence function ended it ({"reason": "outcome_unknown", ...}).';
+COMMENT ON COLUMN pgfence.operation.traceparent IS
+  'W3C traceparent of the requesting transaction (its setting pgfence.traceparent), NULL if none: the executor''s issue and poll spans are its children.';
+COMMENT ON COLUMN pgfence.operation.tracestate IS
+  'W3C tracestate of the requesting transaction (setting pgfence.tracestate), kept only with a traceparent; NULL if none.';
 CREATE INDEX operation_failed_idx ON pgfence.operation USING btree (kind) WHERE (status = 'failed'::text);
 COMMENT ON INDEX pgfence.operation_failed_idx IS
   'Failed operations per kind: the failed depth of audit_metrics, without reading finished history.';
@@ -994,6 +1012,184 @@ BEGIN
   END LOOP;
 END
 $guards$;
+
+
+-- ==== functions/05_trace_context.sql
+-- pgfence functions/05_trace_context.sql — the W3C trace context carried from enqueue to delivery.
+--
+-- Public: trace_contexts(module, ids[])  (an executor with tracing on: one call per claimed batch)
+-- Internal: _traceparent(), _tracestate() (the defaults of the traceparent / tracestate columns
+--           of outbox, plan and operation), _trace_check(value, setting); trigger
+--           tg_trace_frozen (the columns are never updated: PF002).
+-- A caller whose trace should reach the executor sets, in the transaction that enqueues
+-- (proposes, requests): SET LOCAL pgfence.traceparent = '00-<trace id>-<parent id>-<flags>'
+-- (and optionally pgfence.tracestate); every outbox message, plan and operation it then inserts
+-- carries it. No function signature changes. Unset or '' = no trace context (NULL). A malformed
+-- value raises 22023 at the insert: nothing is written (the Python helpers only set valid ones).
+-- The defaults are inlinable SQL: an insert without the setting pays a current_setting() call.
+-- Docs: docs/tracing.md. Errors: functions/ERRORS.md.
+
+CREATE OR REPLACE FUNCTION pgfence._trace_check(p_value text, p_setting text)
+RETURNS text
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pgfence, pg_temp
+AS $$
+BEGIN
+  IF p_setting = 'pgfence.traceparent' THEN
+    -- W3C Trace Context level 1: version-traceid-parentid-flags, lowercase hex, version ff and
+    -- all-zero ids invalid. Exactly 55 characters (the fields of version 00).
+    IF p_value ~ '^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$'
+       AND left(p_value, 2) <> 'ff'
+       AND substr(p_value, 4, 32) <> repeat('0', 32)
+       AND substr(p_value, 37, 16) <> repeat('0', 16) THEN
+      RETURN p_value;
+    END IF;
+    RAISE EXCEPTION 'pgfence.traceparent is not a W3C traceparent: "%"', left(p_value, 100)
+      USING ERRCODE = '22023',
+            DETAIL = 'A traceparent is version-traceid-parentid-flags in lowercase hex (2-32-16-2 digits, ids not all zero, version not ff); nothing was written.',
+            HINT = 'Set it from your tracer''s current span (e.g. 00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01), or RESET pgfence.traceparent.';
+  END IF;
+  -- tracestate: at most 512 characters of printable ASCII (the W3C list of key=value members).
+  IF length(p_value) <= 512 AND p_value ~ '^[\x20-\x7e]*$' THEN
+    RETURN p_value;
+  END IF;
+  RAISE EXCEPTION 'pgfence.tracestate is not a W3C tracestate (% characters)', length(p_value)
+    USING ERRCODE = '22023',
+          DETAIL = 'A tracestate is at most 512 characters of printable ASCII (key=value members, comma-separated); nothing was written.',
+          HINT = 'Set it from your tracer''s current span context, or RESET pgfence.tracestate.';
+END
+$$;
+REVOKE ALL ON FUNCTION pgfence._trace_check(text, text) FROM PUBLIC;
+COMMENT ON FUNCTION pgfence._trace_check(text, text) IS
+  'Internal: p_value if it is a valid W3C value of the setting p_setting, else raises 22023.
+p_setting is pgfence.traceparent (version-traceid-parentid-flags, lowercase hex, 55 characters,
+ids not all zero, version not ff) or pgfence.tracestate (at most 512 printable ASCII characters).
+Errors: 22023 (malformed traceparent or tracestate).';
+
+-- Inlinable (SQL, no SET clause, no SECURITY DEFINER): a column default without the setting
+-- costs one current_setting() per row; the check runs only when the setting is there.
+CREATE OR REPLACE FUNCTION pgfence._traceparent()
+RETURNS text
+LANGUAGE sql STABLE
+AS $$
+  SELECT CASE WHEN coalesce(current_setting('pgfence.traceparent', true), '') <> ''
+              THEN pgfence._trace_check(current_setting('pgfence.traceparent', true), 'pgfence.traceparent') END
+$$;
+REVOKE ALL ON FUNCTION pgfence._traceparent() FROM PUBLIC;
+COMMENT ON FUNCTION pgfence._traceparent() IS
+  'Internal: the transaction''s setting pgfence.traceparent, validated; NULL when unset or empty.
+The default of the traceparent columns of outbox, plan and operation.
+Errors: 22023 (malformed traceparent).';
+
+CREATE OR REPLACE FUNCTION pgfence._tracestate()
+RETURNS text
+LANGUAGE sql STABLE
+AS $$
+  SELECT CASE WHEN coalesce(current_setting('pgfence.traceparent', true), '') <> ''
+               AND coalesce(current_setting('pgfence.tracestate', true), '') <> ''
+              THEN pgfence._trace_check(current_setting('pgfence.tracestate', true), 'pgfence.tracestate') END
+$$;
+REVOKE ALL ON FUNCTION pgfence._tracestate() FROM PUBLIC;
+COMMENT ON FUNCTION pgfence._tracestate() IS
+  'Internal: the transaction''s setting pgfence.tracestate, validated; NULL when unset or empty.
+Kept only together with a traceparent (a tracestate alone means nothing). The default of the
+tracestate columns of outbox, plan and operation.
+Errors: 22023 (malformed tracestate).';
+
+-- The column defaults (the columns come from migration 0019; guarded, so that these files also
+-- apply to a schema of an earlier migration). SET DEFAULT rewrites nothing: it applies to rows
+-- inserted from now on.
+DO $defaults$
+DECLARE
+  v_table text;
+BEGIN
+  FOREACH v_table IN ARRAY ARRAY['outbox', 'plan', 'operation'] LOOP
+    IF EXISTS (SELECT FROM pg_attribute
+               WHERE attrelid = format('pgfence.%I', v_table)::regclass AND attname = 'traceparent'
+                 AND NOT attisdropped) THEN
+      EXECUTE format('ALTER TABLE pgfence.%I ALTER COLUMN traceparent SET DEFAULT pgfence._traceparent(),'
+                     ' ALTER COLUMN tracestate SET DEFAULT pgfence._tracestate()', v_table);
+    END IF;
+  END LOOP;
+END
+$defaults$;
+
+-- The trace context is part of what was committed with the item: never updated (PF002). The
+-- triggers are named <table>_frozen_trace: they fire before <table>_guard (alphabetical order).
+CREATE OR REPLACE FUNCTION pgfence.tg_trace_frozen()
+RETURNS trigger
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pgfence, pg_temp
+AS $$
+BEGIN
+  RAISE EXCEPTION '% %: its trace context (traceparent, tracestate) is never updated', TG_TABLE_NAME, OLD.id
+    USING ERRCODE = 'PF002',
+          DETAIL = 'The trace context is the one of the transaction that created the row.',
+          HINT = 'Set pgfence.traceparent in the transaction that enqueues (proposes, requests) instead.';
+END
+$$;
+REVOKE ALL ON FUNCTION pgfence.tg_trace_frozen() FROM PUBLIC;
+COMMENT ON FUNCTION pgfence.tg_trace_frozen() IS
+  'Trigger: refuses any write of the traceparent or tracestate of a message, plan or operation (PF002).
+BEFORE UPDATE OF traceparent, tracestate on pgfence.outbox, pgfence.plan and pgfence.operation:
+a column trigger, nothing for statements that do not name them.';
+
+DO $frozen$
+DECLARE
+  v_table text;
+BEGIN
+  FOREACH v_table IN ARRAY ARRAY['outbox', 'plan', 'operation'] LOOP
+    IF EXISTS (SELECT FROM pg_attribute
+               WHERE attrelid = format('pgfence.%I', v_table)::regclass AND attname = 'traceparent'
+                 AND NOT attisdropped) THEN
+      EXECUTE format('CREATE OR REPLACE TRIGGER %I BEFORE UPDATE OF traceparent, tracestate ON pgfence.%I'
+                     ' FOR EACH ROW EXECUTE FUNCTION pgfence.tg_trace_frozen()', v_table || '_frozen_trace', v_table);
+    END IF;
+  END LOOP;
+END
+$frozen$;
+
+CREATE OR REPLACE FUNCTION pgfence.trace_contexts(p_module text, p_ids bigint[])
+RETURNS TABLE (id bigint, traceparent text, tracestate text)
+LANGUAGE plpgsql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pgfence, pg_temp
+AS $$
+BEGIN
+  IF p_module IS NULL OR p_ids IS NULL THEN
+    RAISE EXCEPTION 'trace_contexts: module and ids are required'
+      USING ERRCODE = '22004', DETAIL = format('module %s, ids %s', coalesce(p_module, 'NULL'),
+                                              CASE WHEN p_ids IS NULL THEN 'NULL' ELSE 'given' END),
+            HINT = 'Pass the module (outbox, plan or operation) and an array of the ids just claimed.';
+  END IF;
+  IF cardinality(p_ids) > 10000 THEN
+    RAISE EXCEPTION 'trace_contexts: at most 10000 ids per call, got %', cardinality(p_ids)
+      USING ERRCODE = '22023', DETAIL = 'A claimed batch is at most 10000 items.',
+            HINT = 'Ask for one claimed batch at a time.';
+  END IF;
+  IF p_module = 'outbox' THEN
+    RETURN QUERY SELECT o.id, o.traceparent, o.tracestate FROM pgfence.outbox o
+                 WHERE o.id = ANY (p_ids) AND o.traceparent IS NOT NULL;
+  ELSIF p_module = 'plan' THEN
+    RETURN QUERY SELECT p.id, p.traceparent, p.tracestate FROM pgfence.plan p
+                 WHERE p.id = ANY (p_ids) AND p.traceparent IS NOT NULL;
+  ELSIF p_module = 'operation' THEN
+    RETURN QUERY SELECT o.id, o.traceparent, o.tracestate FROM pgfence.operation o
+                 WHERE o.id = ANY (p_ids) AND o.traceparent IS NOT NULL;
+  ELSE
+    RAISE EXCEPTION 'trace_contexts: unknown module "%"', p_module
+      USING ERRCODE = '22023', DETAIL = 'The modules with a trace context are outbox, plan and operation.',
+            HINT = 'Pass outbox, plan or operation.';
+  END IF;
+END
+$$;
+REVOKE ALL ON FUNCTION pgfence.trace_contexts(text, bigint[]) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION pgfence.trace_contexts(text, bigint[]) TO pgfence_executor, pgfence_admin;
+COMMENT ON FUNCTION pgfence.trace_contexts(text, bigint[]) IS
+  'The W3C trace contexts (traceparent, tracestate) of these outbox messages, plans or operations.
+What an executor with tracing on reads once per claimed batch, to make each delivery span a
+child of the enqueuer''s span; items without a trace context (and unknown ids) are left out.
+p_module: outbox, plan or operation; p_ids: at most 10000.
+Errors: 22004 (module or ids NULL), 22023 (unknown module, more than 10000 ids).';
 
 
 -- ==== functions/10_outbox_guards.sql
@@ -8332,6 +8528,7 @@ INSERT INTO pgfence.installed_migration (migration_id) VALUES
   ('0014_document_log_saves'),
   ('0016_executor_registry'),
   ('0017_outbox_keys'),
+  ('0019_trace_context'),
   ('0021_metrics_indexes');
 
 COMMIT;

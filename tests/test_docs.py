@@ -23,7 +23,7 @@ README = ROOT / "README.md"
 DESIGN = ROOT / "docs" / "design.md"
 #: Which test runs the sql blocks of each document (a new document with SQL must be added here).
 RUN_BY = {"README.md": "tests/test_docs.py", "docs/psql.md": "tests/test_audit_docs.py",
-          "docs/metrics.md": "tests/test_metrics.py"}
+          "docs/metrics.md": "tests/test_metrics.py", "docs/tracing.md": "tests/test_tracing.py"}
 #: README's block for a fresh cluster, run by tests/test_install.py.
 BOOTSTRAP = "-- once per cluster, as a superuser"
 

@@ -69,7 +69,7 @@ import weakref
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 from psycopg.rows import class_row
@@ -82,6 +82,9 @@ from .errors import MissingPrivilege
 from .metrics import HttpServer, Stats
 from .outbox import Claimed
 from .transports import PermanentError, RetryableError, Transport
+
+if TYPE_CHECKING:
+    from .tracing import Tracing
 
 SQL_UNTIL = "SELECT greatest(%s::timestamptz - now(), interval '0')"
 # At start: the modules' functions that do not exist (a module may fall back to older ones), those
@@ -206,6 +209,9 @@ class ExecutorConfig:
     Observability: ``metrics_port`` serves ``/metrics``, ``/healthz`` and ``/readyz`` on
     ``metrics_host`` (None = no HTTP server; 0 = a free port, see
     :attr:`Executor.metrics_url`). The counters are kept either way (:attr:`Executor.stats`).
+    ``otel``: OpenTelemetry spans per delivery, plan step and operation issue/poll
+    (:mod:`pgfence.tracing`, the ``otel`` extra; off when ``OTEL_SDK_DISABLED=true``), on
+    ``otel_provider`` (a TracerProvider; None = the global one).
     """
 
     concurrency: int = 16
@@ -227,6 +233,8 @@ class ExecutorConfig:
     prefetch_wait: float = 0.1
     metrics_port: int | None = None
     metrics_host: str = "127.0.0.1"
+    otel: bool = False
+    otel_provider: Any = None
 
 
 class Module(ABC):
@@ -324,6 +332,7 @@ class Executor:
     Raises:
         ValueError: two modules share a name, or ``config.shares`` names no module or gives a
             share below 1.
+        RuntimeError: ``config.otel`` without the OpenTelemetry API installed.
     """
 
     def __init__(self, dsn: str, modules: Sequence[Module],
@@ -373,6 +382,15 @@ class Executor:
         self.listener_connected = False
         self.last_sweep: float | None = None  # time.monotonic() of the last successful sweep
         self._http: HttpServer | None = None
+        #: OpenTelemetry spans (pgfence.tracing), None when off: the modules check it once per
+        #: claimed batch and otherwise run exactly as without tracing.
+        self.tracing: Tracing | None = None
+        if self.config.otel:
+            from . import tracing
+            if tracing.disabled_by_env():
+                logger.warning("tracing asked for, but OTEL_SDK_DISABLED=true: no spans")
+            else:
+                self.tracing = tracing.Tracing(self, self.config.otel_provider)
 
     # -- lifecycle --------------------------------------------------------------------------
     def stop(self) -> None:
@@ -1143,7 +1161,10 @@ class OutboxModule(Module):
                 counts = collections.Counter([m.channel for m in rows])
                 for channel, k in counts.items():
                     stats.inc("pgfence_claimed", ("outbox", channel), k)
-            yield [self._job(message, asked) for message in rows]
+            if self.executor.tracing is None:
+                yield [self._job(message, asked) for message in rows]
+            else:  # pgfence.tracing: a span per delivery (one more call per batch)
+                yield await self.executor.tracing.outbox_jobs(self, rows, asked)
             slots -= len(rows)
             if len(rows) < n or slots <= 0:
                 return
@@ -1283,16 +1304,19 @@ class OutboxModule(Module):
 
     # -- one delivery -------------------------------------------------------------------------
     def _job(self, message: Claimed, claimed_at: float) -> Job:
-        def run() -> Coroutine[Any, Any, None]:
+        def run() -> Coroutine[Any, Any, Any]:
             return self.deliver(message, claimed_at)
         return run
 
-    async def deliver(self, message: Claimed, claimed_at: float | None = None) -> None:
+    async def deliver(self, message: Claimed,
+                      claimed_at: float | None = None) -> tuple[str, str | None]:
         """Deliver one claimed message and record the outcome under its fence.
 
         ``claimed_at``: ``time.monotonic()`` when its claim was asked for (None = now); its
         lease, measured on the database clock, runs from then. A success is recorded by the
         next claim round (with the other deliveries finished meanwhile); a failure at once.
+        Returns ``(outcome, error)``: ``("delivered", None)``, or an outcome of ``retry``,
+        ``failed``, ``dead``, ``lost_race``, ``unrecorded`` with the delivery's error.
         """
         started = time.monotonic()
         stats = self.executor.stats
@@ -1340,7 +1364,7 @@ class OutboxModule(Module):
             self.delivered += 1
             self._sent.append(_SentItem(message, _storable(raw, message), deadline,
                                         round(took * 1000, 1)))
-            return
+            return "delivered", None
         try:
             rows = await self.executor.fetch(
                 sql.SQL_MARK_FAILED,
@@ -1370,9 +1394,12 @@ class OutboxModule(Module):
                     message.max_attempts, error,
                     extra={**fields, "event": "outbox." + ("retry" if status == "pending"
                                                            else status), "outcome": status})
+            return ("lost_race" if status is None else "retry" if status == "pending"
+                    else str(status)), error
         except asyncio.CancelledError:
             raise
         except Exception as exc:
             logger.error("could not record the outcome of outbox#%d attempt %d (%s); the reaper "
                          "will take it back when the lease lapses", message.id, message.attempt,
                          exc)
+        return "unrecorded", error

@@ -23,6 +23,7 @@ from psycopg.types.json import Jsonb
 
 from ._calls import scalar
 from .errors import translated
+from .tracing import carried
 
 logger = logging.getLogger(__name__)
 
@@ -105,9 +106,14 @@ def enqueue(conn: AnyConn, channel: str, recipient: str, payload: dict[str, Any]
     Raises:
         InvalidArgument (22004/22023), IdempotencyKeyReused (PF003), PayloadTooLarge (PF004),
         SerializationFailure (40001).
+
+    With the OpenTelemetry API installed (``pgfence[otel]``), the current span's trace context
+    is stored with the message (:func:`pgfence.tracing.carried`, docs/tracing.md).
     """
-    return int(scalar(conn, SQL_ENQUEUE, (channel, recipient, Jsonb(payload), idempotency_key,
-                                           deliver_at, max_attempts, ordering_key)))
+    with carried(conn):
+        return int(scalar(conn, SQL_ENQUEUE, (channel, recipient, Jsonb(payload),
+                                               idempotency_key, deliver_at, max_attempts,
+                                               ordering_key)))
 
 
 def enqueue_reporting(conn: AnyConn, channel: str, recipient: str, payload: dict[str, Any], *,
@@ -133,8 +139,9 @@ def enqueue_many(conn: AnyConn, channel: str, recipients: Sequence[str],
 
     Element *i* of ``recipients``/``payloads``/``idempotency_keys``/``ordering_keys`` is message
     *i*. Same rules and errors as :func:`enqueue`; an invalid element rejects the whole call.
+    The current span's trace context is stored with every message, as by :func:`enqueue`.
     """
-    with translated(), conn.cursor(row_factory=tuple_row) as cur:
+    with carried(conn), translated(), conn.cursor(row_factory=tuple_row) as cur:
         rows = cur.execute(
             SQL_ENQUEUE_MANY,
             (channel, list(recipients), [Jsonb(p) for p in payloads],

@@ -92,6 +92,11 @@ SETTINGS: tuple[Setting, ...] = (
             "logged at start) [off]."),
     Setting("metrics_host", click.STRING, "127.0.0.1",
             "The address of --metrics-port (0.0.0.0 for every interface, e.g. in a container)."),
+    Setting("otel", click.BOOL, False,
+            "OpenTelemetry spans per outbox delivery, plan step and operation issue/poll, "
+            "children of the enqueuer's span (pip install 'pgfence[otel]'; an SDK and exporter "
+            "from the application or opentelemetry-instrument; off when OTEL_SDK_DISABLED=true; "
+            "docs/tracing.md).", flag="--otel/--no-otel"),
     Setting("listen_dsn", click.STRING, None,
             "DSN of the LISTEN connection, when --dsn goes through a transaction-mode pooler: "
             "a direct or session-mode connection [the --dsn]."),
@@ -306,7 +311,7 @@ def executor_cmd(ctx: click.Context, state: CliState, /, routes: tuple[str, ...]
         prefetch_wait=v["prefetch_wait"], shares=share_of,
         probe_interval=v["probe_interval"], probe_timeout=v["probe_timeout"],
         listen_dsn=v["listen_dsn"], prepare_threshold=5 if v["prepare"] else None,
-        metrics_port=v["metrics_port"], metrics_host=v["metrics_host"],
+        metrics_port=v["metrics_port"], metrics_host=v["metrics_host"], otel=v["otel"],
         liveness=Liveness(connect_timeout=state.connect_timeout,
                           keepalives_idle=v["keepalive_idle"],
                           keepalives_interval=v["keepalive_interval"],
@@ -330,7 +335,10 @@ def executor_cmd(ctx: click.Context, state: CliState, /, routes: tuple[str, ...]
     if unknown := sorted(set(share_of) - names):
         raise click.BadParameter(f"no module {', '.join(unknown)} runs here (modules: "
                                  f"{', '.join(sorted(names))})", param_hint="--share")
-    executor = Executor(resolve_dsn(state.dsn), modules, config)
+    try:
+        executor = Executor(resolve_dsn(state.dsn), modules, config)
+    except RuntimeError as exc:  # --otel without OpenTelemetry installed
+        raise click.UsageError(str(exc)) from exc
     logging.getLogger("pgfence").setLevel(v["log_level"].upper())
     if v["log_format"] == "json":
         formatter = JsonFormatter(worker=config.worker_id)

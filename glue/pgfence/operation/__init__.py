@@ -35,6 +35,7 @@ from .._calls import scalar
 from ..errors import NotIssued as NotIssued
 from ..errors import TargetBusy as TargetBusy
 from ..errors import translated
+from ..tracing import carried
 
 logger = logging.getLogger(__name__)
 
@@ -133,8 +134,11 @@ def request(conn: AnyConn, kind: str, target: str, params: dict[str, Any] | None
             ``exc.in_flight_id`` names it.
         IdempotencyKeyReused (PF003): the key already names a different request.
         InvalidArgument (22004/22023), SerializationFailure (40001).
+
+    With the OpenTelemetry API installed (``pgfence[otel]``), the current span's trace context
+    is stored with the operation: the executor's spans of it are its children.
     """
-    with translated(), conn.cursor(row_factory=class_row(Requested)) as cur:
+    with carried(conn), translated(), conn.cursor(row_factory=class_row(Requested)) as cur:
         cur.execute(SQL_REQUEST, (kind, target, Jsonb(params or {}), idempotency_key,
                                   requested_by))
         row = cur.fetchone()

@@ -112,7 +112,10 @@ class OperationModule(Module):
                 row_factory=class_row(ClaimedOperation))
             for op in rows:
                 self.executor.stats.inc("pgfence_claimed", ("operation", op.kind))
-            yield [self._job(op) for op in rows]  # started before the next round
+            if self.executor.tracing is None:
+                yield [self._job(op) for op in rows]  # started before the next round
+            else:  # pgfence.tracing: a span per operation, with one per issue and poll
+                yield await self.executor.tracing.operation_jobs(self, rows)
             slots -= len(rows)
             if len(rows) < batch:
                 break
@@ -207,7 +210,10 @@ class OperationModule(Module):
             started = time.monotonic()
             budget = max(lease_s - self.margin, 0.5)
             try:
-                issued: Issued = await asyncio.wait_for(handler.issue(op), budget)
+                tracing = self.executor.tracing  # pgfence.tracing: a span per issue
+                issued: Issued = await asyncio.wait_for(
+                    handler.issue(op) if tracing is None
+                    else tracing.step("issue", op, lambda: handler.issue(op)), budget)
             except PermanentError as exc:
                 status = await self._sql(SQL_FINISH, (op.id, op.fence, False, None, str(exc)),
                                          started + lease_s)
@@ -253,8 +259,10 @@ class OperationModule(Module):
                 return
             state: ExternalState | None
             try:
+                tracing = self.executor.tracing  # pgfence.tracing: a span per poll
                 state = await asyncio.wait_for(
-                    handler.poll(op, ref),
+                    handler.poll(op, ref) if tracing is None
+                    else tracing.step("poll", op, lambda: handler.poll(op, ref)),
                     max(self.lease.total_seconds() - handler.poll_interval - self.margin, 0.5))
                 failures = 0
             except asyncio.CancelledError:

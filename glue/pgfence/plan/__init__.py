@@ -42,6 +42,7 @@ from ..errors import StepNotBegun as StepNotBegun
 from ..errors import StepOutOfOrder as StepOutOfOrder
 from ..errors import UnknownAction as UnknownAction
 from ..errors import translated
+from ..tracing import carried
 
 logger = logging.getLogger(__name__)
 
@@ -180,9 +181,13 @@ def propose(conn: AnyConn, steps: Sequence[dict[str, Any]], proposed_by: str, *,
         InvalidArgument (22004/22023), UnknownAction (PF101), NotFound (P0002),
         NotCompensable (PF106), IdempotencyKeyReused (PF003), SerializationFailure (40001),
         psycopg.errors.UndefinedFunction (42883: a SQL action whose function was dropped).
+
+    With the OpenTelemetry API installed (``pgfence[otel]``), the current span's trace context
+    is stored with the plan: the executor's run and step spans are its children.
     """
-    return int(scalar(conn, SQL_PROPOSE, (Jsonb(list(steps)), proposed_by, ttl,
-                                           idempotency_key, compensates)))
+    with carried(conn):
+        return int(scalar(conn, SQL_PROPOSE, (Jsonb(list(steps)), proposed_by, ttl,
+                                               idempotency_key, compensates)))
 
 
 def compensate(conn: AnyConn, plan_id: int, steps: Sequence[dict[str, Any]], by: str, *,
@@ -190,10 +195,11 @@ def compensate(conn: AnyConn, plan_id: int, steps: Sequence[dict[str, Any]], by:
                idempotency_key: str | None = None) -> int:
     """Propose a compensating plan for ``plan_id`` (executed or failed); it needs its own approval.
 
-    Returns the new plan's id. Raises as :func:`propose`.
+    Returns the new plan's id. Raises as :func:`propose`; carries the trace context likewise.
     """
-    return int(scalar(conn, SQL_COMPENSATE, (plan_id, Jsonb(list(steps)), by, ttl,
-                                              idempotency_key)))
+    with carried(conn):
+        return int(scalar(conn, SQL_COMPENSATE, (plan_id, Jsonb(list(steps)), by, ttl,
+                                                  idempotency_key)))
 
 
 def approve(conn: AnyConn, plan_id: int, by: str) -> str | None:

@@ -120,7 +120,10 @@ class PlanModule(Module):
                 row_factory=class_row(sql.ClaimedPlan))
             if rows:
                 self.executor.stats.inc("pgfence_claimed", ("plan", "*"), len(rows))
-            yield [self._job(row) for row in rows]  # started before the next round
+            if self.executor.tracing is None:
+                yield [self._job(row) for row in rows]  # started before the next round
+            else:  # pgfence.tracing: a span per run, with one per step
+                yield await self.executor.tracing.plan_jobs(self, rows)
             slots -= len(rows)
             if len(rows) < batch:
                 break
@@ -170,6 +173,10 @@ class PlanModule(Module):
                     if not await self._external(plan_id, token, step, interval):
                         return
                 else:
+                    if self.executor.tracing is not None:  # pgfence.tracing: the step's span
+                        self.executor.tracing.plan_step(plan_id, token, step, started,
+                                                        step.outcome == "ok",
+                                                        (step.error or {}).get("message"))
                     self.steps_run += 1
                     self.executor.stats.observe("pgfence_delivery_duration_seconds",
                                                 ("plan", "*"), ms / 1000)
@@ -215,6 +222,7 @@ class PlanModule(Module):
                         interval: dt.timedelta) -> bool:
         """Perform one external step and record it; False if the run was lost meanwhile."""
         assert step.step_index is not None and step.action is not None and step.args is not None
+        began = time.monotonic()
         lost = asyncio.Event()
         beat = asyncio.create_task(self._heartbeat_loop(plan_id, token, interval, lost),
                                    name=f"pgfence-plan-{plan_id}-heartbeat")
@@ -236,6 +244,8 @@ class PlanModule(Module):
                           "database refused the report: the run is no longer ours")
         self.executor.stats.inc("pgfence_delivered" if ok else "pgfence_failed",
                                 ("plan", "*") if ok else ("plan", "*", "permanent"))
+        if self.executor.tracing is not None:  # pgfence.tracing: the step's span
+            self.executor.tracing.plan_step(plan_id, token, step, began, ok, error)
         fields = {"event": "plan.external_step", "unit_module": "plan", "id": plan_id,
                   "step": step.step_index, "kind": step.action, "fence": token}
         if ok:
