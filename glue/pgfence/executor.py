@@ -212,7 +212,9 @@ class ExecutorConfig:
     """
 
     concurrency: int = 16
-    batch: int = 10
+    # One durable commit per up to 50 units: what is claimed beyond the free slots is bounded by
+    # prefetch_wait (quick units only), so a larger round does not hold slow units ahead.
+    batch: int = 50
     poll_interval: float = 5.0
     reap_interval: float = 10.0
     grace: float = 30.0
