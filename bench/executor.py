@@ -2,7 +2,7 @@
 
 What a user runs: ``Executor`` + ``OutboxModule`` in a process with a Python handler (a no-op that
 records when it ran in shared memory) and ``ExecutorConfig()`` defaults (concurrency 16, batch
-10), against the same table as ``outbox.py``. The workloads of issue 18 (and of the peers bench):
+50), against the same table as ``outbox.py``. The workloads of issue 18 (and of the peers bench):
 
 - **drain**: 10,000 due messages; the executor processes are started (imports done, connected to
   nothing), then released at once. Throughput = messages / (last handler start − release), so
@@ -199,7 +199,7 @@ def _median(runs: list[dict[str, Any]], key: str) -> dict[str, Any]:
 def run(dsn: str) -> dict[str, Any]:
     """Run every executor workload three times, interleaved with the textbook loops; print the
     medians, the ratios and the targets of issue 18."""
-    print(f"executor (defaults: concurrency 16, batch 10): {N} messages per drain, Python handler",
+    print(f"executor (defaults: concurrency 16, batch 50): {N} messages per drain, Python handler",
           flush=True)
     loops: dict[str, Any] = {
         "textbook_1": lambda: ob.drain_textbook(dsn, 1),

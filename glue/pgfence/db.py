@@ -26,7 +26,6 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.rows import tuple_row
 
 from . import SCHEMA_VERSION
-from .embedded import load_dev_cluster
 from .errors import SchemaMismatch
 
 logger = logging.getLogger(__name__)
@@ -46,6 +45,8 @@ def resolve_dsn(dsn: str | None = None) -> str:
         return dsn
     if env := os.environ.get("DATABASE_URL"):
         return env
+    from .embedded import load_dev_cluster  # the dev cluster's module: not needed to run
+
     if info := load_dev_cluster():
         return info.url
     raise NoDatabase(

@@ -22,7 +22,8 @@ which decide. What it does:
 - **Start**: the schema version must match (SchemaMismatch) and the login must be allowed to
   call what its modules call (MissingPrivilege, naming the GRANT). The check, the pool's
   first connection and the listener's are made at the same time, so the first claim follows
-  the check at once.
+  the check at once; what the first claim does not need (the registry row, the NOTIFY
+  self-check) follows its first round.
 - **Claim**: in rounds of up to ``batch``. Each round is its own short transaction, and its
   units are handed to the delivery slots before the next round is asked for: a round that
   fails (a connection lost mid-sweep, a pooler error, a restart) cannot strand what the
@@ -89,12 +90,14 @@ if TYPE_CHECKING:
 SQL_UNTIL = "SELECT greatest(%s::timestamptz - now(), interval '0')"
 # At start: the modules' functions that do not exist (a module may fall back to older ones), those
 # the login may not execute (a function that does not exist is not a missing grant: its calls
-# fail, and are logged, on their own), and the login.
+# fail, and are logged, on their own), the login, and the schema version (one round trip; a
+# database without pgfence.schema_version() fails it: then aschema_version says None).
 SQL_START_CHECK = (
     "WITH f(sig) AS (SELECT unnest(%s::text[]))"
     " SELECT ARRAY(SELECT sig FROM f WHERE to_regprocedure(sig) IS NULL),"
     " ARRAY(SELECT sig FROM f WHERE to_regprocedure(sig) IS NOT NULL"
-    " AND NOT has_function_privilege(to_regprocedure(sig), 'EXECUTE')), current_user::text"
+    " AND NOT has_function_privilege(to_regprocedure(sig), 'EXECUTE')), current_user::text,"
+    " pgfence.schema_version()"
 )
 #: The outbox's claim round: settle the deliveries finished since the last one, claim the next.
 SETTLE_AND_CLAIM = ("pgfence.outbox_settle_and_claim(bigint[], integer[], jsonb[], text, integer,"
@@ -215,7 +218,9 @@ class ExecutorConfig:
     """
 
     concurrency: int = 16
-    batch: int = 10
+    # One durable commit per up to 50 units: what is claimed beyond the free slots is bounded by
+    # prefetch_wait (quick units only), so a larger round does not hold slow units ahead.
+    batch: int = 50
     poll_interval: float = 5.0
     reap_interval: float = 10.0
     grace: float = 30.0
@@ -358,6 +363,9 @@ class Executor:
         self._wake = asyncio.Event()
         self._stopping = asyncio.Event()
         self._started = asyncio.Event()  # the start-up check passed
+        self._first_round = asyncio.Event()  # the first claim sweep ended (registration follows)
+        self._announced = asyncio.Event()  # registered (or failed to) and logged "started"
+        self._registering = False  # the registration was sent (stop deregisters then)
         self._slots: set[asyncio.Task[None]] = set()
         self._idle: collections.deque[asyncio.Future[None]] = collections.deque()
         self._running = 0
@@ -449,20 +457,23 @@ class Executor:
         await self.pool.open(wait=False)
         listener = asyncio.create_task(self._listen(), name="pgfence-listener")
         reaper: asyncio.Task[None] | None = None
+        after: asyncio.Task[None] | None = None
         try:
             await self._preflight()
             for module in self.modules:
                 module.bind(self)
             self._started.set()
-            logger.info("executor %s started: modules=%s concurrency=%d batch=%d poll=%.1fs",
-                        self.worker_id, ",".join(m.name for m in self.modules),
-                        self.config.concurrency, self.config.batch, self.config.poll_interval,
-                        extra={"event": "executor.started", "worker": self.worker_id})
+            after = asyncio.create_task(self._after_start(), name="pgfence-register")
             reaper = asyncio.create_task(self._reap_loop(), name="pgfence-reaper")
             await self._dispatch()
             await self._drain()
         finally:
-            tasks = [t for t in (listener, reaper, *self._slots,
+            if after is not None and self._registering and not after.done():
+                # The registration is under way: let it end (bounded), so that it is not left
+                # half done and the deregistration below finds its row.
+                with contextlib.suppress(Exception):
+                    await asyncio.wait({after}, timeout=self.config.probe_timeout)
+            tasks = [t for t in (listener, reaper, after, *self._slots,
                                  *(t for s in self._served for t in s.sweeps)) if t is not None]
             for task in tasks:
                 task.cancel()
@@ -499,13 +510,15 @@ class Executor:
         async with await psycopg.AsyncConnection.connect(
                 self.dsn, **self.connect_kwargs(self.dsn, "executor")) as conn, \
                 bounded(conn, self.config.query_timeout, "start-up check"):
-            check_version(await aschema_version(conn))
             wanted = sorted({f for m in self.modules for f in m.functions})
-            cur = await conn.execute(SQL_START_CHECK, (wanted,))
+            try:
+                cur = await conn.execute(SQL_START_CHECK, (wanted,))
+            except (psycopg.errors.UndefinedFunction, psycopg.errors.InvalidSchemaName):
+                check_version(await aschema_version(conn))  # no pgfence.schema_version(): says so
+                raise
             row = await cur.fetchone()
+            check_version(int(row[3]) if row and row[3] is not None else None)
             missing: list[str] = list(row[1] or ()) if row else []
-            if not missing:
-                await self._register(conn)
         absent: list[str] = list(row[0] or ()) if row else []
         login: str = str(row[2]) if row else "?"
         self.missing_functions = frozenset(absent)
@@ -563,6 +576,29 @@ class Executor:
                 "concurrency": self.config.concurrency,
                 "heartbeat": dt.timedelta(seconds=self.config.reap_interval)}
 
+    async def _after_start(self) -> None:
+        """The start-up work the first claim does not wait for: once the first claim sweep is
+        back (or after a second), register in the executor registry and log "started" (the
+        self-check NOTIFY follows). A registration that fails is logged; the heartbeat on the
+        reaper timer registers again."""
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(1.0):
+                await self._first_round.wait()
+        assert self.pool is not None
+        try:
+            self._registering = True
+            async with self.pool.connection(timeout=self.config.query_timeout) as conn, \
+                    bounded(conn, self.config.query_timeout, "executor registration"):
+                await self._register(conn)
+        except Exception as exc:
+            logger.warning("could not register in the executor registry (%s); running anyway",
+                           str(exc).strip().splitlines()[0] if str(exc) else type(exc).__name__)
+        logger.info("executor %s started: modules=%s concurrency=%d batch=%d poll=%.1fs",
+                    self.worker_id, ",".join(m.name for m in self.modules),
+                    self.config.concurrency, self.config.batch, self.config.poll_interval,
+                    extra={"event": "executor.started", "worker": self.worker_id})
+        self._announced.set()
+
     async def _register(self, conn: psycopg.AsyncConnection[Any]) -> None:
         """Register in the executor registry at start. A failure is logged, not fatal: the
         registry informs operators, it decides nothing about claims."""
@@ -599,7 +635,7 @@ class Executor:
             logger.warning("executor registry heartbeat failed: %s", exc)
 
     async def _deregister(self) -> None:
-        if not self.registered or self.pool is None:
+        if not (self.registered or self._registering) or self.pool is None:
             return
         with contextlib.suppress(Exception):
             await self.fetch(SQL_DEREGISTER, (self.worker_id,), timeout=self.config.probe_timeout)
@@ -629,6 +665,10 @@ class Executor:
         cfg = self.config
         failures = 0
         checking: asyncio.Task[None] | None = None
+        # Connected once the start-up check passed: until then nothing is claimed, and the
+        # check's connection and the pool's first one are made without a third beside them
+        # (the listener's connection sweeps every module anyway).
+        await self._started.wait()
         while not self._stopping.is_set():
             try:
                 async with await psycopg.AsyncConnection.connect(
@@ -698,7 +738,7 @@ class Executor:
 
     async def _self_check(self) -> None:
         """Once, at start: a NOTIFY sent on a pooled connection must reach the listener."""
-        await self._started.wait()  # after the start-up check: the first claim goes first
+        await self._announced.wait()  # after the first claim round and the registration
         started = time.monotonic()
         try:
             await self.fetch("SELECT pg_catalog.pg_notify(%s, %s)",
@@ -864,6 +904,7 @@ class Executor:
         finally:
             s.reserved -= held
             self._reserved -= held
+            self._first_round.set()
             task = asyncio.current_task()
             if task is not None:
                 s.sweeps.discard(task)
@@ -1077,7 +1118,8 @@ class OutboxModule(Module):
     Each claim round records the deliveries finished since the previous one and claims the
     next batch in one statement and one durable commit (``outbox_settle_and_claim``; on a
     database that lacks it, ``outbox_mark_sent_many`` then ``outbox_claim``). A round with
-    nothing to settle (a wake-up) is a plain ``outbox_claim``.
+    nothing to settle (a wake-up) is the same statement with empty arrays: it returns the next
+    due time too, so a short round needs no ``outbox_next_due`` round trip after it.
 
     Args:
         routes: channel → transport. The key ``"*"`` is the fallback for other channels.
@@ -1189,8 +1231,7 @@ class OutboxModule(Module):
         and is never held up here, so a stop or a NOTIFY is still heard.
         """
         try:
-            if not sent or not self._combined:
-                # Nothing to settle (a wake-up): the plain claim is the shorter statement.
+            if not self._combined:
                 if sent:
                     self._log_sent(sent, await self._mark_sent(sent))
                     sent = []
@@ -1207,11 +1248,13 @@ class OutboxModule(Module):
             except psycopg.OperationalError:
                 raise
             except psycopg.Error:
+                if not sent:
+                    raise  # the claim itself failed (nothing to settle): as a plain claim would
                 # E.g. a message purged meanwhile (P0002), or the claim failed: nothing of the
                 # call was committed. Record the marks on their own, then claim on its own.
                 self._log_sent(sent, await self._mark_sent(sent))
                 sent = []
-                return await self._settle_and_claim([], n) if n > 0 else []
+                return await self._claim_alone(n)
         except psycopg.OperationalError:
             # No answer: whether it committed is unknown. The marks are fenced, so recording
             # them again is safe; what a claim took (if anything) is left to its leases.
@@ -1225,7 +1268,8 @@ class OutboxModule(Module):
         return [Claimed(*r[:10]) for r in rows[:-1]]
 
     async def _claim_alone(self, n: int) -> list[Claimed]:
-        """``outbox_claim`` alone. When it comes back short, the next due time is asked for
+        """``outbox_claim`` alone (a database without ``outbox_settle_and_claim``, or after it
+        failed on a mark). When it comes back short, the next due time is asked for
         later (:meth:`next_due`), after its messages were handed to the slots."""
         if n <= 0:
             return []

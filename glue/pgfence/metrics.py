@@ -22,17 +22,14 @@ import logging
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
-from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import (
-    CounterMetricFamily,
-    GaugeMetricFamily,
-    HistogramMetricFamily,
-    Metric,
-)
-from prometheus_client.registry import Collector
-
 if TYPE_CHECKING:
+    from prometheus_client.core import Metric
+
     from .executor import Executor
+
+# prometheus-client is imported by the functions that render a scrape, not here: the executor
+# imports this module for its counters (Stats), and its start (the first claim) should not wait
+# for an import that only a scrape needs.
 
 logger = logging.getLogger(__name__)
 
@@ -112,6 +109,8 @@ class Stats:
 
 
 def _families(stats: Stats) -> Iterator[Metric]:
+    from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
+
     for name, (doc, labels) in COUNTERS.items():
         fam = CounterMetricFamily(name, doc, labels=list(labels))
         for (n, values), count in sorted(stats.counters.items()):
@@ -134,6 +133,8 @@ def _families(stats: Stats) -> Iterator[Metric]:
 def database_families(rows: Sequence[Sequence[Any]]) -> Iterator[Metric]:
     """Gauges from rows of ``pgfence.audit_metrics`` (metric, module, queue, status, value);
     a NULL label is left out."""
+    from prometheus_client.core import GaugeMetricFamily
+
     by_name: dict[str, list[Sequence[Any]]] = {}
     for row in rows:
         by_name.setdefault(str(row[0]), []).append(row)
@@ -148,39 +149,35 @@ def database_families(rows: Sequence[Sequence[Any]]) -> Iterator[Metric]:
         yield fam
 
 
-class _Snapshot(Collector):
+def _snapshot(ex: Executor, rows: Sequence[Sequence[Any]] | None) -> Iterator[Metric]:
     """One scrape: the executor's counters, its state gauges and the database rows."""
+    from prometheus_client.core import GaugeMetricFamily
 
-    def __init__(self, executor: Executor, rows: Sequence[Sequence[Any]] | None) -> None:
-        self.executor, self.rows = executor, rows
-
-    def collect(self) -> Iterator[Metric]:
-        ex = self.executor
-        yield from _families(ex.stats)
-        state = ex.state()
-        info = GaugeMetricFamily("pgfence_executor_info", "This executor (value 1).",
-                                 labels=["worker", "version"])
-        info.add_metric([ex.worker_id, str(state["version"])], 1)
-        yield info
-        flight = GaugeMetricFamily("pgfence_in_flight", "Units running or queued for a slot.",
-                                   labels=["module"])
-        for module, n in state["in_flight"].items():
-            flight.add_metric([module], n)
-        yield flight
-        yield GaugeMetricFamily("pgfence_free_slots", "Delivery slots free now.",
-                                value=state["free_slots"])
-        yield GaugeMetricFamily("pgfence_listener_connected",
-                                "1 while the LISTEN connection is up.",
-                                value=1 if state["listener_connected"] else 0)
-        since = state["seconds_since_last_sweep"]
-        yield GaugeMetricFamily("pgfence_seconds_since_last_sweep",
-                                "Seconds since the last claim sweep that succeeded (-1: none yet).",
-                                value=-1 if since is None else since)
-        yield GaugeMetricFamily("pgfence_database_gauges_up",
-                                "1 if this scrape read pgfence.audit_metrics.",
-                                value=0 if self.rows is None else 1)
-        if self.rows:
-            yield from database_families(self.rows)
+    yield from _families(ex.stats)
+    state = ex.state()
+    info = GaugeMetricFamily("pgfence_executor_info", "This executor (value 1).",
+                             labels=["worker", "version"])
+    info.add_metric([ex.worker_id, str(state["version"])], 1)
+    yield info
+    flight = GaugeMetricFamily("pgfence_in_flight", "Units running or queued for a slot.",
+                               labels=["module"])
+    for module, n in state["in_flight"].items():
+        flight.add_metric([module], n)
+    yield flight
+    yield GaugeMetricFamily("pgfence_free_slots", "Delivery slots free now.",
+                            value=state["free_slots"])
+    yield GaugeMetricFamily("pgfence_listener_connected",
+                            "1 while the LISTEN connection is up.",
+                            value=1 if state["listener_connected"] else 0)
+    since = state["seconds_since_last_sweep"]
+    yield GaugeMetricFamily("pgfence_seconds_since_last_sweep",
+                            "Seconds since the last claim sweep that succeeded (-1: none yet).",
+                            value=-1 if since is None else since)
+    yield GaugeMetricFamily("pgfence_database_gauges_up",
+                            "1 if this scrape read pgfence.audit_metrics.",
+                            value=0 if rows is None else 1)
+    if rows:
+        yield from database_families(rows)
 
 
 SQL_METRICS = ("SELECT metric, module, queue, status, value FROM pgfence.audit_metrics"
@@ -189,8 +186,15 @@ SQL_METRICS = ("SELECT metric, module, queue, status, value FROM pgfence.audit_m
 
 def render(executor: Executor, rows: Sequence[Sequence[Any]] | None) -> bytes:
     """The Prometheus text exposition of one scrape."""
+    from prometheus_client import CollectorRegistry, generate_latest
+    from prometheus_client.registry import Collector
+
+    class Snapshot(Collector):
+        def collect(self) -> Iterator[Metric]:
+            return _snapshot(executor, rows)
+
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(_Snapshot(executor, rows))
+    registry.register(Snapshot())
     return generate_latest(registry)
 
 

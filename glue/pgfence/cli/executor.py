@@ -61,7 +61,7 @@ _LEVELS = ["debug", "info", "warning", "error"]
 #: Every executor setting, for the command line and the TOML file alike.
 SETTINGS: tuple[Setting, ...] = (
     Setting("concurrency", click.IntRange(1, 10000), 16, "Deliveries (units of work) at once."),
-    Setting("batch", click.IntRange(1, 10000), 10, "Units per claim round."),
+    Setting("batch", click.IntRange(1, 10000), 50, "Units per claim round."),
     Setting("prefetch_wait", click.FloatRange(0, 60), 0.1,
             "While recent outbox deliveries were quick, claim up to two batches ahead of the free "
             "slots if the last one would wait at most N seconds for a slot (0 = never)."),
