@@ -52,6 +52,9 @@ BEGIN
   IF pg_column_size(p_payload) > v_set.max_payload_bytes THEN
     PERFORM pgfence._outbox_payload_too_large(p_channel, 1, pg_column_size(p_payload), v_set.max_payload_bytes);
   END IF;
+  IF p_ordering_key IS NOT NULL THEN
+    PERFORM pgfence._outbox_keys_note(p_channel, ARRAY[p_ordering_key]);  -- decided at commit
+  END IF;
   INSERT INTO pgfence.outbox AS o (channel, recipient, payload, idempotency_key, max_attempts,
                                    next_attempt_at, log_events, ordering_key, status)
   VALUES (p_channel, p_recipient, p_payload, p_idempotency_key,
@@ -174,6 +177,9 @@ BEGIN
   LIMIT 1;
   IF FOUND THEN
     PERFORM pgfence._outbox_payload_too_large(p_channel, v_bad.i, v_bad.size, v_set.max_payload_bytes);
+  END IF;
+  IF p_ordering_keys IS NOT NULL THEN
+    PERFORM pgfence._outbox_keys_note(p_channel, p_ordering_keys);  -- decided at commit
   END IF;
   IF p_idempotency_keys IS NULL THEN
     -- No keys: a plain INSERT (no conflict handling, no key to check); identity values follow

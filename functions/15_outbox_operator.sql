@@ -165,7 +165,7 @@ BEGIN
   IF p_key_max_in_flight IS NOT NULL OR p_key_dead_policy IS NOT NULL OR p_key_rate IS NOT NULL
      OR p_key_burst IS NOT NULL THEN
     -- Keys waiting under the old rules may take their turn under the new ones now.
-    PERFORM pgfence._outbox_key_decide(k.channel, k.ordering_key)
+    PERFORM pgfence._outbox_keys_decide(array_agg(k.channel), array_agg(k.ordering_key))
     FROM pgfence.outbox_key k
     WHERE k.channel = p_channel
        OR (p_channel = '*' AND NOT EXISTS (SELECT 1 FROM pgfence.outbox_channel c WHERE c.channel = k.channel));
