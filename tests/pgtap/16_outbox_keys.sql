@@ -7,7 +7,7 @@
 -- a settle, and between a cancel and a claim: tests/isolation/specs/outbox-keys.spec.
 BEGIN;
 \ir helpers/setup.sql
-SELECT plan(97);
+SELECT plan(107);
 SET CONSTRAINTS pgfence.outbox_key_enqueued IMMEDIATE;
 
 -- =============================================================================================
@@ -203,6 +203,46 @@ SELECT pgfence.outbox_enqueue_many('tap-k-fair', array_fill('r'::text, ARRAY[50]
 SELECT pgfence.outbox_enqueue('tap-k-fair', 'r', '{}', NULL, NULL, NULL, 'quiet') IS NOT NULL;
 SELECT results_eq($$SELECT o.ordering_key FROM pgfence.outbox_claim('tap-w', 10, ARRAY['tap-k-fair']) c JOIN pgfence.outbox o USING (id) ORDER BY 1$$,
   $$VALUES ('busy'::text), ('quiet')$$, 'fair: one claim of 10 serves both keys, the busy one no more than its limit');
+
+-- =============================================================================================
+-- One decision per statement over all its keys (in the global lock order); a deleted blocker
+-- =============================================================================================
+CREATE TEMP TABLE mk AS
+SELECT * FROM pgfence.outbox_enqueue_many('tap-k-set', array_fill('r'::text, ARRAY[6]), array_fill('{}'::jsonb, ARRAY[6]),
+                                          NULL, NULL, NULL, ARRAY['kc', 'kb', 'ka', 'kc', 'kb', 'ka']) AS t(id);
+SELECT results_eq($$SELECT ordering_key, status FROM pgfence.outbox WHERE channel = 'tap-k-set' ORDER BY id$$,
+  $$VALUES ('kc'::text, 'pending'::text), ('kb', 'pending'), ('ka', 'pending'), ('kc', 'waiting'), ('kb', 'waiting'), ('ka', 'waiting')$$,
+  'a 6-message enqueue over 3 keys: the first of each key is pending');
+SELECT results_eq($$SELECT ordering_key, decisions FROM pgfence.outbox_key WHERE channel = 'tap-k-set' ORDER BY 1$$,
+  $$VALUES ('ka'::text, 0::bigint), ('kb', 0), ('kc', 0)$$,
+  'its commit decided each key once (the first row''s firing decides all the keys, the others nothing)');
+CREATE TEMP TABLE mkc AS SELECT id, attempt FROM pgfence.outbox_claim('tap-w', 10, ARRAY['tap-k-set']);
+SELECT is((SELECT count(*)::int FROM pgfence.outbox_mark_sent_many((SELECT array_agg(id ORDER BY id DESC) FROM mkc),
+                                                                  (SELECT array_agg(attempt ORDER BY id DESC) FROM mkc))), 3,
+  'one mark_sent_many settles the three in flight');
+SELECT results_eq($$SELECT ordering_key, status FROM pgfence.outbox WHERE channel = 'tap-k-set' AND status <> 'sent' ORDER BY id$$,
+  $$VALUES ('kc'::text, 'pending'::text), ('kb', 'pending'), ('ka', 'pending')$$,
+  'and its one decision gives each key''s turn to its next message');
+SELECT results_eq($$SELECT ordering_key, decisions FROM pgfence.outbox_key WHERE channel = 'tap-k-set' ORDER BY 1$$,
+  $$VALUES ('ka'::text, 1::bigint), ('kb', 1), ('kc', 1)$$,
+  'one decision per key for the whole statement');
+
+-- a keyed row inserted by hand (not through the enqueue functions) is decided on its own
+INSERT INTO pgfence.outbox (channel, recipient, payload, max_attempts, ordering_key, status) VALUES ('tap-k-raw', 'r', '{}', 3, 'kraw', 'waiting');
+SELECT is((SELECT status FROM pgfence.outbox WHERE channel = 'tap-k-raw'), 'pending', 'a keyed row inserted by hand takes its key''s turn');
+
+-- an operator deleting a blocker by hand hands the key's turn on
+SELECT pgfence.outbox_configure_channel('tap-k-del', p_max_attempts => 1) IS NOT NULL AS configured;
+CREATE TEMP TABLE dl AS
+SELECT pgfence.outbox_enqueue('tap-k-del', 'r', '{}', NULL, NULL, NULL, 'kdel') AS m1,
+       pgfence.outbox_enqueue('tap-k-del', 'r', '{}', NULL, NULL, NULL, 'kdel') AS m2;
+SELECT is((SELECT count(*)::int FROM pgfence.outbox_claim('tap-w', 10, ARRAY['tap-k-del'])), 1, 'delete: the first is claimed');
+SELECT is(pgfence.outbox_mark_failed((SELECT m1 FROM dl), 1, 'boom'), 'dead', 'and dies, blocking its key');
+SELECT set_config('pgfence.purging', 'on', true) AS purging;
+DELETE FROM pgfence.outbox WHERE id = (SELECT m1 FROM dl);
+SELECT set_config('pgfence.purging', 'off', true) AS purging;
+SELECT is((SELECT status FROM pgfence.outbox WHERE id = (SELECT m2 FROM dl)), 'pending', 'deleting the dead blocker by hand promotes the next at once');
+SELECT is((SELECT count(*)::int FROM pgfence.audit_stuck WHERE queue = 'tap-k-del'), 0, 'nothing is listed as stuck');
 
 -- =============================================================================================
 -- Eight sessions at once over committed keys: never more than max_in_flight of a key in flight,
