@@ -2,7 +2,10 @@
 --
 -- No public function: outbox_enqueue(..., ordering_key) and outbox_enqueue_many(...,
 -- ordering_keys) give messages a key; outbox_configure_channel sets the key rules per channel
--- (key_max_in_flight, key_rate, key_burst, key_dead_policy); audit_stuck lists blocked keys.
+-- (key_max_in_flight, key_rate, key_burst, key_dead_policy, limit_key); audit_stuck lists
+-- blocked keys. A channel with limit_key 'host' gives a message enqueued without a key the key
+-- 'host:<its recipient URL's host>' (_outbox_host_key): the limits then apply per host, and such
+-- a derived key is never blocked by a failed or dead message (it limits, it does not order).
 -- The rule: of one (channel, ordering_key), only the oldest key_max_in_flight unfinished messages
 -- (1 by default) are pending or processing, in enqueue (id) order; the others are 'waiting',
 -- a status the claim walk never reads. So outbox_claim is not changed at all: a keyed message is
@@ -25,6 +28,33 @@ COMMENT ON TABLE pgfence.outbox_key IS
 One row per (channel, ordering_key): its row lock orders the decisions of which of the key''s
 messages may be claimed next; tat is the rate limit''s theoretical arrival time (GCRA, database
 clock). Deleted when the key has nothing left to decide. Not an API.';
+
+CREATE OR REPLACE FUNCTION pgfence._outbox_host_key(p_recipient text)
+RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$
+  -- scheme://[userinfo@]host[:port][/...]: the host, lower-cased ([v6] literals kept whole)
+  SELECT left('host:' || lower(h), 255)
+  FROM (SELECT substring(p_recipient FROM '^[A-Za-z][A-Za-z0-9+.-]*://(?:[^/?#@]*@)?(\[[^]/?#]*\]|[^/?#:\[\]]+)') AS h) x
+  WHERE h IS NOT NULL AND h <> ''
+$$;
+REVOKE ALL ON FUNCTION pgfence._outbox_host_key(text) FROM PUBLIC;
+COMMENT ON FUNCTION pgfence._outbox_host_key(text) IS
+  'Private: the limit key of a recipient URL on a channel with limit_key host: host:<host>.
+The host of scheme://[user@]host[:port]/..., lower-cased, at most 255 characters in all; NULL
+when the recipient is not such a URL (the message then gets no key). Errors: none.';
+
+CREATE OR REPLACE FUNCTION pgfence._outbox_key_derived(p_limit_key text, p_key text)
+RETURNS boolean
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$
+  SELECT p_limit_key IS NOT DISTINCT FROM 'host' AND starts_with(p_key, 'host:')
+$$;
+REVOKE ALL ON FUNCTION pgfence._outbox_key_derived(text, text) FROM PUBLIC;
+COMMENT ON FUNCTION pgfence._outbox_key_derived(text, text) IS
+  'Private: whether a key of a channel with this limit_key is a derived limit key (host:...).
+A derived key limits (key_max_in_flight, key_rate) but is never held by a failed or dead
+message, whatever the channel''s key_dead_policy. Errors: none.';
 
 CREATE OR REPLACE FUNCTION pgfence._outbox_key_decide(p_channel text, p_key text)
 RETURNS integer
@@ -55,7 +85,8 @@ BEGIN
   RETURNING k.tat INTO v_tat;
 
   SELECT count(*) FILTER (WHERE o.status IN ('pending', 'processing')
-                             OR (o.status IN ('failed', 'dead') AND v_set.key_dead_policy = 'block')),
+                             OR (o.status IN ('failed', 'dead') AND v_set.key_dead_policy = 'block'
+                                 AND NOT pgfence._outbox_key_derived(v_set.limit_key, p_key))),
          bool_or(o.status = c_waiting)
     INTO v_live, v_waiting
   FROM pgfence.outbox o
@@ -139,14 +170,15 @@ BEGIN
   WITH keys AS (
     SELECT DISTINCT u.c AS channel, u.k AS ordering_key FROM unnest(p_channels, p_keys) AS u(c, k)
     WHERE u.c IS NOT NULL AND u.k IS NOT NULL
-  ), rules AS (
-    SELECT ch.channel, s.key_max_in_flight, s.key_rate, s.key_dead_policy
+  ), rules AS MATERIALIZED (  -- one settings lookup per channel, not per key
+    SELECT ch.channel, s.key_max_in_flight, s.key_rate, s.key_dead_policy, s.limit_key
     FROM (SELECT DISTINCT keys.channel FROM keys) ch, LATERAL pgfence._outbox_settings(ch.channel) s
   ), st AS (
     SELECT keys.channel, keys.ordering_key, rules.key_max_in_flight, rules.key_rate, c.live, c.waiting
     FROM keys JOIN rules ON rules.channel = keys.channel,
     LATERAL (SELECT count(*) FILTER (WHERE o.status IN ('pending', 'processing')
-                                        OR (o.status IN ('failed', 'dead') AND rules.key_dead_policy = 'block')) AS live,
+                                        OR (o.status IN ('failed', 'dead') AND rules.key_dead_policy = 'block'
+                                            AND NOT pgfence._outbox_key_derived(rules.limit_key, keys.ordering_key))) AS live,
                     coalesce(bool_or(o.status = c_waiting), false) AS waiting
              FROM pgfence.outbox o
              WHERE o.channel = keys.channel AND o.ordering_key = keys.ordering_key
@@ -199,23 +231,17 @@ LANGUAGE plpgsql
 SET search_path = pg_catalog, pgfence, pg_temp
 AS $$
 DECLARE
-  v_todo    text[] := nullif(current_setting('pgfence.outbox_keys_enqueued', true), '')::text[];
-  v_decided text[];
+  v_todo text[] := nullif(current_setting('pgfence.outbox_keys_enqueued', true), '')::text[];
 BEGIN
   IF v_todo IS NOT NULL THEN
-    -- The first of this commit's decisions: all the keys this transaction enqueued, at once and
-    -- in the global lock order (firing one per row would lock them in insert order).
-    v_todo := v_todo || (NEW.channel || ' ' || NEW.ordering_key);
+    -- The first of this commit's firings: all the keys this transaction enqueued, decided at
+    -- once in the global lock order (one firing per row would lock them in insert order). The
+    -- firings of the other rows find nothing noted and do nothing: their keys were decided.
     PERFORM set_config('pgfence.outbox_keys_enqueued', '', true);
-    v_decided := coalesce(nullif(current_setting('pgfence.outbox_keys_decided', true), '')::text[], '{}');
-    PERFORM set_config('pgfence.outbox_keys_decided', (v_decided || v_todo)::text, true);
+    v_todo := v_todo || (NEW.channel || ' ' || NEW.ordering_key);
     PERFORM pgfence._outbox_keys_decide(array_agg(split_part(e, ' ', 1)),
                                         array_agg(substr(e, position(' ' IN e) + 1)))
     FROM unnest(v_todo) AS e;
-  ELSIF NOT coalesce(nullif(current_setting('pgfence.outbox_keys_decided', true), '')::text[]
-                     @> ARRAY[NEW.channel || ' ' || NEW.ordering_key], false) THEN
-    -- A row not inserted by the enqueue functions (they note their keys first).
-    PERFORM pgfence._outbox_keys_decide(ARRAY[NEW.channel], ARRAY[NEW.ordering_key]);
   END IF;
   RETURN NULL;
 END
@@ -225,9 +251,10 @@ COMMENT ON FUNCTION pgfence.tg_outbox_key_turn() IS
   'Trigger: at an enqueue''s commit, decides the turns of every key the transaction enqueued.
 Deferred AFTER INSERT constraint trigger on rows with an ordering_key. outbox_enqueue and
 outbox_enqueue_many note their keys in the transaction-local setting pgfence.outbox_keys_enqueued
-(_outbox_keys_note); the first firing decides them all in one _outbox_keys_decide (the global
-lock order) and notes them in pgfence.outbox_keys_decided, so the other rows'' firings do
-nothing. Both settings are internal.';
+(_outbox_keys_note) before they insert; the first firing decides all the noted keys in one
+_outbox_keys_decide (the global lock order) and clears the note, so the firings of the other
+rows do nothing (no lookup per row). A keyed row inserted by hand, not through these functions,
+waits for its key''s next decision. The setting is internal.';
 
 CREATE OR REPLACE FUNCTION pgfence._outbox_keys_note(p_channel text, p_keys text[])
 RETURNS void
@@ -235,23 +262,25 @@ LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pgfence, pg_temp
 AS $$
 DECLARE
-  v_todo text[] := coalesce(nullif(current_setting('pgfence.outbox_keys_enqueued', true), '')::text[], '{}');
-  v_new  text[];
+  v_todo text := current_setting('pgfence.outbox_keys_enqueued', true);
+  v_new  text;
 BEGIN
-  SELECT array_agg(DISTINCT p_channel || ' ' || k) INTO v_new
-  FROM unnest(p_keys) AS k
-  WHERE k IS NOT NULL AND NOT (v_todo @> ARRAY[p_channel || ' ' || k]);
+  SELECT array_agg(DISTINCT p_channel || ' ' || k)::text INTO v_new
+  FROM unnest(p_keys) AS k WHERE k IS NOT NULL;
   IF v_new IS NOT NULL THEN
-    PERFORM set_config('pgfence.outbox_keys_enqueued', (v_todo || v_new)::text, true);
+    -- appended as text (no parse of what is noted already; the decision removes duplicates)
+    PERFORM set_config('pgfence.outbox_keys_enqueued',
+                       CASE WHEN coalesce(v_todo, '') = '' THEN v_new
+                            ELSE left(v_todo, -1) || ',' || substr(v_new, 2) END, true);
   END IF;
 END
 $$;
 REVOKE ALL ON FUNCTION pgfence._outbox_keys_note(text, text[]) FROM PUBLIC;
 COMMENT ON FUNCTION pgfence._outbox_keys_note(text, text[]) IS
-  'Private: note ordering keys an enqueue is about to insert, for the decision at commit.
+  'Private: note the ordering keys an enqueue is about to insert, for the decision at commit.
 Appends (channel, key) to the transaction-local setting pgfence.outbox_keys_enqueued (a text[]
-of ''channel key''; channel names have no space), read by tg_outbox_key_turn. NULL keys are
-skipped. Errors: none.';
+literal of ''channel key''; channel names have no space), read by tg_outbox_key_turn. NULL keys
+are skipped. Errors: none.';
 
 CREATE OR REPLACE FUNCTION pgfence.tg_outbox_keys_turns_ended()
 RETURNS trigger
