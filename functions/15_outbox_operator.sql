@@ -4,7 +4,7 @@
 --         outbox_cancel(id, by, reason) -> boolean              a message that must not go out
 --         outbox_configure_channel(channel, max_attempts, backoff_base, backoff_cap, lease,
 --                                  log_events, max_payload_bytes, key_max_in_flight, key_rate,
---                                  key_burst, key_dead_policy) -> the stored settings
+--                                  key_burst, key_dead_policy, limit_key) -> the stored settings
 --         outbox_get(id), outbox_list(channel, status, limit)  read messages
 --         views outbox_summary (per channel and status), outbox_leases (who holds what)
 -- For pgfence_admin (outbox_get also for clients and executors; the views also for pg_monitor,

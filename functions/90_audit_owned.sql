@@ -238,7 +238,9 @@ WHERE o.ordering_key IS NOT NULL AND o.status <> 'sent' AND o.status <> 'cancele
   AND o.status IN ('failed', 'dead') AND w.n > 0
   AND coalesce((SELECT c.key_dead_policy FROM pgfence.outbox_channel c WHERE c.channel = o.channel),
                (SELECT c.key_dead_policy FROM pgfence.outbox_channel c WHERE c.channel = '*')) = 'block'
-  AND NOT pgfence._outbox_key_derived((pgfence._outbox_settings(o.channel)).limit_key, o.ordering_key)
+  AND NOT (starts_with(o.ordering_key, 'host:')  -- a derived host key (limit_key host) never blocks
+           AND (SELECT c.limit_key FROM pgfence.outbox_channel c WHERE c.channel IN (o.channel, '*')
+                ORDER BY c.channel = '*' LIMIT 1) IS NOT DISTINCT FROM 'host')
 UNION ALL
 SELECT 'plan', p.id, '*', p.status, p.worker, p.run_token, p.started_at, p.heartbeat_at,
        p.heartbeat_expires_at, now() - p.heartbeat_expires_at,

@@ -2135,7 +2135,7 @@ Errors: 22023 (max_rows NULL or < 1).';
 --         outbox_cancel(id, by, reason) -> boolean              a message that must not go out
 --         outbox_configure_channel(channel, max_attempts, backoff_base, backoff_cap, lease,
 --                                  log_events, max_payload_bytes, key_max_in_flight, key_rate,
---                                  key_burst, key_dead_policy) -> the stored settings
+--                                  key_burst, key_dead_policy, limit_key) -> the stored settings
 --         outbox_get(id), outbox_list(channel, status, limit)  read messages
 --         views outbox_summary (per channel and status), outbox_leases (who holds what)
 -- For pgfence_admin (outbox_get also for clients and executors; the views also for pg_monitor,
@@ -7381,7 +7381,9 @@ WHERE o.ordering_key IS NOT NULL AND o.status <> 'sent' AND o.status <> 'cancele
   AND o.status IN ('failed', 'dead') AND w.n > 0
   AND coalesce((SELECT c.key_dead_policy FROM pgfence.outbox_channel c WHERE c.channel = o.channel),
                (SELECT c.key_dead_policy FROM pgfence.outbox_channel c WHERE c.channel = '*')) = 'block'
-  AND NOT pgfence._outbox_key_derived((pgfence._outbox_settings(o.channel)).limit_key, o.ordering_key)
+  AND NOT (starts_with(o.ordering_key, 'host:')  -- a derived host key (limit_key host) never blocks
+           AND (SELECT c.limit_key FROM pgfence.outbox_channel c WHERE c.channel IN (o.channel, '*')
+                ORDER BY c.channel = '*' LIMIT 1) IS NOT DISTINCT FROM 'host')
 UNION ALL
 SELECT 'plan', p.id, '*', p.status, p.worker, p.run_token, p.started_at, p.heartbeat_at,
        p.heartbeat_expires_at, now() - p.heartbeat_expires_at,

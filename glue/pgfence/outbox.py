@@ -102,6 +102,7 @@ def enqueue(conn: AnyConn, channel: str, recipient: str, payload: dict[str, Any]
         max_attempts: 1..1000; None = the channel's setting.
         ordering_key: messages of one channel and key are claimed in enqueue order, at most the
             channel's ``key_max_in_flight`` at once (1: one after the other); ≤ 255 chars.
+            None on a channel with ``limit_key`` 'host': the key ``host:<recipient's host>``.
 
     Raises:
         InvalidArgument (22004/22023), IdempotencyKeyReused (PF003), PayloadTooLarge (PF004),
