@@ -34,6 +34,7 @@ DECLARE
   v_channel   text;
   v_recipient text;
   v_set       pgfence.outbox_channel;
+  v_key       text := p_ordering_key;
 BEGIN
   PERFORM pgfence._outbox_check_message(p_channel, p_recipient, p_payload, p_idempotency_key, p_max_attempts);
   IF p_deliver_at IS NOT NULL AND NOT isfinite(p_deliver_at) THEN
@@ -52,11 +53,17 @@ BEGIN
   IF pg_column_size(p_payload) > v_set.max_payload_bytes THEN
     PERFORM pgfence._outbox_payload_too_large(p_channel, 1, pg_column_size(p_payload), v_set.max_payload_bytes);
   END IF;
+  IF v_key IS NULL AND v_set.limit_key = 'host' THEN
+    v_key := pgfence._outbox_host_key(p_recipient);  -- limited per recipient host
+  END IF;
+  IF v_key IS NOT NULL THEN
+    PERFORM pgfence._outbox_keys_note(p_channel, ARRAY[v_key]);  -- decided at commit
+  END IF;
   INSERT INTO pgfence.outbox AS o (channel, recipient, payload, idempotency_key, max_attempts,
                                    next_attempt_at, log_events, ordering_key, status)
   VALUES (p_channel, p_recipient, p_payload, p_idempotency_key,
           coalesce(p_max_attempts, v_set.max_attempts), coalesce(p_deliver_at, now()),
-          v_set.log_events, p_ordering_key, CASE WHEN p_ordering_key IS NULL THEN 'pending' ELSE 'waiting' END)
+          v_set.log_events, v_key, CASE WHEN v_key IS NULL THEN 'pending' ELSE 'waiting' END)
   ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
   RETURNING o.id INTO v_id;
 
@@ -128,6 +135,7 @@ DECLARE
   v_ids      bigint[];
   v_unseen   bigint;
   v_clash    bigint;
+  v_okeys    text[];   -- the ordering keys, with the derived host keys (limit_key host)
 BEGIN
   IF p_channel IS NULL OR p_recipients IS NULL OR p_payloads IS NULL THEN
     RAISE EXCEPTION 'outbox_enqueue_many: channel, recipients and payloads are required'
@@ -175,6 +183,18 @@ BEGIN
   IF FOUND THEN
     PERFORM pgfence._outbox_payload_too_large(p_channel, v_bad.i, v_bad.size, v_set.max_payload_bytes);
   END IF;
+  IF v_set.limit_key = 'host' THEN
+    -- limited per recipient host: a message without an ordering key gets its host's key
+    v_okeys := ARRAY(SELECT coalesce(u.ok, pgfence._outbox_host_key(u.r))
+                     FROM unnest(coalesce(p_ordering_keys, array_fill(NULL::text, ARRAY[v_n])), p_recipients)
+                            WITH ORDINALITY AS u(ok, r, i)
+                     ORDER BY u.i);
+  ELSE
+    v_okeys := p_ordering_keys;
+  END IF;
+  IF v_okeys IS NOT NULL THEN
+    PERFORM pgfence._outbox_keys_note(p_channel, v_okeys);  -- decided at commit
+  END IF;
   IF p_idempotency_keys IS NULL THEN
     -- No keys: a plain INSERT (no conflict handling, no key to check); identity values follow
     -- the input order.
@@ -184,7 +204,7 @@ BEGIN
                                        ordering_key, status)
       SELECT p_channel, u.r, u.p, v_max, coalesce(p_deliver_at, now()), v_set.log_events,
              u.ok, CASE WHEN u.ok IS NULL THEN 'pending' ELSE 'waiting' END
-      FROM unnest(p_recipients, p_payloads, coalesce(p_ordering_keys, array_fill(NULL::text, ARRAY[v_n])))
+      FROM unnest(p_recipients, p_payloads, coalesce(v_okeys, array_fill(NULL::text, ARRAY[v_n])))
              WITH ORDINALITY AS u(r, p, ok, i)
       ORDER BY u.i
       RETURNING o.id)
@@ -224,7 +244,7 @@ BEGIN
     SELECT v_ids[u.i], p_channel, u.r, u.p, u.k, v_max, coalesce(p_deliver_at, now()), v_set.log_events,
            u.ok, CASE WHEN u.ok IS NULL THEN 'pending' ELSE 'waiting' END
     FROM unnest(p_recipients, p_payloads, p_idempotency_keys,
-                coalesce(p_ordering_keys, array_fill(NULL::text, ARRAY[v_n]))) WITH ORDINALITY AS u(r, p, k, ok, i)
+                coalesce(v_okeys, array_fill(NULL::text, ARRAY[v_n]))) WITH ORDINALITY AS u(r, p, k, ok, i)
     ORDER BY u.k COLLATE "C", u.i
     ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING;
     -- The ids, in a statement of its own: its snapshot (READ COMMITTED) sees a key that a

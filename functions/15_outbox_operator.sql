@@ -4,7 +4,7 @@
 --         outbox_cancel(id, by, reason) -> boolean              a message that must not go out
 --         outbox_configure_channel(channel, max_attempts, backoff_base, backoff_cap, lease,
 --                                  log_events, max_payload_bytes, key_max_in_flight, key_rate,
---                                  key_burst, key_dead_policy) -> the stored settings
+--                                  key_burst, key_dead_policy, limit_key) -> the stored settings
 --         outbox_get(id), outbox_list(channel, status, limit)  read messages
 --         views outbox_summary (per channel and status), outbox_leases (who holds what)
 -- For pgfence_admin (outbox_get also for clients and executors; the views also for pg_monitor,
@@ -111,7 +111,8 @@ CREATE OR REPLACE FUNCTION pgfence.outbox_configure_channel(
   p_key_max_in_flight integer DEFAULT NULL,
   p_key_rate     double precision DEFAULT NULL,
   p_key_burst    integer DEFAULT NULL,
-  p_key_dead_policy text DEFAULT NULL
+  p_key_dead_policy text DEFAULT NULL,
+  p_limit_key    text DEFAULT NULL
 )
 RETURNS pgfence.outbox_channel
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
@@ -130,7 +131,7 @@ BEGIN
   BEGIN
     INSERT INTO pgfence.outbox_channel AS c (channel, max_attempts, backoff_base, backoff_cap, lease, log_events,
                                              max_payload_bytes, key_max_in_flight, key_rate, key_burst,
-                                             key_dead_policy)
+                                             key_dead_policy, limit_key)
     VALUES (p_channel,
             coalesce(p_max_attempts, v_cur.max_attempts),
             coalesce(p_backoff_base, v_cur.backoff_base),
@@ -141,13 +142,15 @@ BEGIN
             coalesce(p_key_max_in_flight, v_cur.key_max_in_flight),
             CASE WHEN p_key_rate = 0 THEN NULL ELSE coalesce(p_key_rate, v_cur.key_rate) END,
             coalesce(p_key_burst, v_cur.key_burst),
-            coalesce(p_key_dead_policy, v_cur.key_dead_policy))
+            coalesce(p_key_dead_policy, v_cur.key_dead_policy),
+            CASE WHEN p_limit_key = 'none' THEN NULL ELSE coalesce(p_limit_key, v_cur.limit_key) END)
     ON CONFLICT (channel) DO UPDATE
       SET max_attempts = EXCLUDED.max_attempts, backoff_base = EXCLUDED.backoff_base,
           backoff_cap = EXCLUDED.backoff_cap, lease = EXCLUDED.lease,
           log_events = EXCLUDED.log_events, max_payload_bytes = EXCLUDED.max_payload_bytes,
           key_max_in_flight = EXCLUDED.key_max_in_flight, key_rate = EXCLUDED.key_rate,
           key_burst = EXCLUDED.key_burst, key_dead_policy = EXCLUDED.key_dead_policy,
+          limit_key = EXCLUDED.limit_key,
           updated_at = now()
     RETURNING c.* INTO v_row;
     IF p_log_events IS NOT NULL THEN
@@ -160,12 +163,12 @@ BEGIN
   EXCEPTION WHEN check_violation THEN
     RAISE EXCEPTION 'outbox_configure_channel: invalid settings for "%"', p_channel
       USING ERRCODE = '22023', DETAIL = 'Nothing was changed.',
-            HINT = 'Need 1 <= max_attempts <= 1000, 0 < backoff_base <= backoff_cap <= 30 days, 0 < lease <= 1 day, 1 <= max_payload_bytes <= 268435455, 1 <= key_max_in_flight <= 10000, 0 <= key_rate <= 1000000 (0: no rate), 1 <= key_burst <= 10000, key_dead_policy block or release.';
+            HINT = 'Need 1 <= max_attempts <= 1000, 0 < backoff_base <= backoff_cap <= 30 days, 0 < lease <= 1 day, 1 <= max_payload_bytes <= 268435455, 1 <= key_max_in_flight <= 10000, 0 <= key_rate <= 1000000 (0: no rate), 1 <= key_burst <= 10000, key_dead_policy block or release, limit_key host or none.';
   END;
   IF p_key_max_in_flight IS NOT NULL OR p_key_dead_policy IS NOT NULL OR p_key_rate IS NOT NULL
      OR p_key_burst IS NOT NULL THEN
     -- Keys waiting under the old rules may take their turn under the new ones now.
-    PERFORM pgfence._outbox_key_decide(k.channel, k.ordering_key)
+    PERFORM pgfence._outbox_keys_decide(array_agg(k.channel), array_agg(k.ordering_key))
     FROM pgfence.outbox_key k
     WHERE k.channel = p_channel
        OR (p_channel = '*' AND NOT EXISTS (SELECT 1 FROM pgfence.outbox_channel c WHERE c.channel = k.channel));
@@ -173,9 +176,9 @@ BEGIN
   RETURN v_row;
 END
 $$;
-REVOKE ALL ON FUNCTION pgfence.outbox_configure_channel(text, integer, interval, interval, interval, boolean, integer, integer, double precision, integer, text) FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION pgfence.outbox_configure_channel(text, integer, interval, interval, interval, boolean, integer, integer, double precision, integer, text) TO pgfence_admin;
-COMMENT ON FUNCTION pgfence.outbox_configure_channel(text, integer, interval, interval, interval, boolean, integer, integer, double precision, integer, text) IS
+REVOKE ALL ON FUNCTION pgfence.outbox_configure_channel(text, integer, interval, interval, interval, boolean, integer, integer, double precision, integer, text, text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION pgfence.outbox_configure_channel(text, integer, interval, interval, interval, boolean, integer, integer, double precision, integer, text, text) TO pgfence_admin;
+COMMENT ON FUNCTION pgfence.outbox_configure_channel(text, integer, interval, interval, interval, boolean, integer, integer, double precision, integer, text, text) IS
   'Operator: set a channel''s retry, size, event logging and ordering-key rules; returns the row.
 NULL keeps the current value (inherited from ''*'' for a new channel; ''*'' itself holds the
 defaults). Applies to claims and failures from now on; max_attempts and max_payload_bytes (the
@@ -185,10 +188,13 @@ key may be pending or processing at once, 1 by default: strictly one after the o
 key_rate (claims per second per key, a token bucket on the database clock; 0 = no rate) with
 key_burst, key_dead_policy (block: a failed or dead message holds its key until an operator
 requeues or cancels it; release: the key moves on). A change of these decides every waiting key
-of the channel again at once.
+of the channel again at once. limit_key (host; none to clear; NULL by default): a message
+enqueued from now on without an ordering key gets the key host:<its recipient URL''s host>, so
+the key limits apply per host; such a key is never held by a failed or dead message.
 Errors: 22023 (bad name or settings: 1 <= max_attempts <= 1000, 0 < backoff_base <= backoff_cap
 <= 30 days, 0 < lease <= 1 day, 1 <= max_payload_bytes <= 268435455, 1 <= key_max_in_flight <=
-10000, 0 <= key_rate <= 1000000, 1 <= key_burst <= 10000, key_dead_policy block or release).';
+10000, 0 <= key_rate <= 1000000, 1 <= key_burst <= 10000, key_dead_policy block or release,
+limit_key host or none).';
 
 CREATE OR REPLACE FUNCTION pgfence.outbox_get(p_id bigint)
 RETURNS TABLE (

@@ -2,26 +2,59 @@
 --
 -- No public function: outbox_enqueue(..., ordering_key) and outbox_enqueue_many(...,
 -- ordering_keys) give messages a key; outbox_configure_channel sets the key rules per channel
--- (key_max_in_flight, key_rate, key_burst, key_dead_policy); audit_stuck lists blocked keys.
+-- (key_max_in_flight, key_rate, key_burst, key_dead_policy, limit_key); audit_stuck lists
+-- blocked keys. A channel with limit_key 'host' gives a message enqueued without a key the key
+-- 'host:<its recipient URL's host>' (_outbox_host_key): the limits then apply per host, and such
+-- a derived key is never blocked by a failed or dead message (it limits, it does not order).
 -- The rule: of one (channel, ordering_key), only the oldest key_max_in_flight unfinished messages
 -- (1 by default) are pending or processing, in enqueue (id) order; the others are 'waiting',
 -- a status the claim walk never reads. So outbox_claim is not changed at all: a keyed message is
--- claimed like any other once it is its key's turn, keyless messages pay only the WHEN condition
--- of two triggers, and no busy key can starve another (at most key_max_in_flight of a key are in
--- the due index at once). A retry stays pending, so it holds its key's turn; a failed or dead
--- message holds it too ('block', the default) until an operator requeues or cancels it, or
--- releases it ('release').
--- The decision (_outbox_key_decide) runs at the commit of an enqueue (deferred trigger) and in
--- the transaction of every change that ends a turn (settle, reap, cancel, requeue), each time
--- under the row lock of the key in pgfence.outbox_key: decisions on one key are serialized and
--- each sees the previous one. A key's rate (GCRA token bucket on now()) sets the due time of
--- the messages it promotes. Errors: functions/ERRORS.md.
+-- claimed like any other once it is its key's turn, and no busy key can starve another (at most
+-- key_max_in_flight of a key are in the due index at once). A retry stays pending, so it holds
+-- its key's turn; a failed or dead message holds it too ('block', the default) until an operator
+-- requeues or cancels it, or releases it ('release').
+-- The decision (_outbox_keys_decide, set-based: one call for all the keys a statement touched)
+-- runs at the commit of an enqueue (deferred trigger), at the end of every UPDATE statement that
+-- ends turns (settle, reap, cancel, requeue: one decision per statement, not per row) and when a
+-- message holding its key's turn is deleted, each time under the row locks of the keys in
+-- pgfence.outbox_key, taken in one global order (channel, key, collation "C") so that two
+-- decisions over overlapping keys wait for each other instead of deadlocking: decisions on one
+-- key are serialized and each sees the previous one. A key's rate (GCRA token bucket on now())
+-- sets the due time of the messages it promotes. Keyless statements pay one look at the updated
+-- rows. Errors: functions/ERRORS.md.
 
 COMMENT ON TABLE pgfence.outbox_key IS
   'Ordering keys of the outbox with unfinished messages: the lock and the token bucket of each.
 One row per (channel, ordering_key): its row lock orders the decisions of which of the key''s
 messages may be claimed next; tat is the rate limit''s theoretical arrival time (GCRA, database
 clock). Deleted when the key has nothing left to decide. Not an API.';
+
+CREATE OR REPLACE FUNCTION pgfence._outbox_host_key(p_recipient text)
+RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$
+  -- scheme://[userinfo@]host[:port][/...]: the host, lower-cased ([v6] literals kept whole)
+  SELECT left('host:' || lower(h), 255)
+  FROM (SELECT substring(p_recipient FROM '^[A-Za-z][A-Za-z0-9+.-]*://(?:[^/?#@]*@)?(\[[^]/?#]*\]|[^/?#:\[\]]+)') AS h) x
+  WHERE h IS NOT NULL AND h <> ''
+$$;
+REVOKE ALL ON FUNCTION pgfence._outbox_host_key(text) FROM PUBLIC;
+COMMENT ON FUNCTION pgfence._outbox_host_key(text) IS
+  'Private: the limit key of a recipient URL on a channel with limit_key host: host:<host>.
+The host of scheme://[user@]host[:port]/..., lower-cased, at most 255 characters in all; NULL
+when the recipient is not such a URL (the message then gets no key). Errors: none.';
+
+CREATE OR REPLACE FUNCTION pgfence._outbox_key_derived(p_limit_key text, p_key text)
+RETURNS boolean
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$
+  SELECT p_limit_key IS NOT DISTINCT FROM 'host' AND starts_with(p_key, 'host:')
+$$;
+REVOKE ALL ON FUNCTION pgfence._outbox_key_derived(text, text) FROM PUBLIC;
+COMMENT ON FUNCTION pgfence._outbox_key_derived(text, text) IS
+  'Private: whether a key of a channel with this limit_key is a derived limit key (host:...).
+A derived key limits (key_max_in_flight, key_rate) but is never held by a failed or dead
+message, whatever the channel''s key_dead_policy. Errors: none.';
 
 CREATE OR REPLACE FUNCTION pgfence._outbox_key_decide(p_channel text, p_key text)
 RETURNS integer
@@ -52,7 +85,8 @@ BEGIN
   RETURNING k.tat INTO v_tat;
 
   SELECT count(*) FILTER (WHERE o.status IN ('pending', 'processing')
-                             OR (o.status IN ('failed', 'dead') AND v_set.key_dead_policy = 'block')),
+                             OR (o.status IN ('failed', 'dead') AND v_set.key_dead_policy = 'block'
+                                 AND NOT pgfence._outbox_key_derived(v_set.limit_key, p_key))),
          bool_or(o.status = c_waiting)
     INTO v_live, v_waiting
   FROM pgfence.outbox o
@@ -104,22 +138,191 @@ oldest waiting ones (id order) up to key_max_in_flight, each due no earlier than
 allows (GCRA on now(): key_rate per second, bursts of key_burst). Returns how many it promoted.
 Errors: 40001 (REPEATABLE READ or SERIALIZABLE: a concurrent decision on the key; retry).';
 
+CREATE OR REPLACE FUNCTION pgfence._outbox_keys_decide(p_channels text[], p_keys text[])
+RETURNS integer
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pgfence, pg_temp
+SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
+SET enable_bitmapscan = off
+AS $$
+DECLARE
+  v_promoted integer;
+  v_rated    text[];
+  r          record;
+  c_waiting  CONSTANT text := 'waiting';  -- docs/query-plans.md#constants-instead-of-literals
+BEGIN
+  -- The keys' locks, in one global order (every decision takes them so: no deadlock between two
+  -- decisions over overlapping keys). A concurrent decision waits here until it commits (READ
+  -- COMMITTED: the statement below then sees it); under REPEATABLE READ a decision committed
+  -- after this snapshot makes this statement fail with 40001 instead of deciding on stale rows.
+  INSERT INTO pgfence.outbox_key AS k (channel, ordering_key)
+  SELECT d.c, d.k
+  FROM (SELECT DISTINCT u.c, u.k FROM unnest(p_channels, p_keys) AS u(c, k)
+        WHERE u.c IS NOT NULL AND u.k IS NOT NULL) d
+  ORDER BY d.c COLLATE "C", d.k COLLATE "C"
+  ON CONFLICT (channel, ordering_key) DO UPDATE SET decisions = k.decisions + 1, updated_at = now();
+
+  -- Every key at once: how many of its messages hold a turn, whether any waits; the oldest
+  -- waiting ones up to key_max_in_flight are promoted (keys with a rate: below, one by one, as
+  -- the bucket orders their due times); keys with nothing left are forgotten (a bucket still
+  -- refilling is kept, so a new message cannot jump the rate).
+  WITH keys AS (
+    SELECT DISTINCT u.c AS channel, u.k AS ordering_key FROM unnest(p_channels, p_keys) AS u(c, k)
+    WHERE u.c IS NOT NULL AND u.k IS NOT NULL
+  ), rules AS MATERIALIZED (  -- one settings lookup per channel, not per key
+    SELECT ch.channel, s.key_max_in_flight, s.key_rate, s.key_dead_policy, s.limit_key
+    FROM (SELECT DISTINCT keys.channel FROM keys) ch, LATERAL pgfence._outbox_settings(ch.channel) s
+  ), st AS (
+    SELECT keys.channel, keys.ordering_key, rules.key_max_in_flight, rules.key_rate, c.live, c.waiting
+    FROM keys JOIN rules ON rules.channel = keys.channel,
+    LATERAL (SELECT count(*) FILTER (WHERE o.status IN ('pending', 'processing')
+                                        OR (o.status IN ('failed', 'dead') AND rules.key_dead_policy = 'block'
+                                            AND NOT pgfence._outbox_key_derived(rules.limit_key, keys.ordering_key))) AS live,
+                    coalesce(bool_or(o.status = c_waiting), false) AS waiting
+             FROM pgfence.outbox o
+             WHERE o.channel = keys.channel AND o.ordering_key = keys.ordering_key
+               AND o.status <> 'sent' AND o.status <> 'canceled') c  -- matches outbox_key_idx
+  ), promoted AS (
+    UPDATE pgfence.outbox o SET status = 'pending', updated_at = now()
+    FROM (SELECT w.id FROM st,
+          LATERAL (SELECT o2.id FROM pgfence.outbox o2
+                   WHERE o2.channel = st.channel AND o2.ordering_key = st.ordering_key
+                     AND o2.status <> 'sent' AND o2.status <> 'canceled' AND o2.status = c_waiting
+                   ORDER BY o2.id
+                   LIMIT greatest(st.key_max_in_flight - st.live, 0)) w
+          WHERE st.waiting AND st.key_rate IS NULL) p
+    WHERE o.id = p.id AND o.status = c_waiting
+    RETURNING o.id
+  ), forgotten AS (  -- runs although nothing reads it (a data-modifying WITH always does)
+    DELETE FROM pgfence.outbox_key k USING st
+    WHERE k.channel = st.channel AND k.ordering_key = st.ordering_key
+      AND NOT st.waiting AND st.live = 0 AND (k.tat IS NULL OR k.tat <= now())
+    RETURNING k.channel
+  )
+  SELECT (SELECT count(*) FROM promoted)::integer,
+         (SELECT array_agg(st.channel || ' ' || st.ordering_key ORDER BY st.channel COLLATE "C", st.ordering_key COLLATE "C")
+          FROM st WHERE st.waiting AND st.key_rate IS NOT NULL
+            AND st.live < st.key_max_in_flight)
+    INTO v_promoted, v_rated;
+
+  FOR r IN SELECT split_part(e, ' ', 1) AS channel, substr(e, position(' ' IN e) + 1) AS ordering_key
+           FROM unnest(v_rated) WITH ORDINALITY AS u(e, i) ORDER BY u.i
+  LOOP
+    v_promoted := v_promoted + pgfence._outbox_key_decide(r.channel, r.ordering_key);
+  END LOOP;
+  RETURN v_promoted;
+END
+$$;
+REVOKE ALL ON FUNCTION pgfence._outbox_keys_decide(text[], text[]) FROM PUBLIC;
+COMMENT ON FUNCTION pgfence._outbox_keys_decide(text[], text[]) IS
+  'Private: decide the next turns of many ordering keys at once (element i: channel i, key i).
+Locks the keys'' rows in pgfence.outbox_key in one global order (channel, key; collation "C"),
+then in one statement promotes, for every key, its oldest waiting messages (id order) up to
+key_max_in_flight minus the messages holding a turn (pending, processing, and failed or dead
+ones when the channel''s key_dead_policy is block) and forgets keys with nothing left; keys of
+a channel with a key_rate are promoted one by one (_outbox_key_decide) in the same order.
+NULL elements are skipped. Returns how many messages it promoted.
+Errors: 40001 (REPEATABLE READ or SERIALIZABLE: a concurrent decision on a key; retry).';
+
 CREATE OR REPLACE FUNCTION pgfence.tg_outbox_key_turn()
 RETURNS trigger
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pgfence, pg_temp
 AS $$
+DECLARE
+  v_todo text[] := nullif(current_setting('pgfence.outbox_keys_enqueued', true), '')::text[];
 BEGIN
-  PERFORM pgfence._outbox_key_decide(NEW.channel, NEW.ordering_key);
+  IF v_todo IS NOT NULL THEN
+    -- The first of this commit's firings: all the keys this transaction enqueued, decided at
+    -- once in the global lock order (one firing per row would lock them in insert order). The
+    -- firings of the other rows find nothing noted and do nothing: their keys were decided.
+    PERFORM set_config('pgfence.outbox_keys_enqueued', '', true);
+    v_todo := v_todo || (NEW.channel || ' ' || NEW.ordering_key);
+    PERFORM pgfence._outbox_keys_decide(array_agg(split_part(e, ' ', 1)),
+                                        array_agg(substr(e, position(' ' IN e) + 1)))
+    FROM unnest(v_todo) AS e;
+  END IF;
   RETURN NULL;
 END
 $$;
 REVOKE ALL ON FUNCTION pgfence.tg_outbox_key_turn() FROM PUBLIC;
 COMMENT ON FUNCTION pgfence.tg_outbox_key_turn() IS
-  'Trigger: decides the next turn of a keyed message''s ordering key (_outbox_key_decide).
-Deferred AFTER INSERT constraint trigger (at the enqueue''s commit, when the message becomes
-visible) and AFTER UPDATE OF status trigger (when a keyed message ends its turn: sent, failed,
-dead, canceled, or requeued to waiting), both only for rows with an ordering_key.';
+  'Trigger: at an enqueue''s commit, decides the turns of every key the transaction enqueued.
+Deferred AFTER INSERT constraint trigger on rows with an ordering_key. outbox_enqueue and
+outbox_enqueue_many note their keys in the transaction-local setting pgfence.outbox_keys_enqueued
+(_outbox_keys_note) before they insert; the first firing decides all the noted keys in one
+_outbox_keys_decide (the global lock order) and clears the note, so the firings of the other
+rows do nothing (no lookup per row). A keyed row inserted by hand, not through these functions,
+waits for its key''s next decision. The setting is internal.';
+
+CREATE OR REPLACE FUNCTION pgfence._outbox_keys_note(p_channel text, p_keys text[])
+RETURNS void
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pgfence, pg_temp
+AS $$
+DECLARE
+  v_todo text := current_setting('pgfence.outbox_keys_enqueued', true);
+  v_new  text;
+BEGIN
+  SELECT array_agg(DISTINCT p_channel || ' ' || k)::text INTO v_new
+  FROM unnest(p_keys) AS k WHERE k IS NOT NULL;
+  IF v_new IS NOT NULL THEN
+    -- appended as text (no parse of what is noted already; the decision removes duplicates)
+    PERFORM set_config('pgfence.outbox_keys_enqueued',
+                       CASE WHEN coalesce(v_todo, '') = '' THEN v_new
+                            ELSE left(v_todo, -1) || ',' || substr(v_new, 2) END, true);
+  END IF;
+END
+$$;
+REVOKE ALL ON FUNCTION pgfence._outbox_keys_note(text, text[]) FROM PUBLIC;
+COMMENT ON FUNCTION pgfence._outbox_keys_note(text, text[]) IS
+  'Private: note the ordering keys an enqueue is about to insert, for the decision at commit.
+Appends (channel, key) to the transaction-local setting pgfence.outbox_keys_enqueued (a text[]
+literal of ''channel key''; channel names have no space), read by tg_outbox_key_turn. NULL keys
+are skipped. Errors: none.';
+
+CREATE OR REPLACE FUNCTION pgfence.tg_outbox_keys_turns_ended()
+RETURNS trigger
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pgfence, pg_temp
+AS $$
+DECLARE
+  v_channels text[];
+  v_keys     text[];
+BEGIN
+  SELECT array_agg(n.channel), array_agg(n.ordering_key) INTO v_channels, v_keys
+  FROM outbox_turns_ended n
+  WHERE n.ordering_key IS NOT NULL AND n.status IN ('sent', 'failed', 'dead', 'canceled', 'waiting');
+  IF v_keys IS NOT NULL THEN
+    PERFORM pgfence._outbox_keys_decide(v_channels, v_keys);
+  END IF;
+  RETURN NULL;
+END
+$$;
+REVOKE ALL ON FUNCTION pgfence.tg_outbox_keys_turns_ended() FROM PUBLIC;
+COMMENT ON FUNCTION pgfence.tg_outbox_keys_turns_ended() IS
+  'Trigger: decides, once per UPDATE statement, the turns of the keys whose messages it ended.
+AFTER UPDATE statement trigger on pgfence.outbox with the updated rows as a transition table:
+the keys of rows left sent, failed, dead, canceled or waiting (requeued) go to one
+_outbox_keys_decide (the global lock order), in the settling transaction, so that a claim in the
+same call (outbox_settle_and_claim) sees each key''s next message.';
+
+CREATE OR REPLACE FUNCTION pgfence.tg_outbox_key_deleted()
+RETURNS trigger
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pgfence, pg_temp
+AS $$
+BEGIN
+  PERFORM pgfence._outbox_keys_decide(ARRAY[OLD.channel], ARRAY[OLD.ordering_key]);
+  RETURN NULL;
+END
+$$;
+REVOKE ALL ON FUNCTION pgfence.tg_outbox_key_deleted() FROM PUBLIC;
+COMMENT ON FUNCTION pgfence.tg_outbox_key_deleted() IS
+  'Trigger: a deleted message that held its key''s turn hands the turn on.
+AFTER DELETE row trigger on keyed rows that were pending, processing, failed or dead (an
+operator deleting a blocker by hand): the key''s next waiting message is promoted at once.';
 
 -- At the enqueue's commit: the decision must see the messages committed before it, and the key's
 -- lock is then held only for the commit, not for the rest of the business transaction.
@@ -131,10 +334,16 @@ CREATE CONSTRAINT TRIGGER outbox_key_enqueued
   WHEN (NEW.ordering_key IS NOT NULL)
   EXECUTE FUNCTION pgfence.tg_outbox_key_turn();
 -- In the settling transaction, so that a claim in the same call (outbox_settle_and_claim) sees
--- the key's next message.
-CREATE OR REPLACE TRIGGER outbox_key_turn_ended
-  AFTER UPDATE OF status ON pgfence.outbox
+-- the key's next message; once per statement (a settle of 50 messages makes one decision).
+DROP TRIGGER IF EXISTS outbox_key_turn_ended ON pgfence.outbox;
+DROP TRIGGER IF EXISTS outbox_keys_turns_ended ON pgfence.outbox;
+CREATE TRIGGER outbox_keys_turns_ended
+  AFTER UPDATE ON pgfence.outbox
+  REFERENCING NEW TABLE AS outbox_turns_ended
+  FOR EACH STATEMENT
+  EXECUTE FUNCTION pgfence.tg_outbox_keys_turns_ended();
+CREATE OR REPLACE TRIGGER outbox_key_deleted
+  AFTER DELETE ON pgfence.outbox
   FOR EACH ROW
-  WHEN (NEW.ordering_key IS NOT NULL AND OLD.status IS DISTINCT FROM NEW.status
-        AND NEW.status IN ('sent', 'failed', 'dead', 'canceled', 'waiting'))
-  EXECUTE FUNCTION pgfence.tg_outbox_key_turn();
+  WHEN (OLD.ordering_key IS NOT NULL AND OLD.status IN ('pending', 'processing', 'failed', 'dead'))
+  EXECUTE FUNCTION pgfence.tg_outbox_key_deleted();

@@ -223,7 +223,8 @@ SELECT 'outbox'::text                          AS module,
 FROM pgfence.outbox o
 WHERE o.status = 'processing' AND o.lease_expires_at < now()
 UNION ALL
--- Ordering keys held by a failed or dead message (key_dead_policy block) with messages waiting.
+-- Ordering keys held by a failed or dead message (key_dead_policy block; never a derived host key)
+-- with messages waiting.
 SELECT 'outbox', o.id, o.channel, o.status, NULL::text, o.attempts::bigint, o.claimed_at,
        o.updated_at, o.finished_at, now() - o.finished_at,
        format('key %s blocked by %s message %s (%s waiting behind it): outbox_requeue(%s) retries it first, outbox_cancel(%s, by, reason) gives the key to the next',
@@ -237,6 +238,9 @@ WHERE o.ordering_key IS NOT NULL AND o.status <> 'sent' AND o.status <> 'cancele
   AND o.status IN ('failed', 'dead') AND w.n > 0
   AND coalesce((SELECT c.key_dead_policy FROM pgfence.outbox_channel c WHERE c.channel = o.channel),
                (SELECT c.key_dead_policy FROM pgfence.outbox_channel c WHERE c.channel = '*')) = 'block'
+  AND NOT (starts_with(o.ordering_key, 'host:')  -- a derived host key (limit_key host) never blocks
+           AND (SELECT c.limit_key FROM pgfence.outbox_channel c WHERE c.channel IN (o.channel, '*')
+                ORDER BY c.channel = '*' LIMIT 1) IS NOT DISTINCT FROM 'host')
 UNION ALL
 SELECT 'plan', p.id, '*', p.status, p.worker, p.run_token, p.started_at, p.heartbeat_at,
        p.heartbeat_expires_at, now() - p.heartbeat_expires_at,

@@ -24,7 +24,8 @@ ALTER FUNCTION pgfence.outbox_mark_sent_and_claim(bigint, integer, jsonb, text, 
 ALTER FUNCTION pgfence.outbox_mark_failed(bigint, integer, text, boolean, interval) SET jit = off;
 ALTER FUNCTION pgfence.outbox_settle_and_claim(bigint[], integer[], jsonb[], text, integer, text[], interval) SET jit = off;
 ALTER FUNCTION pgfence.outbox_reap(integer) SET jit = off;
-ALTER FUNCTION pgfence._outbox_key_decide(text, text) SET jit = off;  -- every keyed enqueue and settle (16_outbox_keys.sql)
+ALTER FUNCTION pgfence._outbox_key_decide(text, text) SET jit = off;  -- keys with a rate (16_outbox_keys.sql)
+ALTER FUNCTION pgfence._outbox_keys_decide(text[], text[]) SET jit = off;  -- every keyed enqueue and settle (16_outbox_keys.sql)
 
 -- plans
 ALTER FUNCTION pgfence.plan_claim(text, integer, boolean, interval) SET jit = off;

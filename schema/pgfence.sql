@@ -185,7 +185,7 @@ CREATE INDEX event_item_idx ON pgfence.event USING btree (module, item_id, id);
 -- ==== migrations/0002_outbox.sql
 -- pgfence 0002 — outbox: messages to deliver at least once, and per-channel retry settings.
 
--- pgfence.outbox_channel (changed later by 0017_outbox_keys)
+-- pgfence.outbox_channel (changed later by 0017_outbox_keys, 0018_outbox_limit_key)
 CREATE TABLE pgfence.outbox_channel (
   channel           text NOT NULL,
   max_attempts      integer NOT NULL,
@@ -199,6 +199,7 @@ CREATE TABLE pgfence.outbox_channel (
   key_rate          double precision,
   key_burst         integer NOT NULL DEFAULT 1,
   key_dead_policy   text NOT NULL DEFAULT 'block'::text,
+  limit_key         text,
   CONSTRAINT outbox_channel_pkey PRIMARY KEY (channel),
   CONSTRAINT outbox_channel_backoff_base_check CHECK ((backoff_base > '00:00:00'::interval)),
   CONSTRAINT outbox_channel_cap_bounded CHECK ((backoff_cap <= '30 days'::interval)),
@@ -209,6 +210,7 @@ CREATE TABLE pgfence.outbox_channel (
   CONSTRAINT outbox_channel_key_max_in_flight_check CHECK (((key_max_in_flight >= 1) AND (key_max_in_flight <= 10000))),
   CONSTRAINT outbox_channel_key_rate_check CHECK (((key_rate > (0)::double precision) AND (key_rate <= (1000000)::double precision))),
   CONSTRAINT outbox_channel_lease_check CHECK (((lease > '00:00:00'::interval) AND (lease <= '1 day'::interval))),
+  CONSTRAINT outbox_channel_limit_key_check CHECK ((limit_key = 'host'::text)),
   CONSTRAINT outbox_channel_max_attempts_check CHECK (((max_attempts >= 1) AND (max_attempts <= 1000))),
   CONSTRAINT outbox_channel_max_payload_bytes_check CHECK (((max_payload_bytes >= 1) AND (max_payload_bytes <= 268435455)))
 );
@@ -216,8 +218,10 @@ COMMENT ON TABLE pgfence.outbox_channel IS
   'Retry settings per outbox channel; the row ''*'' holds the defaults for channels without a row. Change with pgfence.outbox_configure_channel().';
 COMMENT ON COLUMN pgfence.outbox_channel.log_events IS
   'Write every transition of this channel''s messages to pgfence.event (off by default: outbox volume is high; the message row keeps attempts, owner, times and last error either way).';
-INSERT INTO pgfence.outbox_channel (channel, max_attempts, backoff_base, backoff_cap, lease, log_events, max_payload_bytes, key_max_in_flight, key_rate, key_burst, key_dead_policy) VALUES
-  ('*', 10, '00:00:01', '01:00:00', '00:05:00', false, 1048576, 1, NULL, 1, 'block');
+COMMENT ON COLUMN pgfence.outbox_channel.limit_key IS
+  'NULL: only explicit ordering keys are limited. host: a message enqueued without an ordering key gets the key host:<its recipient URL''s host>, limited by key_max_in_flight and key_rate per host, never blocked by a failed or dead message.';
+INSERT INTO pgfence.outbox_channel (channel, max_attempts, backoff_base, backoff_cap, lease, log_events, max_payload_bytes, key_max_in_flight, key_rate, key_burst, key_dead_policy, limit_key) VALUES
+  ('*', 10, '00:00:01', '01:00:00', '00:05:00', false, 1048576, 1, NULL, 1, 'block', NULL);
 
 -- pgfence.outbox (changed later by 0007_outbox_due_index, 0017_outbox_keys, 0019_trace_context, 0021_metrics_indexes)
 CREATE TABLE pgfence.outbox (
@@ -1535,6 +1539,7 @@ DECLARE
   v_channel   text;
   v_recipient text;
   v_set       pgfence.outbox_channel;
+  v_key       text := p_ordering_key;
 BEGIN
   PERFORM pgfence._outbox_check_message(p_channel, p_recipient, p_payload, p_idempotency_key, p_max_attempts);
   IF p_deliver_at IS NOT NULL AND NOT isfinite(p_deliver_at) THEN
@@ -1553,11 +1558,17 @@ BEGIN
   IF pg_column_size(p_payload) > v_set.max_payload_bytes THEN
     PERFORM pgfence._outbox_payload_too_large(p_channel, 1, pg_column_size(p_payload), v_set.max_payload_bytes);
   END IF;
+  IF v_key IS NULL AND v_set.limit_key = 'host' THEN
+    v_key := pgfence._outbox_host_key(p_recipient);  -- limited per recipient host
+  END IF;
+  IF v_key IS NOT NULL THEN
+    PERFORM pgfence._outbox_keys_note(p_channel, ARRAY[v_key]);  -- decided at commit
+  END IF;
   INSERT INTO pgfence.outbox AS o (channel, recipient, payload, idempotency_key, max_attempts,
                                    next_attempt_at, log_events, ordering_key, status)
   VALUES (p_channel, p_recipient, p_payload, p_idempotency_key,
           coalesce(p_max_attempts, v_set.max_attempts), coalesce(p_deliver_at, now()),
-          v_set.log_events, p_ordering_key, CASE WHEN p_ordering_key IS NULL THEN 'pending' ELSE 'waiting' END)
+          v_set.log_events, v_key, CASE WHEN v_key IS NULL THEN 'pending' ELSE 'waiting' END)
   ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
   RETURNING o.id INTO v_id;
 
@@ -1629,6 +1640,7 @@ DECLARE
   v_ids      bigint[];
   v_unseen   bigint;
   v_clash    bigint;
+  v_okeys    text[];   -- the ordering keys, with the derived host keys (limit_key host)
 BEGIN
   IF p_channel IS NULL OR p_recipients IS NULL OR p_payloads IS NULL THEN
     RAISE EXCEPTION 'outbox_enqueue_many: channel, recipients and payloads are required'
@@ -1676,6 +1688,18 @@ BEGIN
   IF FOUND THEN
     PERFORM pgfence._outbox_payload_too_large(p_channel, v_bad.i, v_bad.size, v_set.max_payload_bytes);
   END IF;
+  IF v_set.limit_key = 'host' THEN
+    -- limited per recipient host: a message without an ordering key gets its host's key
+    v_okeys := ARRAY(SELECT coalesce(u.ok, pgfence._outbox_host_key(u.r))
+                     FROM unnest(coalesce(p_ordering_keys, array_fill(NULL::text, ARRAY[v_n])), p_recipients)
+                            WITH ORDINALITY AS u(ok, r, i)
+                     ORDER BY u.i);
+  ELSE
+    v_okeys := p_ordering_keys;
+  END IF;
+  IF v_okeys IS NOT NULL THEN
+    PERFORM pgfence._outbox_keys_note(p_channel, v_okeys);  -- decided at commit
+  END IF;
   IF p_idempotency_keys IS NULL THEN
     -- No keys: a plain INSERT (no conflict handling, no key to check); identity values follow
     -- the input order.
@@ -1685,7 +1709,7 @@ BEGIN
                                        ordering_key, status)
       SELECT p_channel, u.r, u.p, v_max, coalesce(p_deliver_at, now()), v_set.log_events,
              u.ok, CASE WHEN u.ok IS NULL THEN 'pending' ELSE 'waiting' END
-      FROM unnest(p_recipients, p_payloads, coalesce(p_ordering_keys, array_fill(NULL::text, ARRAY[v_n])))
+      FROM unnest(p_recipients, p_payloads, coalesce(v_okeys, array_fill(NULL::text, ARRAY[v_n])))
              WITH ORDINALITY AS u(r, p, ok, i)
       ORDER BY u.i
       RETURNING o.id)
@@ -1725,7 +1749,7 @@ BEGIN
     SELECT v_ids[u.i], p_channel, u.r, u.p, u.k, v_max, coalesce(p_deliver_at, now()), v_set.log_events,
            u.ok, CASE WHEN u.ok IS NULL THEN 'pending' ELSE 'waiting' END
     FROM unnest(p_recipients, p_payloads, p_idempotency_keys,
-                coalesce(p_ordering_keys, array_fill(NULL::text, ARRAY[v_n]))) WITH ORDINALITY AS u(r, p, k, ok, i)
+                coalesce(v_okeys, array_fill(NULL::text, ARRAY[v_n]))) WITH ORDINALITY AS u(r, p, k, ok, i)
     ORDER BY u.k COLLATE "C", u.i
     ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING;
     -- The ids, in a statement of its own: its snapshot (READ COMMITTED) sees a key that a
@@ -2313,7 +2337,7 @@ Errors: 22023 (max_rows NULL or < 1).';
 --         outbox_cancel(id, by, reason) -> boolean              a message that must not go out
 --         outbox_configure_channel(channel, max_attempts, backoff_base, backoff_cap, lease,
 --                                  log_events, max_payload_bytes, key_max_in_flight, key_rate,
---                                  key_burst, key_dead_policy) -> the stored settings
+--                                  key_burst, key_dead_policy, limit_key) -> the stored settings
 --         outbox_get(id), outbox_list(channel, status, limit)  read messages
 --         views outbox_summary (per channel and status), outbox_leases (who holds what)
 -- For pgfence_admin (outbox_get also for clients and executors; the views also for pg_monitor,
@@ -2420,7 +2444,8 @@ CREATE OR REPLACE FUNCTION pgfence.outbox_configure_channel(
   p_key_max_in_flight integer DEFAULT NULL,
   p_key_rate     double precision DEFAULT NULL,
   p_key_burst    integer DEFAULT NULL,
-  p_key_dead_policy text DEFAULT NULL
+  p_key_dead_policy text DEFAULT NULL,
+  p_limit_key    text DEFAULT NULL
 )
 RETURNS pgfence.outbox_channel
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
@@ -2439,7 +2464,7 @@ BEGIN
   BEGIN
     INSERT INTO pgfence.outbox_channel AS c (channel, max_attempts, backoff_base, backoff_cap, lease, log_events,
                                              max_payload_bytes, key_max_in_flight, key_rate, key_burst,
-                                             key_dead_policy)
+                                             key_dead_policy, limit_key)
     VALUES (p_channel,
             coalesce(p_max_attempts, v_cur.max_attempts),
             coalesce(p_backoff_base, v_cur.backoff_base),
@@ -2450,13 +2475,15 @@ BEGIN
             coalesce(p_key_max_in_flight, v_cur.key_max_in_flight),
             CASE WHEN p_key_rate = 0 THEN NULL ELSE coalesce(p_key_rate, v_cur.key_rate) END,
             coalesce(p_key_burst, v_cur.key_burst),
-            coalesce(p_key_dead_policy, v_cur.key_dead_policy))
+            coalesce(p_key_dead_policy, v_cur.key_dead_policy),
+            CASE WHEN p_limit_key = 'none' THEN NULL ELSE coalesce(p_limit_key, v_cur.limit_key) END)
     ON CONFLICT (channel) DO UPDATE
       SET max_attempts = EXCLUDED.max_attempts, backoff_base = EXCLUDED.backoff_base,
           backoff_cap = EXCLUDED.backoff_cap, lease = EXCLUDED.lease,
           log_events = EXCLUDED.log_events, max_payload_bytes = EXCLUDED.max_payload_bytes,
           key_max_in_flight = EXCLUDED.key_max_in_flight, key_rate = EXCLUDED.key_rate,
           key_burst = EXCLUDED.key_burst, key_dead_policy = EXCLUDED.key_dead_policy,
+          limit_key = EXCLUDED.limit_key,
           updated_at = now()
     RETURNING c.* INTO v_row;
     IF p_log_events IS NOT NULL THEN
@@ -2469,12 +2496,12 @@ BEGIN
   EXCEPTION WHEN check_violation THEN
     RAISE EXCEPTION 'outbox_configure_channel: invalid settings for "%"', p_channel
       USING ERRCODE = '22023', DETAIL = 'Nothing was changed.',
-            HINT = 'Need 1 <= max_attempts <= 1000, 0 < backoff_base <= backoff_cap <= 30 days, 0 < lease <= 1 day, 1 <= max_payload_bytes <= 268435455, 1 <= key_max_in_flight <= 10000, 0 <= key_rate <= 1000000 (0: no rate), 1 <= key_burst <= 10000, key_dead_policy block or release.';
+            HINT = 'Need 1 <= max_attempts <= 1000, 0 < backoff_base <= backoff_cap <= 30 days, 0 < lease <= 1 day, 1 <= max_payload_bytes <= 268435455, 1 <= key_max_in_flight <= 10000, 0 <= key_rate <= 1000000 (0: no rate), 1 <= key_burst <= 10000, key_dead_policy block or release, limit_key host or none.';
   END;
   IF p_key_max_in_flight IS NOT NULL OR p_key_dead_policy IS NOT NULL OR p_key_rate IS NOT NULL
      OR p_key_burst IS NOT NULL THEN
     -- Keys waiting under the old rules may take their turn under the new ones now.
-    PERFORM pgfence._outbox_key_decide(k.channel, k.ordering_key)
+    PERFORM pgfence._outbox_keys_decide(array_agg(k.channel), array_agg(k.ordering_key))
     FROM pgfence.outbox_key k
     WHERE k.channel = p_channel
        OR (p_channel = '*' AND NOT EXISTS (SELECT 1 FROM pgfence.outbox_channel c WHERE c.channel = k.channel));
@@ -2482,9 +2509,9 @@ BEGIN
   RETURN v_row;
 END
 $$;
-REVOKE ALL ON FUNCTION pgfence.outbox_configure_channel(text, integer, interval, interval, interval, boolean, integer, integer, double precision, integer, text) FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION pgfence.outbox_configure_channel(text, integer, interval, interval, interval, boolean, integer, integer, double precision, integer, text) TO pgfence_admin;
-COMMENT ON FUNCTION pgfence.outbox_configure_channel(text, integer, interval, interval, interval, boolean, integer, integer, double precision, integer, text) IS
+REVOKE ALL ON FUNCTION pgfence.outbox_configure_channel(text, integer, interval, interval, interval, boolean, integer, integer, double precision, integer, text, text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION pgfence.outbox_configure_channel(text, integer, interval, interval, interval, boolean, integer, integer, double precision, integer, text, text) TO pgfence_admin;
+COMMENT ON FUNCTION pgfence.outbox_configure_channel(text, integer, interval, interval, interval, boolean, integer, integer, double precision, integer, text, text) IS
   'Operator: set a channel''s retry, size, event logging and ordering-key rules; returns the row.
 NULL keeps the current value (inherited from ''*'' for a new channel; ''*'' itself holds the
 defaults). Applies to claims and failures from now on; max_attempts and max_payload_bytes (the
@@ -2494,10 +2521,13 @@ key may be pending or processing at once, 1 by default: strictly one after the o
 key_rate (claims per second per key, a token bucket on the database clock; 0 = no rate) with
 key_burst, key_dead_policy (block: a failed or dead message holds its key until an operator
 requeues or cancels it; release: the key moves on). A change of these decides every waiting key
-of the channel again at once.
+of the channel again at once. limit_key (host; none to clear; NULL by default): a message
+enqueued from now on without an ordering key gets the key host:<its recipient URL''s host>, so
+the key limits apply per host; such a key is never held by a failed or dead message.
 Errors: 22023 (bad name or settings: 1 <= max_attempts <= 1000, 0 < backoff_base <= backoff_cap
 <= 30 days, 0 < lease <= 1 day, 1 <= max_payload_bytes <= 268435455, 1 <= key_max_in_flight <=
-10000, 0 <= key_rate <= 1000000, 1 <= key_burst <= 10000, key_dead_policy block or release).';
+10000, 0 <= key_rate <= 1000000, 1 <= key_burst <= 10000, key_dead_policy block or release,
+limit_key host or none).';
 
 CREATE OR REPLACE FUNCTION pgfence.outbox_get(p_id bigint)
 RETURNS TABLE (
@@ -2632,26 +2662,59 @@ Errors: 22023 (unknown status, limit outside 1..10000).';
 --
 -- No public function: outbox_enqueue(..., ordering_key) and outbox_enqueue_many(...,
 -- ordering_keys) give messages a key; outbox_configure_channel sets the key rules per channel
--- (key_max_in_flight, key_rate, key_burst, key_dead_policy); audit_stuck lists blocked keys.
+-- (key_max_in_flight, key_rate, key_burst, key_dead_policy, limit_key); audit_stuck lists
+-- blocked keys. A channel with limit_key 'host' gives a message enqueued without a key the key
+-- 'host:<its recipient URL's host>' (_outbox_host_key): the limits then apply per host, and such
+-- a derived key is never blocked by a failed or dead message (it limits, it does not order).
 -- The rule: of one (channel, ordering_key), only the oldest key_max_in_flight unfinished messages
 -- (1 by default) are pending or processing, in enqueue (id) order; the others are 'waiting',
 -- a status the claim walk never reads. So outbox_claim is not changed at all: a keyed message is
--- claimed like any other once it is its key's turn, keyless messages pay only the WHEN condition
--- of two triggers, and no busy key can starve another (at most key_max_in_flight of a key are in
--- the due index at once). A retry stays pending, so it holds its key's turn; a failed or dead
--- message holds it too ('block', the default) until an operator requeues or cancels it, or
--- releases it ('release').
--- The decision (_outbox_key_decide) runs at the commit of an enqueue (deferred trigger) and in
--- the transaction of every change that ends a turn (settle, reap, cancel, requeue), each time
--- under the row lock of the key in pgfence.outbox_key: decisions on one key are serialized and
--- each sees the previous one. A key's rate (GCRA token bucket on now()) sets the due time of
--- the messages it promotes. Errors: functions/ERRORS.md.
+-- claimed like any other once it is its key's turn, and no busy key can starve another (at most
+-- key_max_in_flight of a key are in the due index at once). A retry stays pending, so it holds
+-- its key's turn; a failed or dead message holds it too ('block', the default) until an operator
+-- requeues or cancels it, or releases it ('release').
+-- The decision (_outbox_keys_decide, set-based: one call for all the keys a statement touched)
+-- runs at the commit of an enqueue (deferred trigger), at the end of every UPDATE statement that
+-- ends turns (settle, reap, cancel, requeue: one decision per statement, not per row) and when a
+-- message holding its key's turn is deleted, each time under the row locks of the keys in
+-- pgfence.outbox_key, taken in one global order (channel, key, collation "C") so that two
+-- decisions over overlapping keys wait for each other instead of deadlocking: decisions on one
+-- key are serialized and each sees the previous one. A key's rate (GCRA token bucket on now())
+-- sets the due time of the messages it promotes. Keyless statements pay one look at the updated
+-- rows. Errors: functions/ERRORS.md.
 
 COMMENT ON TABLE pgfence.outbox_key IS
   'Ordering keys of the outbox with unfinished messages: the lock and the token bucket of each.
 One row per (channel, ordering_key): its row lock orders the decisions of which of the key''s
 messages may be claimed next; tat is the rate limit''s theoretical arrival time (GCRA, database
 clock). Deleted when the key has nothing left to decide. Not an API.';
+
+CREATE OR REPLACE FUNCTION pgfence._outbox_host_key(p_recipient text)
+RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$
+  -- scheme://[userinfo@]host[:port][/...]: the host, lower-cased ([v6] literals kept whole)
+  SELECT left('host:' || lower(h), 255)
+  FROM (SELECT substring(p_recipient FROM '^[A-Za-z][A-Za-z0-9+.-]*://(?:[^/?#@]*@)?(\[[^]/?#]*\]|[^/?#:\[\]]+)') AS h) x
+  WHERE h IS NOT NULL AND h <> ''
+$$;
+REVOKE ALL ON FUNCTION pgfence._outbox_host_key(text) FROM PUBLIC;
+COMMENT ON FUNCTION pgfence._outbox_host_key(text) IS
+  'Private: the limit key of a recipient URL on a channel with limit_key host: host:<host>.
+The host of scheme://[user@]host[:port]/..., lower-cased, at most 255 characters in all; NULL
+when the recipient is not such a URL (the message then gets no key). Errors: none.';
+
+CREATE OR REPLACE FUNCTION pgfence._outbox_key_derived(p_limit_key text, p_key text)
+RETURNS boolean
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$
+  SELECT p_limit_key IS NOT DISTINCT FROM 'host' AND starts_with(p_key, 'host:')
+$$;
+REVOKE ALL ON FUNCTION pgfence._outbox_key_derived(text, text) FROM PUBLIC;
+COMMENT ON FUNCTION pgfence._outbox_key_derived(text, text) IS
+  'Private: whether a key of a channel with this limit_key is a derived limit key (host:...).
+A derived key limits (key_max_in_flight, key_rate) but is never held by a failed or dead
+message, whatever the channel''s key_dead_policy. Errors: none.';
 
 CREATE OR REPLACE FUNCTION pgfence._outbox_key_decide(p_channel text, p_key text)
 RETURNS integer
@@ -2682,7 +2745,8 @@ BEGIN
   RETURNING k.tat INTO v_tat;
 
   SELECT count(*) FILTER (WHERE o.status IN ('pending', 'processing')
-                             OR (o.status IN ('failed', 'dead') AND v_set.key_dead_policy = 'block')),
+                             OR (o.status IN ('failed', 'dead') AND v_set.key_dead_policy = 'block'
+                                 AND NOT pgfence._outbox_key_derived(v_set.limit_key, p_key))),
          bool_or(o.status = c_waiting)
     INTO v_live, v_waiting
   FROM pgfence.outbox o
@@ -2734,22 +2798,191 @@ oldest waiting ones (id order) up to key_max_in_flight, each due no earlier than
 allows (GCRA on now(): key_rate per second, bursts of key_burst). Returns how many it promoted.
 Errors: 40001 (REPEATABLE READ or SERIALIZABLE: a concurrent decision on the key; retry).';
 
+CREATE OR REPLACE FUNCTION pgfence._outbox_keys_decide(p_channels text[], p_keys text[])
+RETURNS integer
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pgfence, pg_temp
+SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
+SET enable_bitmapscan = off
+AS $$
+DECLARE
+  v_promoted integer;
+  v_rated    text[];
+  r          record;
+  c_waiting  CONSTANT text := 'waiting';  -- docs/query-plans.md#constants-instead-of-literals
+BEGIN
+  -- The keys' locks, in one global order (every decision takes them so: no deadlock between two
+  -- decisions over overlapping keys). A concurrent decision waits here until it commits (READ
+  -- COMMITTED: the statement below then sees it); under REPEATABLE READ a decision committed
+  -- after this snapshot makes this statement fail with 40001 instead of deciding on stale rows.
+  INSERT INTO pgfence.outbox_key AS k (channel, ordering_key)
+  SELECT d.c, d.k
+  FROM (SELECT DISTINCT u.c, u.k FROM unnest(p_channels, p_keys) AS u(c, k)
+        WHERE u.c IS NOT NULL AND u.k IS NOT NULL) d
+  ORDER BY d.c COLLATE "C", d.k COLLATE "C"
+  ON CONFLICT (channel, ordering_key) DO UPDATE SET decisions = k.decisions + 1, updated_at = now();
+
+  -- Every key at once: how many of its messages hold a turn, whether any waits; the oldest
+  -- waiting ones up to key_max_in_flight are promoted (keys with a rate: below, one by one, as
+  -- the bucket orders their due times); keys with nothing left are forgotten (a bucket still
+  -- refilling is kept, so a new message cannot jump the rate).
+  WITH keys AS (
+    SELECT DISTINCT u.c AS channel, u.k AS ordering_key FROM unnest(p_channels, p_keys) AS u(c, k)
+    WHERE u.c IS NOT NULL AND u.k IS NOT NULL
+  ), rules AS MATERIALIZED (  -- one settings lookup per channel, not per key
+    SELECT ch.channel, s.key_max_in_flight, s.key_rate, s.key_dead_policy, s.limit_key
+    FROM (SELECT DISTINCT keys.channel FROM keys) ch, LATERAL pgfence._outbox_settings(ch.channel) s
+  ), st AS (
+    SELECT keys.channel, keys.ordering_key, rules.key_max_in_flight, rules.key_rate, c.live, c.waiting
+    FROM keys JOIN rules ON rules.channel = keys.channel,
+    LATERAL (SELECT count(*) FILTER (WHERE o.status IN ('pending', 'processing')
+                                        OR (o.status IN ('failed', 'dead') AND rules.key_dead_policy = 'block'
+                                            AND NOT pgfence._outbox_key_derived(rules.limit_key, keys.ordering_key))) AS live,
+                    coalesce(bool_or(o.status = c_waiting), false) AS waiting
+             FROM pgfence.outbox o
+             WHERE o.channel = keys.channel AND o.ordering_key = keys.ordering_key
+               AND o.status <> 'sent' AND o.status <> 'canceled') c  -- matches outbox_key_idx
+  ), promoted AS (
+    UPDATE pgfence.outbox o SET status = 'pending', updated_at = now()
+    FROM (SELECT w.id FROM st,
+          LATERAL (SELECT o2.id FROM pgfence.outbox o2
+                   WHERE o2.channel = st.channel AND o2.ordering_key = st.ordering_key
+                     AND o2.status <> 'sent' AND o2.status <> 'canceled' AND o2.status = c_waiting
+                   ORDER BY o2.id
+                   LIMIT greatest(st.key_max_in_flight - st.live, 0)) w
+          WHERE st.waiting AND st.key_rate IS NULL) p
+    WHERE o.id = p.id AND o.status = c_waiting
+    RETURNING o.id
+  ), forgotten AS (  -- runs although nothing reads it (a data-modifying WITH always does)
+    DELETE FROM pgfence.outbox_key k USING st
+    WHERE k.channel = st.channel AND k.ordering_key = st.ordering_key
+      AND NOT st.waiting AND st.live = 0 AND (k.tat IS NULL OR k.tat <= now())
+    RETURNING k.channel
+  )
+  SELECT (SELECT count(*) FROM promoted)::integer,
+         (SELECT array_agg(st.channel || ' ' || st.ordering_key ORDER BY st.channel COLLATE "C", st.ordering_key COLLATE "C")
+          FROM st WHERE st.waiting AND st.key_rate IS NOT NULL
+            AND st.live < st.key_max_in_flight)
+    INTO v_promoted, v_rated;
+
+  FOR r IN SELECT split_part(e, ' ', 1) AS channel, substr(e, position(' ' IN e) + 1) AS ordering_key
+           FROM unnest(v_rated) WITH ORDINALITY AS u(e, i) ORDER BY u.i
+  LOOP
+    v_promoted := v_promoted + pgfence._outbox_key_decide(r.channel, r.ordering_key);
+  END LOOP;
+  RETURN v_promoted;
+END
+$$;
+REVOKE ALL ON FUNCTION pgfence._outbox_keys_decide(text[], text[]) FROM PUBLIC;
+COMMENT ON FUNCTION pgfence._outbox_keys_decide(text[], text[]) IS
+  'Private: decide the next turns of many ordering keys at once (element i: channel i, key i).
+Locks the keys'' rows in pgfence.outbox_key in one global order (channel, key; collation "C"),
+then in one statement promotes, for every key, its oldest waiting messages (id order) up to
+key_max_in_flight minus the messages holding a turn (pending, processing, and failed or dead
+ones when the channel''s key_dead_policy is block) and forgets keys with nothing left; keys of
+a channel with a key_rate are promoted one by one (_outbox_key_decide) in the same order.
+NULL elements are skipped. Returns how many messages it promoted.
+Errors: 40001 (REPEATABLE READ or SERIALIZABLE: a concurrent decision on a key; retry).';
+
 CREATE OR REPLACE FUNCTION pgfence.tg_outbox_key_turn()
 RETURNS trigger
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pgfence, pg_temp
 AS $$
+DECLARE
+  v_todo text[] := nullif(current_setting('pgfence.outbox_keys_enqueued', true), '')::text[];
 BEGIN
-  PERFORM pgfence._outbox_key_decide(NEW.channel, NEW.ordering_key);
+  IF v_todo IS NOT NULL THEN
+    -- The first of this commit's firings: all the keys this transaction enqueued, decided at
+    -- once in the global lock order (one firing per row would lock them in insert order). The
+    -- firings of the other rows find nothing noted and do nothing: their keys were decided.
+    PERFORM set_config('pgfence.outbox_keys_enqueued', '', true);
+    v_todo := v_todo || (NEW.channel || ' ' || NEW.ordering_key);
+    PERFORM pgfence._outbox_keys_decide(array_agg(split_part(e, ' ', 1)),
+                                        array_agg(substr(e, position(' ' IN e) + 1)))
+    FROM unnest(v_todo) AS e;
+  END IF;
   RETURN NULL;
 END
 $$;
 REVOKE ALL ON FUNCTION pgfence.tg_outbox_key_turn() FROM PUBLIC;
 COMMENT ON FUNCTION pgfence.tg_outbox_key_turn() IS
-  'Trigger: decides the next turn of a keyed message''s ordering key (_outbox_key_decide).
-Deferred AFTER INSERT constraint trigger (at the enqueue''s commit, when the message becomes
-visible) and AFTER UPDATE OF status trigger (when a keyed message ends its turn: sent, failed,
-dead, canceled, or requeued to waiting), both only for rows with an ordering_key.';
+  'Trigger: at an enqueue''s commit, decides the turns of every key the transaction enqueued.
+Deferred AFTER INSERT constraint trigger on rows with an ordering_key. outbox_enqueue and
+outbox_enqueue_many note their keys in the transaction-local setting pgfence.outbox_keys_enqueued
+(_outbox_keys_note) before they insert; the first firing decides all the noted keys in one
+_outbox_keys_decide (the global lock order) and clears the note, so the firings of the other
+rows do nothing (no lookup per row). A keyed row inserted by hand, not through these functions,
+waits for its key''s next decision. The setting is internal.';
+
+CREATE OR REPLACE FUNCTION pgfence._outbox_keys_note(p_channel text, p_keys text[])
+RETURNS void
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pgfence, pg_temp
+AS $$
+DECLARE
+  v_todo text := current_setting('pgfence.outbox_keys_enqueued', true);
+  v_new  text;
+BEGIN
+  SELECT array_agg(DISTINCT p_channel || ' ' || k)::text INTO v_new
+  FROM unnest(p_keys) AS k WHERE k IS NOT NULL;
+  IF v_new IS NOT NULL THEN
+    -- appended as text (no parse of what is noted already; the decision removes duplicates)
+    PERFORM set_config('pgfence.outbox_keys_enqueued',
+                       CASE WHEN coalesce(v_todo, '') = '' THEN v_new
+                            ELSE left(v_todo, -1) || ',' || substr(v_new, 2) END, true);
+  END IF;
+END
+$$;
+REVOKE ALL ON FUNCTION pgfence._outbox_keys_note(text, text[]) FROM PUBLIC;
+COMMENT ON FUNCTION pgfence._outbox_keys_note(text, text[]) IS
+  'Private: note the ordering keys an enqueue is about to insert, for the decision at commit.
+Appends (channel, key) to the transaction-local setting pgfence.outbox_keys_enqueued (a text[]
+literal of ''channel key''; channel names have no space), read by tg_outbox_key_turn. NULL keys
+are skipped. Errors: none.';
+
+CREATE OR REPLACE FUNCTION pgfence.tg_outbox_keys_turns_ended()
+RETURNS trigger
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pgfence, pg_temp
+AS $$
+DECLARE
+  v_channels text[];
+  v_keys     text[];
+BEGIN
+  SELECT array_agg(n.channel), array_agg(n.ordering_key) INTO v_channels, v_keys
+  FROM outbox_turns_ended n
+  WHERE n.ordering_key IS NOT NULL AND n.status IN ('sent', 'failed', 'dead', 'canceled', 'waiting');
+  IF v_keys IS NOT NULL THEN
+    PERFORM pgfence._outbox_keys_decide(v_channels, v_keys);
+  END IF;
+  RETURN NULL;
+END
+$$;
+REVOKE ALL ON FUNCTION pgfence.tg_outbox_keys_turns_ended() FROM PUBLIC;
+COMMENT ON FUNCTION pgfence.tg_outbox_keys_turns_ended() IS
+  'Trigger: decides, once per UPDATE statement, the turns of the keys whose messages it ended.
+AFTER UPDATE statement trigger on pgfence.outbox with the updated rows as a transition table:
+the keys of rows left sent, failed, dead, canceled or waiting (requeued) go to one
+_outbox_keys_decide (the global lock order), in the settling transaction, so that a claim in the
+same call (outbox_settle_and_claim) sees each key''s next message.';
+
+CREATE OR REPLACE FUNCTION pgfence.tg_outbox_key_deleted()
+RETURNS trigger
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pgfence, pg_temp
+AS $$
+BEGIN
+  PERFORM pgfence._outbox_keys_decide(ARRAY[OLD.channel], ARRAY[OLD.ordering_key]);
+  RETURN NULL;
+END
+$$;
+REVOKE ALL ON FUNCTION pgfence.tg_outbox_key_deleted() FROM PUBLIC;
+COMMENT ON FUNCTION pgfence.tg_outbox_key_deleted() IS
+  'Trigger: a deleted message that held its key''s turn hands the turn on.
+AFTER DELETE row trigger on keyed rows that were pending, processing, failed or dead (an
+operator deleting a blocker by hand): the key''s next waiting message is promoted at once.';
 
 -- At the enqueue's commit: the decision must see the messages committed before it, and the key's
 -- lock is then held only for the commit, not for the rest of the business transaction.
@@ -2761,13 +2994,19 @@ CREATE CONSTRAINT TRIGGER outbox_key_enqueued
   WHEN (NEW.ordering_key IS NOT NULL)
   EXECUTE FUNCTION pgfence.tg_outbox_key_turn();
 -- In the settling transaction, so that a claim in the same call (outbox_settle_and_claim) sees
--- the key's next message.
-CREATE OR REPLACE TRIGGER outbox_key_turn_ended
-  AFTER UPDATE OF status ON pgfence.outbox
+-- the key's next message; once per statement (a settle of 50 messages makes one decision).
+DROP TRIGGER IF EXISTS outbox_key_turn_ended ON pgfence.outbox;
+DROP TRIGGER IF EXISTS outbox_keys_turns_ended ON pgfence.outbox;
+CREATE TRIGGER outbox_keys_turns_ended
+  AFTER UPDATE ON pgfence.outbox
+  REFERENCING NEW TABLE AS outbox_turns_ended
+  FOR EACH STATEMENT
+  EXECUTE FUNCTION pgfence.tg_outbox_keys_turns_ended();
+CREATE OR REPLACE TRIGGER outbox_key_deleted
+  AFTER DELETE ON pgfence.outbox
   FOR EACH ROW
-  WHEN (NEW.ordering_key IS NOT NULL AND OLD.status IS DISTINCT FROM NEW.status
-        AND NEW.status IN ('sent', 'failed', 'dead', 'canceled', 'waiting'))
-  EXECUTE FUNCTION pgfence.tg_outbox_key_turn();
+  WHEN (OLD.ordering_key IS NOT NULL AND OLD.status IN ('pending', 'processing', 'failed', 'dead'))
+  EXECUTE FUNCTION pgfence.tg_outbox_key_deleted();
 
 
 -- ==== functions/19_outbox_batch.sql
@@ -7329,7 +7568,8 @@ SELECT 'outbox'::text                          AS module,
 FROM pgfence.outbox o
 WHERE o.status = 'processing' AND o.lease_expires_at < now()
 UNION ALL
--- Ordering keys held by a failed or dead message (key_dead_policy block) with messages waiting.
+-- Ordering keys held by a failed or dead message (key_dead_policy block; never a derived host key)
+-- with messages waiting.
 SELECT 'outbox', o.id, o.channel, o.status, NULL::text, o.attempts::bigint, o.claimed_at,
        o.updated_at, o.finished_at, now() - o.finished_at,
        format('key %s blocked by %s message %s (%s waiting behind it): outbox_requeue(%s) retries it first, outbox_cancel(%s, by, reason) gives the key to the next',
@@ -7343,6 +7583,9 @@ WHERE o.ordering_key IS NOT NULL AND o.status <> 'sent' AND o.status <> 'cancele
   AND o.status IN ('failed', 'dead') AND w.n > 0
   AND coalesce((SELECT c.key_dead_policy FROM pgfence.outbox_channel c WHERE c.channel = o.channel),
                (SELECT c.key_dead_policy FROM pgfence.outbox_channel c WHERE c.channel = '*')) = 'block'
+  AND NOT (starts_with(o.ordering_key, 'host:')  -- a derived host key (limit_key host) never blocks
+           AND (SELECT c.limit_key FROM pgfence.outbox_channel c WHERE c.channel IN (o.channel, '*')
+                ORDER BY c.channel = '*' LIMIT 1) IS NOT DISTINCT FROM 'host')
 UNION ALL
 SELECT 'plan', p.id, '*', p.status, p.worker, p.run_token, p.started_at, p.heartbeat_at,
        p.heartbeat_expires_at, now() - p.heartbeat_expires_at,
@@ -8396,7 +8639,8 @@ ALTER FUNCTION pgfence.outbox_mark_sent_and_claim(bigint, integer, jsonb, text, 
 ALTER FUNCTION pgfence.outbox_mark_failed(bigint, integer, text, boolean, interval) SET jit = off;
 ALTER FUNCTION pgfence.outbox_settle_and_claim(bigint[], integer[], jsonb[], text, integer, text[], interval) SET jit = off;
 ALTER FUNCTION pgfence.outbox_reap(integer) SET jit = off;
-ALTER FUNCTION pgfence._outbox_key_decide(text, text) SET jit = off;  -- every keyed enqueue and settle (16_outbox_keys.sql)
+ALTER FUNCTION pgfence._outbox_key_decide(text, text) SET jit = off;  -- keys with a rate (16_outbox_keys.sql)
+ALTER FUNCTION pgfence._outbox_keys_decide(text[], text[]) SET jit = off;  -- every keyed enqueue and settle (16_outbox_keys.sql)
 
 -- plans
 ALTER FUNCTION pgfence.plan_claim(text, integer, boolean, interval) SET jit = off;
@@ -8528,6 +8772,7 @@ INSERT INTO pgfence.installed_migration (migration_id) VALUES
   ('0014_document_log_saves'),
   ('0016_executor_registry'),
   ('0017_outbox_keys'),
+  ('0018_outbox_limit_key'),
   ('0019_trace_context'),
   ('0021_metrics_indexes');
 

@@ -108,6 +108,20 @@ def test_configure_channel(db: str) -> None:
     assert (row["max_attempts"], row["lease"], row["log_events"]) == (3, 30.0, True)
 
 
+def test_configure_a_limit_per_host(db: str) -> None:
+    row = json.loads(run(db, "outbox", "configure", "hosts", "--limit-key", "host",
+                         "--key-max-in-flight", "2", "--json"))
+    assert (row["limit_key"], row["key_max_in_flight"]) == ("host", 2)
+    mid = int(run(db, "outbox", "enqueue", "--channel", "hosts", "--recipient",
+                  "https://Hooks.example.com/in", "{}").strip())
+    assert json.loads(run(db, "outbox", "show", str(mid), "--json"))["ordering_key"] == \
+        "host:hooks.example.com"
+    row = json.loads(run(db, "outbox", "configure", "hosts", "--limit-key", "none", "--json"))
+    assert row["limit_key"] is None
+    out = run(db, "outbox", "configure", "hosts", "--limit-key", "ip", code=2)
+    assert "Traceback" not in out
+
+
 def test_no_database_is_a_clear_message(tmp_path: object) -> None:
     result = CliRunner().invoke(main, ["status"], env={"DATABASE_URL": None,
                                                       "PGFENCE_STATE_DIR": str(tmp_path)})

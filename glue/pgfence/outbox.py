@@ -58,7 +58,8 @@ SQL_GET = "SELECT * FROM pgfence.outbox_get(%s::bigint)"
 SQL_LIST = "SELECT * FROM pgfence.outbox_list(%s::text, %s::text, %s::int)"
 SQL_CONFIGURE = (
     "SELECT * FROM pgfence.outbox_configure_channel(%s::text, %s::int, %s::interval,"
-    " %s::interval, %s::interval, %s::boolean, %s::int, %s::int, %s::float8, %s::int, %s::text)"
+    " %s::interval, %s::interval, %s::boolean, %s::int, %s::int, %s::float8, %s::int, %s::text,"
+    " %s::text)"
 )
 
 #: LISTEN channel on which enqueue NOTIFYs ``{"channel": …, "id": …}`` at commit.
@@ -102,6 +103,7 @@ def enqueue(conn: AnyConn, channel: str, recipient: str, payload: dict[str, Any]
         max_attempts: 1..1000; None = the channel's setting.
         ordering_key: messages of one channel and key are claimed in enqueue order, at most the
             channel's ``key_max_in_flight`` at once (1: one after the other); ≤ 255 chars.
+            None on a channel with ``limit_key`` 'host': the key ``host:<recipient's host>``.
 
     Raises:
         InvalidArgument (22004/22023), IdempotencyKeyReused (PF003), PayloadTooLarge (PF004),
@@ -271,7 +273,8 @@ def configure_channel(conn: AnyConn, channel: str, *, max_attempts: int | None =
                       log_events: bool | None = None, max_payload_bytes: int | None = None,
                       key_max_in_flight: int | None = None, key_rate: float | None = None,
                       key_burst: int | None = None,
-                      key_dead_policy: str | None = None) -> dict[str, Any]:
+                      key_dead_policy: str | None = None,
+                      limit_key: str | None = None) -> dict[str, Any]:
     """Set a channel's settings (None keeps the current value); returns the stored row.
 
     ``channel='*'`` changes the defaults for channels without their own row. ``log_events``
@@ -279,12 +282,15 @@ def configure_channel(conn: AnyConn, channel: str, *, max_attempts: int | None =
     ``max_payload_bytes``: the largest payload (jsonb size) enqueue accepts. Ordering keys:
     ``key_max_in_flight`` messages of one key at once, ``key_rate`` claims per second per key
     (0 = no rate) in bursts of ``key_burst``, ``key_dead_policy`` 'block' or 'release'.
+    ``limit_key`` 'host' ('none' clears it): messages enqueued without an ordering key get the
+    key ``host:<recipient URL host>``, so the key limits apply per recipient host.
     Raises InvalidArgument (22023) for a bad name or setting.
     """
     with translated(), conn.cursor(row_factory=dict_row) as cur:
         cur.execute(SQL_CONFIGURE,
                     (channel, max_attempts, backoff_base, backoff_cap, lease, log_events,
-                     max_payload_bytes, key_max_in_flight, key_rate, key_burst, key_dead_policy))
+                     max_payload_bytes, key_max_in_flight, key_rate, key_burst, key_dead_policy,
+                     limit_key))
         row = cur.fetchone()
     assert row is not None
     return row

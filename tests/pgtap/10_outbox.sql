@@ -16,7 +16,7 @@ SELECT has_function('pgfence', 'outbox_mark_failed', ARRAY['bigint','integer','t
 SELECT has_function('pgfence', 'outbox_reap', ARRAY['integer'], 'outbox_reap signature');
 SELECT has_function('pgfence', 'outbox_reclaim_stale', ARRAY['integer'], 'outbox_reclaim_stale (deprecated) signature');
 SELECT has_function('pgfence', 'outbox_requeue', ARRAY['bigint','integer'], 'outbox_requeue signature');
-SELECT has_function('pgfence', 'outbox_configure_channel', ARRAY['text','integer','interval','interval','interval','boolean','integer','integer','double precision','integer','text'], 'outbox_configure_channel signature');
+SELECT has_function('pgfence', 'outbox_configure_channel', ARRAY['text','integer','interval','interval','interval','boolean','integer','integer','double precision','integer','text','text'], 'outbox_configure_channel signature');
 SELECT has_function('pgfence', 'outbox_get', ARRAY['bigint'], 'outbox_get signature');
 SELECT has_function('pgfence', 'outbox_next_due', ARRAY['text[]'], 'outbox_next_due signature');
 SELECT has_view('pgfence', 'outbox_summary', 'outbox_summary view');
@@ -39,7 +39,7 @@ SELECT function_privs_are('pgfence', 'outbox_reap', ARRAY['integer'], 'pgfence_e
 SELECT function_privs_are('pgfence', 'outbox_reclaim_stale', ARRAY['integer'], 'pgfence_executor', ARRAY['EXECUTE'], 'executor may run the reaper by its former name');
 SELECT function_privs_are('pgfence', 'outbox_requeue', ARRAY['bigint','integer'], 'pgfence_executor', ARRAY[]::text[], 'executor may not requeue');
 SELECT function_privs_are('pgfence', 'outbox_requeue', ARRAY['bigint','integer'], 'pgfence_admin', ARRAY['EXECUTE'], 'admin may requeue');
-SELECT function_privs_are('pgfence', 'outbox_configure_channel', ARRAY['text','integer','interval','interval','interval','boolean','integer','integer','double precision','integer','text'], 'pgfence_client', ARRAY[]::text[], 'client may not configure channels');
+SELECT function_privs_are('pgfence', 'outbox_configure_channel', ARRAY['text','integer','interval','interval','interval','boolean','integer','integer','double precision','integer','text','text'], 'pgfence_client', ARRAY[]::text[], 'client may not configure channels');
 SELECT table_privs_are('pgfence', 'outbox_summary', 'pgfence_admin', ARRAY['SELECT'], 'admin reads outbox_summary');
 SELECT table_privs_are('pgfence', 'outbox', 'pgfence_client', ARRAY[]::text[], 'client has no privilege on the outbox table');
 

@@ -7,7 +7,7 @@
 -- a settle, and between a cancel and a claim: tests/isolation/specs/outbox-keys.spec.
 BEGIN;
 \ir helpers/setup.sql
-SELECT plan(97);
+SELECT plan(125);
 SET CONSTRAINTS pgfence.outbox_key_enqueued IMMEDIATE;
 
 -- =============================================================================================
@@ -205,6 +205,91 @@ SELECT results_eq($$SELECT o.ordering_key FROM pgfence.outbox_claim('tap-w', 10,
   $$VALUES ('busy'::text), ('quiet')$$, 'fair: one claim of 10 serves both keys, the busy one no more than its limit');
 
 -- =============================================================================================
+-- One decision per statement over all its keys (in the global lock order); a deleted blocker
+-- =============================================================================================
+CREATE TEMP TABLE mk AS
+SELECT * FROM pgfence.outbox_enqueue_many('tap-k-set', array_fill('r'::text, ARRAY[6]), array_fill('{}'::jsonb, ARRAY[6]),
+                                          NULL, NULL, NULL, ARRAY['kc', 'kb', 'ka', 'kc', 'kb', 'ka']) AS t(id);
+SELECT results_eq($$SELECT ordering_key, status FROM pgfence.outbox WHERE channel = 'tap-k-set' ORDER BY id$$,
+  $$VALUES ('kc'::text, 'pending'::text), ('kb', 'pending'), ('ka', 'pending'), ('kc', 'waiting'), ('kb', 'waiting'), ('ka', 'waiting')$$,
+  'a 6-message enqueue over 3 keys: the first of each key is pending');
+SELECT results_eq($$SELECT ordering_key, decisions FROM pgfence.outbox_key WHERE channel = 'tap-k-set' ORDER BY 1$$,
+  $$VALUES ('ka'::text, 0::bigint), ('kb', 0), ('kc', 0)$$,
+  'its commit decided each key once (the first row''s firing decides all the keys, the others nothing)');
+CREATE TEMP TABLE mkc AS SELECT id, attempt FROM pgfence.outbox_claim('tap-w', 10, ARRAY['tap-k-set']);
+SELECT is((SELECT count(*)::int FROM pgfence.outbox_mark_sent_many((SELECT array_agg(id ORDER BY id DESC) FROM mkc),
+                                                                  (SELECT array_agg(attempt ORDER BY id DESC) FROM mkc))), 3,
+  'one mark_sent_many settles the three in flight');
+SELECT results_eq($$SELECT ordering_key, status FROM pgfence.outbox WHERE channel = 'tap-k-set' AND status <> 'sent' ORDER BY id$$,
+  $$VALUES ('kc'::text, 'pending'::text), ('kb', 'pending'), ('ka', 'pending')$$,
+  'and its one decision gives each key''s turn to its next message');
+SELECT results_eq($$SELECT ordering_key, decisions FROM pgfence.outbox_key WHERE channel = 'tap-k-set' ORDER BY 1$$,
+  $$VALUES ('ka'::text, 1::bigint), ('kb', 1), ('kc', 1)$$,
+  'one decision per key for the whole statement');
+
+-- the notes the enqueue functions leave for the decision at commit are used up by it
+SELECT is(current_setting('pgfence.outbox_keys_enqueued', true), '', 'no key is left noted after the decision');
+
+-- an operator deleting a blocker by hand hands the key's turn on
+SELECT pgfence.outbox_configure_channel('tap-k-del', p_max_attempts => 1) IS NOT NULL AS configured;
+CREATE TEMP TABLE dl AS
+SELECT pgfence.outbox_enqueue('tap-k-del', 'r', '{}', NULL, NULL, NULL, 'kdel') AS m1,
+       pgfence.outbox_enqueue('tap-k-del', 'r', '{}', NULL, NULL, NULL, 'kdel') AS m2;
+SELECT is((SELECT count(*)::int FROM pgfence.outbox_claim('tap-w', 10, ARRAY['tap-k-del'])), 1, 'delete: the first is claimed');
+SELECT is(pgfence.outbox_mark_failed((SELECT m1 FROM dl), 1, 'boom'), 'dead', 'and dies, blocking its key');
+SELECT set_config('pgfence.purging', 'on', true) AS purging;
+DELETE FROM pgfence.outbox WHERE id = (SELECT m1 FROM dl);
+SELECT set_config('pgfence.purging', 'off', true) AS purging;
+SELECT is((SELECT status FROM pgfence.outbox WHERE id = (SELECT m2 FROM dl)), 'pending', 'deleting the dead blocker by hand promotes the next at once');
+SELECT is((SELECT count(*)::int FROM pgfence.audit_stuck WHERE queue = 'tap-k-del'), 0, 'nothing is listed as stuck');
+
+-- =============================================================================================
+-- A default limit key: the recipient's host (channel setting limit_key host)
+-- =============================================================================================
+SELECT is((SELECT limit_key FROM pgfence.outbox_channel WHERE channel = '*'), NULL, 'by default no limit key: a keyless message is not limited');
+CREATE TEMP TABLE he1 AS SELECT pgfence.outbox_enqueue('tap-k-nohost', 'https://a.example.com/x', '{}') AS id;
+SELECT is((SELECT status FROM pgfence.outbox WHERE id = (SELECT id FROM he1)), 'pending',
+  'on such a channel a keyless message to a URL is pending at once, with no key');
+SELECT pgfence.outbox_configure_channel('tap-k-host', p_max_attempts => 1, p_key_max_in_flight => 2, p_limit_key => 'host') IS NOT NULL AS configured;
+SELECT is((SELECT limit_key FROM pgfence.outbox_channel WHERE channel = 'tap-k-host'), 'host', 'configure sets limit_key host');
+SELECT pgfence.outbox_enqueue_many('tap-k-host',
+  ARRAY['https://A.Example.com/hook', 'https://a.example.com:8443/x?y=1', 'https://user:pw@a.example.com/z', 'http://b.example.org',
+        'not a url', 'https://a.example.com/explicit', 'http://[2001:db8::1]:80/v6'],
+  array_fill('{}'::jsonb, ARRAY[7]), NULL, NULL, NULL, ARRAY[NULL, NULL, NULL, NULL, NULL, 'order-1', NULL]) IS NOT NULL;
+SELECT results_eq($$SELECT ordering_key, status FROM pgfence.outbox WHERE channel = 'tap-k-host' ORDER BY id$$,
+  $$VALUES ('host:a.example.com'::text, 'pending'::text), ('host:a.example.com', 'pending'), ('host:a.example.com', 'waiting'),
+           ('host:b.example.org', 'pending'), (NULL, 'pending'), ('order-1', 'pending'), ('host:[2001:db8::1]', 'pending')$$,
+  'limit_key host: a keyless message is keyed by its recipient''s host (lower-cased, no port or user), at most 2 of a host in flight; no URL: no key; an explicit key is kept');
+CREATE TEMP TABLE he2 AS SELECT pgfence.outbox_enqueue('tap-k-host', 'https://a.example.com/one', '{}') AS id;
+SELECT is((SELECT status FROM pgfence.outbox WHERE id = (SELECT id FROM he2)), 'waiting',
+  'outbox_enqueue derives the host key too (a third message to the host waits)');
+CREATE TEMP TABLE hc AS SELECT c.id, c.attempt, o.ordering_key FROM pgfence.outbox_claim('tap-w', 20, ARRAY['tap-k-host']) c JOIN pgfence.outbox o USING (id);
+SELECT is((SELECT count(*)::int FROM hc WHERE ordering_key = 'host:a.example.com'), 2, 'a claim of 20 gets only 2 of host a.example.com');
+SELECT is((SELECT count(*)::int FROM hc), 6, 'and every other message');
+SELECT is(pgfence.outbox_mark_failed((SELECT min(id) FROM hc WHERE ordering_key = 'host:a.example.com'), 1, 'boom'), 'dead',
+  'a message to host a dies (key_dead_policy is block)');
+SELECT is((SELECT count(*)::int FROM pgfence.outbox WHERE channel = 'tap-k-host' AND ordering_key = 'host:a.example.com' AND status IN ('pending', 'processing')), 2,
+  'yet the host''s next message takes its place: a derived host key limits, it does not block');
+SELECT is((SELECT count(*)::int FROM pgfence.audit_stuck WHERE queue = 'tap-k-host'), 0, 'and audit_stuck lists no blocked host');
+SELECT pgfence.outbox_configure_channel('tap-k-hrate', p_key_max_in_flight => 3, p_key_rate => 1, p_limit_key => 'host') IS NOT NULL AS configured;
+SELECT pgfence.outbox_enqueue_many('tap-k-hrate', ARRAY['https://r.example/1', 'https://r.example/2', 'https://s.example/1'], array_fill('{}'::jsonb, ARRAY[3])) IS NOT NULL;
+SELECT results_eq($$SELECT ordering_key, next_attempt_at - now() FROM pgfence.outbox WHERE channel = 'tap-k-hrate' ORDER BY id$$,
+  $$VALUES ('host:r.example'::text, interval '0'), ('host:r.example', interval '1 second'), ('host:s.example', interval '0')$$,
+  'the key rate applies per host: 1/s to r.example, s.example at once');
+SELECT pgfence.outbox_enqueue_many('tap-k-hfair', array_fill('https://busy.example/x'::text, ARRAY[50]), array_fill('{}'::jsonb, ARRAY[50])) IS NOT NULL
+FROM pgfence.outbox_configure_channel('tap-k-hfair', p_limit_key => 'host');
+SELECT pgfence.outbox_enqueue('tap-k-hfair', 'https://quiet.example/x', '{}') IS NOT NULL;
+SELECT results_eq($$SELECT o.ordering_key FROM pgfence.outbox_claim('tap-w', 10, ARRAY['tap-k-hfair']) c JOIN pgfence.outbox o USING (id) ORDER BY 1$$,
+  $$VALUES ('host:busy.example'::text), ('host:quiet.example')$$, 'fair across hosts: one claim of 10 serves the quiet host too');
+SELECT is(pgfence._outbox_host_key('mailto:someone@example.com'), NULL, 'a mailto: recipient has no host key');
+SELECT is(pgfence._outbox_host_key('https:///path'), NULL, 'a URL with an empty host has no host key');
+SELECT is((SELECT limit_key FROM pgfence.outbox_configure_channel('tap-k-host', p_limit_key => 'none')), NULL, 'limit_key none clears it');
+CREATE TEMP TABLE he3 AS SELECT pgfence.outbox_enqueue('tap-k-host', 'https://a.example.com/after', '{}') AS id;
+SELECT is((SELECT status FROM pgfence.outbox WHERE id = (SELECT id FROM he3)), 'pending',
+  'after which a keyless message to a busy host is not limited');
+SELECT throws_ok($$SELECT pgfence.outbox_configure_channel('tap-k-host', p_limit_key => 'ip')$$, '22023', NULL, 'an unknown limit key: 22023');
+
+-- =============================================================================================
 -- Eight sessions at once over committed keys: never more than max_in_flight of a key in flight,
 -- and each key's messages claimed in enqueue order
 -- =============================================================================================
@@ -212,6 +297,9 @@ SELECT tap_helpers.peer('kp' || i) FROM generate_series(0, 8) i;
 SELECT x FROM dblink('kp0', $$SELECT 1 FROM pgfence.outbox_configure_channel('tap-k-peer', p_key_max_in_flight => 2)$$) AS t(x int);
 SELECT is((SELECT n FROM dblink('kp0', $$SELECT count(*) FROM pgfence.outbox_enqueue_many('tap-k-peer', array_fill('r'::text, ARRAY[120]), array_fill('{}'::jsonb, ARRAY[120]), NULL, NULL, NULL, ARRAY(SELECT 'key-' || (i % 6) FROM generate_series(1, 120) i))$$) AS t(n bigint)),
   120::bigint, 'a peer commits 120 messages over 6 keys (max_in_flight 2)');
+SELECT x FROM dblink('kp0', $$SELECT 1 FROM pgfence.outbox_configure_channel('tap-k-peerh', p_key_max_in_flight => 2, p_limit_key => 'host')$$) AS t(x int);
+SELECT is((SELECT n FROM dblink('kp0', $$SELECT count(*) FROM pgfence.outbox_enqueue_many('tap-k-peerh', ARRAY(SELECT 'https://h' || (i % 6) || '.example/hook' FROM generate_series(1, 120) i), array_fill('{}'::jsonb, ARRAY[120]))$$) AS t(n bigint)),
+  120::bigint, 'and 120 keyless messages to 6 hosts on a channel limited per host (limit_key host, max_in_flight 2)');
 CREATE TEMP TABLE rounds (round int, peer int, id bigint, attempt int);
 DO $$
 DECLARE
@@ -224,7 +312,7 @@ BEGIN
     FOR v_peer IN 1..8 LOOP
       PERFORM dblink_exec('kp' || v_peer, 'BEGIN');
       INSERT INTO rounds SELECT v_round, v_peer, t.id, t.attempt
-      FROM dblink('kp' || v_peer, format($q$SELECT id, attempt FROM pgfence.outbox_claim('tap-kp%s', 3, ARRAY['tap-k-peer'])$q$, v_peer))
+      FROM dblink('kp' || v_peer, format($q$SELECT id, attempt FROM pgfence.outbox_claim('tap-kp%s', 3, ARRAY['tap-k-peer', 'tap-k-peerh'])$q$, v_peer))
              AS t(id bigint, attempt int);
     END LOOP;
     FOR v_peer IN 1..8 LOOP
@@ -240,15 +328,15 @@ BEGIN
     END LOOP;
   END LOOP;
 END $$;
-SELECT is((SELECT count(DISTINCT id)::int FROM rounds), 120, 'every message was claimed');
-SELECT is((SELECT count(*)::int FROM rounds), 120, 'none twice');
+SELECT is((SELECT count(DISTINCT id)::int FROM rounds), 240, 'every message was claimed');
+SELECT is((SELECT count(*)::int FROM rounds), 240, 'none twice');
 SELECT is((SELECT max(n)::int FROM (SELECT round, count(*) AS n FROM rounds r
-                                     JOIN dblink('kp0', $$SELECT id, ordering_key FROM pgfence.outbox WHERE channel = 'tap-k-peer'$$) AS o(id bigint, ordering_key text) USING (id)
+                                     JOIN dblink('kp0', $$SELECT id, ordering_key FROM pgfence.outbox WHERE channel LIKE 'tap-k-peer%'$$) AS o(id bigint, ordering_key text) USING (id)
                                      GROUP BY round, o.ordering_key) x), 2,
-  'in no round were more than 2 of one key in flight across the eight sessions');
+  'in no round were more than 2 of one key (or of one host) in flight across the eight sessions');
 SELECT is((SELECT count(*)::int FROM (
              SELECT o.ordering_key, r.round, r.id, lag(r.round) OVER (PARTITION BY o.ordering_key ORDER BY r.id) AS prev_round
-             FROM rounds r JOIN dblink('kp0', $$SELECT id, ordering_key FROM pgfence.outbox WHERE channel = 'tap-k-peer'$$) AS o(id bigint, ordering_key text) USING (id)) x
+             FROM rounds r JOIN dblink('kp0', $$SELECT id, ordering_key FROM pgfence.outbox WHERE channel LIKE 'tap-k-peer%'$$) AS o(id bigint, ordering_key text) USING (id)) x
            WHERE x.round < x.prev_round), 0,
   'each key''s messages were claimed in enqueue order (no later id in an earlier round)');
 SELECT dblink_exec('kp0', $$SET pgfence.purging = on; DELETE FROM pgfence.outbox WHERE channel LIKE 'tap-k-peer%'; DELETE FROM pgfence.outbox_key WHERE channel LIKE 'tap-k-peer%'; DELETE FROM pgfence.outbox_channel WHERE channel LIKE 'tap-k-peer%'$$);

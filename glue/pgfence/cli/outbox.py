@@ -132,13 +132,15 @@ def cancel(state: CliState, message_id: int, by: str, reason: str) -> None:
 @click.option("--key-burst", type=click.IntRange(1, 10000), help="Burst of the key rate.")
 @click.option("--key-dead-policy", type=click.Choice(["block", "release"]),
               help="Whether a failed or dead message holds its ordering key.")
+@click.option("--limit-key", type=click.Choice(["host", "none"]),
+              help="host: limit messages without an ordering key per recipient URL host.")
 @json_option
 @pass_state
 def configure(state: CliState, channel: str, max_attempts: int | None,
               backoff_base: float | None, backoff_cap: float | None, lease: float | None,
               log_events: bool | None, max_payload_bytes: int | None,
               key_max_in_flight: int | None, key_rate: float | None, key_burst: int | None,
-              key_dead_policy: str | None, as_json: bool) -> None:
+              key_dead_policy: str | None, limit_key: str | None, as_json: bool) -> None:
     """Set CHANNEL's retry settings ('*' = defaults); unspecified ones are kept."""
 
     def secs(v: float | None) -> dt.timedelta | None:
@@ -150,5 +152,6 @@ def configure(state: CliState, channel: str, max_attempts: int | None,
                                     backoff_cap=secs(backoff_cap), lease=secs(lease),
                                     log_events=log_events, max_payload_bytes=max_payload_bytes,
                                     key_max_in_flight=key_max_in_flight, key_rate=key_rate,
-                                    key_burst=key_burst, key_dead_policy=key_dead_policy)
+                                    key_burst=key_burst, key_dead_policy=key_dead_policy,
+                                    limit_key=limit_key)
     emit_one(row, as_json)
