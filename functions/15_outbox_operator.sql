@@ -163,7 +163,7 @@ BEGIN
   EXCEPTION WHEN check_violation THEN
     RAISE EXCEPTION 'outbox_configure_channel: invalid settings for "%"', p_channel
       USING ERRCODE = '22023', DETAIL = 'Nothing was changed.',
-            HINT = 'Need 1 <= max_attempts <= 1000, 0 < backoff_base <= backoff_cap <= 30 days, 0 < lease <= 1 day, 1 <= max_payload_bytes <= 268435455, 1 <= key_max_in_flight <= 10000, 0 <= key_rate <= 1000000 (0: no rate), 1 <= key_burst <= 10000, key_dead_policy block or release, limit_key host or none.';
+            HINT = 'Need 1 <= max_attempts <= 1000, 0 < backoff_base <= backoff_cap <= 30 days, 0 < lease <= 1 day, 1 <= max_payload_bytes <= 268435455, 1 <= key_max_in_flight <= 10000, key_rate 0 (no rate) or 0.000001 to 1000000, 1 <= key_burst <= 10000, key_dead_policy block or release, limit_key host or none.';
   END;
   IF p_key_max_in_flight IS NOT NULL OR p_key_dead_policy IS NOT NULL OR p_key_rate IS NOT NULL
      OR p_key_burst IS NOT NULL THEN
@@ -193,7 +193,7 @@ enqueued from now on without an ordering key gets the key host:<its recipient UR
 the key limits apply per host; such a key is never held by a failed or dead message.
 Errors: 22023 (bad name or settings: 1 <= max_attempts <= 1000, 0 < backoff_base <= backoff_cap
 <= 30 days, 0 < lease <= 1 day, 1 <= max_payload_bytes <= 268435455, 1 <= key_max_in_flight <=
-10000, 0 <= key_rate <= 1000000, 1 <= key_burst <= 10000, key_dead_policy block or release,
+10000, key_rate 0 (no rate) or 0.000001 to 1000000, 1 <= key_burst <= 10000, key_dead_policy block or release,
 limit_key host or none).';
 
 CREATE OR REPLACE FUNCTION pgfence.outbox_get(p_id bigint)

@@ -1,6 +1,6 @@
--- pgfence 0021 — the gauges read indexes, not whole tables (schema version 21).
+-- pgfence 0021 — the gauges read indexes, not whole tables; a floor on key rates (schema version 21).
 -- transactional: false
--- depends: 0017_outbox_keys
+-- depends: 0018_outbox_limit_key 0019_trace_context
 --
 -- pgfence.audit_metrics (what every executor's /metrics and `pgfence metrics` read on each
 -- scrape) counted its depths through audit_queue_health, which aggregates every row of the
@@ -24,5 +24,12 @@ CREATE INDEX CONCURRENTLY operation_failed_idx ON pgfence.operation (kind)
   WHERE status = 'failed';
 COMMENT ON INDEX pgfence.operation_failed_idx IS
   'Failed operations per kind: the failed depth of audit_metrics, without reading finished history.';
+
+-- A key rate is at least one per 10^6 s (11.6 days): a smaller positive rate (5e-324 was
+-- accepted) overflowed the token bucket's interval in the key decision (22003).
+UPDATE pgfence.outbox_channel SET key_rate = 0.000001 WHERE key_rate < 0.000001;
+ALTER TABLE pgfence.outbox_channel DROP CONSTRAINT IF EXISTS outbox_channel_key_rate_check;
+ALTER TABLE pgfence.outbox_channel ADD CONSTRAINT outbox_channel_key_rate_check
+  CHECK (key_rate >= 0.000001 AND key_rate <= 1000000);
 
 UPDATE pgfence.meta SET schema_version = greatest(schema_version, 21);

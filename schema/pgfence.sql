@@ -185,7 +185,7 @@ CREATE INDEX event_item_idx ON pgfence.event USING btree (module, item_id, id);
 -- ==== migrations/0002_outbox.sql
 -- pgfence 0002 — outbox: messages to deliver at least once, and per-channel retry settings.
 
--- pgfence.outbox_channel (changed later by 0017_outbox_keys, 0018_outbox_limit_key)
+-- pgfence.outbox_channel (changed later by 0017_outbox_keys, 0018_outbox_limit_key, 0021_metrics_indexes)
 CREATE TABLE pgfence.outbox_channel (
   channel           text NOT NULL,
   max_attempts      integer NOT NULL,
@@ -208,7 +208,7 @@ CREATE TABLE pgfence.outbox_channel (
   CONSTRAINT outbox_channel_key_burst_check CHECK (((key_burst >= 1) AND (key_burst <= 10000))),
   CONSTRAINT outbox_channel_key_dead_policy_check CHECK ((key_dead_policy = ANY (ARRAY['block'::text, 'release'::text]))),
   CONSTRAINT outbox_channel_key_max_in_flight_check CHECK (((key_max_in_flight >= 1) AND (key_max_in_flight <= 10000))),
-  CONSTRAINT outbox_channel_key_rate_check CHECK (((key_rate > (0)::double precision) AND (key_rate <= (1000000)::double precision))),
+  CONSTRAINT outbox_channel_key_rate_check CHECK (((key_rate >= (0.000001)::double precision) AND (key_rate <= (1000000)::double precision))),
   CONSTRAINT outbox_channel_lease_check CHECK (((lease > '00:00:00'::interval) AND (lease <= '1 day'::interval))),
   CONSTRAINT outbox_channel_limit_key_check CHECK ((limit_key = 'host'::text)),
   CONSTRAINT outbox_channel_max_attempts_check CHECK (((max_attempts >= 1) AND (max_attempts <= 1000))),
@@ -2496,7 +2496,7 @@ BEGIN
   EXCEPTION WHEN check_violation THEN
     RAISE EXCEPTION 'outbox_configure_channel: invalid settings for "%"', p_channel
       USING ERRCODE = '22023', DETAIL = 'Nothing was changed.',
-            HINT = 'Need 1 <= max_attempts <= 1000, 0 < backoff_base <= backoff_cap <= 30 days, 0 < lease <= 1 day, 1 <= max_payload_bytes <= 268435455, 1 <= key_max_in_flight <= 10000, 0 <= key_rate <= 1000000 (0: no rate), 1 <= key_burst <= 10000, key_dead_policy block or release, limit_key host or none.';
+            HINT = 'Need 1 <= max_attempts <= 1000, 0 < backoff_base <= backoff_cap <= 30 days, 0 < lease <= 1 day, 1 <= max_payload_bytes <= 268435455, 1 <= key_max_in_flight <= 10000, key_rate 0 (no rate) or 0.000001 to 1000000, 1 <= key_burst <= 10000, key_dead_policy block or release, limit_key host or none.';
   END;
   IF p_key_max_in_flight IS NOT NULL OR p_key_dead_policy IS NOT NULL OR p_key_rate IS NOT NULL
      OR p_key_burst IS NOT NULL THEN
@@ -2526,7 +2526,7 @@ enqueued from now on without an ordering key gets the key host:<its recipient UR
 the key limits apply per host; such a key is never held by a failed or dead message.
 Errors: 22023 (bad name or settings: 1 <= max_attempts <= 1000, 0 < backoff_base <= backoff_cap
 <= 30 days, 0 < lease <= 1 day, 1 <= max_payload_bytes <= 268435455, 1 <= key_max_in_flight <=
-10000, 0 <= key_rate <= 1000000, 1 <= key_burst <= 10000, key_dead_policy block or release,
+10000, key_rate 0 (no rate) or 0.000001 to 1000000, 1 <= key_burst <= 10000, key_dead_policy block or release,
 limit_key host or none).';
 
 CREATE OR REPLACE FUNCTION pgfence.outbox_get(p_id bigint)

@@ -7,7 +7,7 @@
 -- a settle, and between a cancel and a claim: tests/isolation/specs/outbox-keys.spec.
 BEGIN;
 \ir helpers/setup.sql
-SELECT plan(125);
+SELECT plan(127);
 SET CONSTRAINTS pgfence.outbox_key_enqueued IMMEDIATE;
 
 -- =============================================================================================
@@ -196,6 +196,9 @@ SELECT results_eq($$SELECT next_attempt_at - now() FROM pgfence.outbox WHERE cha
   $$VALUES (interval '0'), (interval '0'), (interval '0.1 second'), (interval '0.2 second')$$,
   'rate 10/s, burst 2: two at once, then one every 100 ms');
 SELECT throws_ok($$SELECT pgfence.outbox_configure_channel('tap-k-rate', p_key_rate => -1)$$, '22023', NULL, 'a negative rate: 22023');
+SELECT throws_ok($$SELECT pgfence.outbox_configure_channel('tap-k-rate', p_key_rate => 5e-324)$$, '22023', NULL,
+  'a rate below one per 10^6 s: 22023 (it would overflow the bucket''s interval)');
+SELECT is((SELECT key_rate FROM pgfence.outbox_channel WHERE channel = 'tap-k-rate'), 1::float8, '... and the rate is unchanged');
 SELECT throws_ok($$SELECT pgfence.outbox_configure_channel('tap-k-rate', p_key_max_in_flight => 0)$$, '22023', NULL, 'max_in_flight 0: 22023');
 
 -- fairness: a key with 50 due messages does not starve a key with 1
