@@ -2969,8 +2969,9 @@ CREATE OR REPLACE TRIGGER plan_step_event
 -- Argument checks shared by the plan functions (_plan_check_name, _plan_check_heartbeat,
 -- _plan_check_token, _plan_require), the step idempotency key (_plan_step_key), the heal of
 -- lapsed runs and overdue proposals (_plan_heal, used by the reads and the reaper), the owner's
--- lock (_plan_lock), and the validation and rendering of a plan's steps (_plan_normalize_steps,
--- _plan_steps_json).
+-- lock (_plan_lock), the validation and rendering of a plan's steps (_plan_normalize_steps,
+-- _plan_steps_json), and whether a row's lock is this transaction's (_plan_locked_here, the
+-- PF107 check of _plan_step_finish).
 -- Not an API: every function here starts with _ and is called by the plan_* functions only
 -- (_plan_step_key is also granted to the group roles: plan_run_step and the plan_receipts view
 -- call it as the reader). Errors: functions/ERRORS.md.
@@ -3292,6 +3293,46 @@ REVOKE ALL ON FUNCTION pgfence._plan_steps_json(bigint) FROM PUBLIC;
 COMMENT ON FUNCTION pgfence._plan_steps_json(bigint) IS
   'Private: a plan''s frozen steps as the JSON array plan_propose normalised them to.
 What plan_get returns, and what a repeated idempotency key is compared with.';
+
+-- Handshake step 4's PF107 check: is a row's lock (its xmax) held by this transaction?
+CREATE OR REPLACE FUNCTION pgfence._plan_locked_here(p_locker xid)
+RETURNS boolean
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pgfence, pg_temp
+AS $$
+DECLARE
+  v_cur  bigint;
+  v_lock bigint;
+BEGIN
+  IF p_locker IS NULL OR p_locker = '0'::xid THEN
+    RETURN false;
+  END IF;
+  IF p_locker = pg_catalog.pg_current_xact_id()::xid THEN
+    RETURN true;  -- the common case: plan_run_step in the top-level transaction
+  END IF;
+  -- A subtransaction's xid: widen the 32-bit xid to the epoch nearest this transaction's (a
+  -- subtransaction of ours started after it), and ask whether it is still in progress.
+  v_cur := pg_catalog.pg_current_xact_id()::text::bigint;
+  v_lock := (v_cur & ~4294967295::bigint) | p_locker::text::bigint;
+  IF v_lock > v_cur + 2147483648 THEN
+    v_lock := v_lock - 4294967296;
+  ELSIF v_lock < v_cur - 2147483648 THEN
+    v_lock := v_lock + 4294967296;
+  END IF;
+  IF v_lock < v_cur THEN
+    RETURN false;  -- older than this transaction: an earlier one
+  END IF;
+  BEGIN
+    RETURN pg_catalog.pg_xact_status(v_lock::text::xid8) = 'in progress';
+  EXCEPTION WHEN invalid_parameter_value THEN
+    RETURN false;  -- "in the future": not an xid of this transaction (a multixact)
+  END;
+END
+$$;
+REVOKE ALL ON FUNCTION pgfence._plan_locked_here(xid) FROM PUBLIC;
+COMMENT ON FUNCTION pgfence._plan_locked_here(xid) IS
+  'Private: whether p_locker (a row''s xmax) is this transaction or a subtransaction of it.
+For _plan_step_finish''s PF107 check, on a row whose lockers all held the plan row''s lock (which the caller holds now): then a locker in progress is this transaction. false for NULL or 0.';
 
 
 -- ==== functions/22_plan_propose.sql
@@ -3875,10 +3916,10 @@ E.g. every third of the heartbeat interval while an external step runs: the dead
 -- external one), plan_record_step (executors: the receipt of an external step), plan_execute
 -- (CALL: every SQL step of a plan, one transaction each). Private, behind plan_run_step:
 -- _plan_step_begin and _plan_step_finish (security definer), _plan_check_approved,
--- _plan_commit_step, _plan_locked_here. No retries: a failed step is a receipt, a new attempt is a new proposal,
--- and an undo is a compensating plan (plan_compensate). External steps are performed by the
--- executor (outbox transports, idempotency key pgfence-plan-<id>-step-<n>) and reported with
--- plan_record_step. The handshake below is the protocol of a SQL step.
+-- _plan_commit_step (and _plan_locked_here, functions/21). No retries: a failed step is a receipt, a new attempt
+-- is a new proposal, and an undo is a compensating plan (plan_compensate). External steps are
+-- performed by the executor (outbox transports, idempotency key pgfence-plan-<id>-step-<n>)
+-- and reported with plan_record_step. The handshake below is the protocol of a SQL step.
 -- Query plans: docs/query-plans.md#plan.
 
 -- =============================================================================================
@@ -3919,7 +3960,9 @@ E.g. every third of the heartbeat interval while an external step runs: the dead
 --     never runs and never gets an ok receipt, even if it changed between 1 and 4.
 --   * begun in this transaction (4, PF107): no receipt outside the transaction that began the
 --     step, and none for another step than the one begun.
---   * the guards: hand-written SQL (psql, the owner role) cannot skip a step or forge a receipt.
+--   * the guards: hand-written SQL (psql, the owner role) cannot skip a step or forge a receipt
+--     (unless it sets pgfence.plan_writing on purpose, as it could disable a trigger: the
+--     owner is trusted with that, like pgfence.purging).
 -- Who may call what: plan_run_step, _plan_step_begin and _plan_step_finish are granted to
 -- pgfence_executor and pgfence_admin; the tables to nobody. External steps' receipts are written
 -- by plan_record_step (PF105 for a SQL step); plan_execute calls plan_run_step in a loop.
@@ -4012,46 +4055,6 @@ COMMENT ON FUNCTION pgfence._plan_commit_step(pgfence.plan, boolean, jsonb, json
   'Private: writes the receipt of the plan''s next step and moves the plan on, in one transaction.
 The receipt is ok with output, or error; the plan goes to its next step with a fresh heartbeat, to executed after the last ok step, or to failed (step_error) after an error. The caller holds the row lock and has checked the owner.';
 
--- Handshake step 4's PF107 check: is a row's lock (its xmax) held by this transaction?
-CREATE OR REPLACE FUNCTION pgfence._plan_locked_here(p_locker xid)
-RETURNS boolean
-LANGUAGE plpgsql STABLE
-SET search_path = pg_catalog, pgfence, pg_temp
-AS $$
-DECLARE
-  v_cur  bigint;
-  v_lock bigint;
-BEGIN
-  IF p_locker IS NULL OR p_locker = '0'::xid THEN
-    RETURN false;
-  END IF;
-  IF p_locker = pg_catalog.pg_current_xact_id()::xid THEN
-    RETURN true;  -- the common case: plan_run_step in the top-level transaction
-  END IF;
-  -- A subtransaction's xid: widen the 32-bit xid to the epoch nearest this transaction's (a
-  -- subtransaction of ours started after it), and ask whether it is still in progress.
-  v_cur := pg_catalog.pg_current_xact_id()::text::bigint;
-  v_lock := (v_cur & ~4294967295::bigint) | p_locker::text::bigint;
-  IF v_lock > v_cur + 2147483648 THEN
-    v_lock := v_lock - 4294967296;
-  ELSIF v_lock < v_cur - 2147483648 THEN
-    v_lock := v_lock + 4294967296;
-  END IF;
-  IF v_lock < v_cur THEN
-    RETURN false;  -- older than this transaction: an earlier one
-  END IF;
-  BEGIN
-    RETURN pg_catalog.pg_xact_status(v_lock::text::xid8) = 'in progress';
-  EXCEPTION WHEN invalid_parameter_value THEN
-    RETURN false;  -- "in the future": not an xid of this transaction (a multixact)
-  END;
-END
-$$;
-REVOKE ALL ON FUNCTION pgfence._plan_locked_here(xid) FROM PUBLIC;
-COMMENT ON FUNCTION pgfence._plan_locked_here(xid) IS
-  'Private: whether p_locker (a row''s xmax) is this transaction or a subtransaction of it.
-For _plan_step_finish''s PF107 check, on a row whose lockers all held the plan row''s lock (which the caller holds now): then a locker in progress is this transaction. false for NULL or 0.';
-
 CREATE OR REPLACE FUNCTION pgfence._plan_step_begin(
   p_id     bigint,
   p_worker text,
@@ -4079,6 +4082,11 @@ DECLARE
   v_step record;
   c_executing CONSTANT text := 'executing';  -- a parameter, not a literal: docs/query-plans.md#plan
 BEGIN
+  -- The argument checks as expressions; their helpers run only to raise the precise error.
+  IF p_worker IS NULL OR p_worker = '' OR length(p_worker) > 200 OR p_token IS NULL OR p_token < 1 THEN
+    PERFORM pgfence._plan_check_name(p_worker, 'worker');
+    PERFORM pgfence._plan_check_token(p_token);
+  END IF;
   -- Handshake step 1, in one statement: lock the run and its next step if p_worker owns it under
   -- p_token with a live heartbeat, with what step 2 checks. Both rows stay locked until the
   -- transaction ends; the lock on the step's row is the begin stamp that _plan_step_finish checks
@@ -4097,11 +4105,8 @@ BEGIN
   FOR NO KEY UPDATE OF p, s;
   IF NOT FOUND THEN
     -- Refused (step_index NULL): not executing, not by this worker under this token, or its
-    -- heartbeat lapsed. The arguments are checked here only: a run's owner and token were
-    -- checked when they were stored. _plan_lock raises 22004 / P0002 and marks a lapsed run
-    -- failed (interrupted).
-    PERFORM pgfence._plan_check_name(p_worker, 'worker');
-    PERFORM pgfence._plan_check_token(p_token);
+    -- heartbeat lapsed. _plan_lock raises 22004 / P0002 and marks a lapsed run failed
+    -- (interrupted).
     PERFORM pgfence._set_actor(p_worker);
     v := pgfence._plan_lock(p_id);
     status := v.status;
