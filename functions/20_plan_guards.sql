@@ -120,17 +120,11 @@ $$;
 REVOKE ALL ON FUNCTION pgfence.tg_plan_guard() FROM PUBLIC;
 COMMENT ON FUNCTION pgfence.tg_plan_guard() IS
   'Trigger: holds the plan state machine and the frozen fields of pgfence.plan, for any writer.
-BEFORE UPDATE trigger on pgfence.plan: refuses any transition outside the plan machine, a step advancing without its ok receipt, and a hand-over between two owners without a release (PF001); refuses changes to the frozen plan (step count, proposer name and login, expiry, key, compensated plan, approver, start), next_step or the run token going back (PF002) — even from a hand-written UPDATE. Skipped (WHEN condition) only for _plan_step_finish''s receipt statement, which sets the transaction-local pgfence.plan_writing = receipt around it and makes these checks itself. Also BEFORE INSERT, filtered by a WHEN condition: a new row that is not a fresh proposal (pending, step 1, proposed by session_user, no approval / rejection / owner / heartbeat / failure / finish) is refused (PF001).';
+BEFORE UPDATE trigger on pgfence.plan: refuses any transition outside the plan machine, a step advancing without its ok receipt, and a hand-over between two owners without a release (PF001); refuses changes to the frozen plan (step count, proposer name and login, expiry, key, compensated plan, approver, start), next_step or the run token going back (PF002) — even from a hand-written UPDATE. Also BEFORE INSERT, filtered by a WHEN condition: a new row that is not a fresh proposal (pending, step 1, proposed by session_user, no approval / rejection / owner / heartbeat / failure / finish) is refused (PF001).';
 
--- The guards are skipped only for _plan_step_finish's receipt statement, which makes their
--- checks itself on the rows it locked (functions/24_plan_steps.sql): it sets the
--- transaction-local pgfence.plan_writing around that one statement. A WHEN condition is
--- evaluated without a function call.
 CREATE OR REPLACE TRIGGER plan_guard
   BEFORE UPDATE ON pgfence.plan
-  FOR EACH ROW
-  WHEN (current_setting('pgfence.plan_writing', true) IS DISTINCT FROM 'receipt')
-  EXECUTE FUNCTION pgfence.tg_plan_guard();
+  FOR EACH ROW EXECUTE FUNCTION pgfence.tg_plan_guard();
 -- A hand-written INSERT must be a fresh proposal. The WHEN condition is evaluated without a
 -- function call, so plan_propose's insert runs no PL/pgSQL here.
 CREATE OR REPLACE TRIGGER plan_insert_guard
@@ -197,13 +191,11 @@ $$;
 REVOKE ALL ON FUNCTION pgfence.tg_plan_step_guard() FROM PUBLIC;
 COMMENT ON FUNCTION pgfence.tg_plan_step_guard() IS
   'Trigger: plan steps are written with their proposal, receipts once, by the run''s owner.
-BEFORE INSERT / UPDATE trigger on pgfence.plan_step: steps are inserted only with their pending plan, without a receipt (PF001), and never change (PF002); a receipt is written once, only for the next step of an executing plan, by its owner (PF001), and never changes (PF002). Deletes: see plan_step_purge_only (tg_purge_only: only in a purge, with the plan). Skipped (WHEN condition) only for _plan_step_finish''s receipt statement (pgfence.plan_writing = receipt), which checks the same on the rows it holds locked.';
+BEFORE INSERT / UPDATE trigger on pgfence.plan_step: steps are inserted only with their pending plan, without a receipt (PF001), and never change (PF002); a receipt is written once, only for the next step of an executing plan, by its owner (PF001), and never changes (PF002). Deletes: see plan_step_purge_only (tg_purge_only: only in a purge, with the plan).';
 
 CREATE OR REPLACE TRIGGER plan_step_guard
   BEFORE INSERT OR UPDATE ON pgfence.plan_step
-  FOR EACH ROW
-  WHEN (current_setting('pgfence.plan_writing', true) IS DISTINCT FROM 'receipt')
-  EXECUTE FUNCTION pgfence.tg_plan_step_guard();
+  FOR EACH ROW EXECUTE FUNCTION pgfence.tg_plan_step_guard();
 -- A statement trigger, so that the purge's cascade from plan to its (up to 10000) steps pays
 -- nothing per row: its WHEN condition is false while pgfence.purging is on.
 CREATE OR REPLACE TRIGGER plan_step_purge_only
@@ -303,11 +295,9 @@ $$;
 REVOKE ALL ON FUNCTION pgfence.tg_plan_step_event() FROM PUBLIC;
 COMMENT ON FUNCTION pgfence.tg_plan_step_event() IS
   'Trigger: logs each plan step receipt to pgfence.event when it is written.
-AFTER UPDATE trigger on pgfence.plan_step (except for _plan_step_finish''s receipt statement, which writes the same event itself): logs each receipt when it is written (step, action, outcome, error with SQLSTATE, small outputs) to pgfence.event in the step''s own transaction; fence = the step index.';
+AFTER UPDATE trigger on pgfence.plan_step: logs each receipt when it is written (step, action, outcome, error with SQLSTATE, small outputs) to pgfence.event in the step''s own transaction; fence = the step index.';
 
--- _plan_step_finish's receipt statement writes this event itself (plan_writing = receipt).
 CREATE OR REPLACE TRIGGER plan_step_event
   AFTER UPDATE OF outcome ON pgfence.plan_step
-  FOR EACH ROW WHEN (OLD.outcome IS NULL AND NEW.outcome IS NOT NULL
-                     AND current_setting('pgfence.plan_writing', true) IS DISTINCT FROM 'receipt')
+  FOR EACH ROW WHEN (OLD.outcome IS NULL AND NEW.outcome IS NOT NULL)
   EXECUTE FUNCTION pgfence.tg_plan_step_event();

@@ -31,14 +31,11 @@
 --        Refused (NULL) unless the plan is still executing by worker under token; PF107 unless
 --        this transaction began this step (the step's row, without a receipt, is locked by this
 --        transaction or a subtransaction of it: _plan_locked_here); refused unless it is
---        the next step and a SQL one; for an ok receipt check 2 again. Then one statement
---        writes the receipt, moves the plan on (next step, executed, or failed: step_error)
---        and logs the receipt event (what _plan_commit_step and tg_plan_step_event write).
---   Under every other writer: tg_plan_step_guard (a receipt only for the next step of an
---   executing plan, by its owner, written once) and tg_plan_guard (next_step moves only over
---   an ok receipt; step_error needs the error receipt; the run token never goes back). Step 4's
---   statement makes their checks itself on the rows it holds locked and skips them (the
---   transaction-local pgfence.plan_writing = receipt, for that statement only).
+--        the next step and a SQL one; for an ok receipt check 2 again. Then _plan_commit_step
+--        writes the receipt and moves the plan on: next step, executed, or failed (step_error).
+--   Under every writer: tg_plan_step_guard (a receipt only for the next step of an executing
+--   plan, by its owner, written once) and tg_plan_guard (next_step moves only over an ok
+--   receipt; step_error needs the error receipt; the run token never goes back).
 --
 -- What each check prevents:
 --   * owner, token, heartbeat (1 and 4): an owner fenced out by a newer take (even under its own
@@ -295,51 +292,7 @@ BEGIN
     PERFORM pgfence._plan_check_approved(v_step.action, v_step.retired_at IS NOT NULL, v_step.function,
                                          v_step.function_md5, v_step.md5_now);
   END IF;
-  -- The receipt, the plan's move and the receipt event in one statement, as _plan_commit_step
-  -- and the triggers write them (tg_plan_step_event's detail): every check of tg_plan_guard and
-  -- tg_plan_step_guard was made above on the locked rows (executing, owner and token, the next
-  -- step, a SQL step without a receipt; the plan moves one step over the ok receipt written
-  -- here, or fails on the error receipt written here), so they are skipped for this statement
-  -- only (the transaction-local pgfence.plan_writing, cleared right after; an error rolls it
-  -- back with the statement). The plan's own event (finish, fail) still comes from
-  -- tg_plan_event. The heartbeat counts from clock_timestamp(): the step ended now.
-  PERFORM pg_catalog.set_config('pgfence.plan_writing', 'receipt', true);
-  WITH r AS (
-    UPDATE pgfence.plan_step s
-    SET outcome = CASE WHEN p_ok THEN 'ok' ELSE 'error' END,
-        output = CASE WHEN p_ok THEN p_output END,
-        error = CASE WHEN NOT p_ok THEN p_error END,
-        worker = v.worker, started_at = now(), finished_at = clock_timestamp()
-    WHERE s.plan_id = p_id AND s.step_index = p_step AND s.outcome IS NULL
-    RETURNING s.step_index, s.action, s.kind, s.outcome, s.output, s.error, s.worker
-  ), m AS (
-    UPDATE pgfence.plan p
-    SET status = CASE WHEN NOT p_ok THEN 'failed'
-                      WHEN p.next_step = p.step_count THEN 'executed'
-                      ELSE 'executing' END,
-        failure = CASE WHEN NOT p_ok THEN 'step_error' END,
-        next_step = CASE WHEN p_ok THEN p.next_step + 1 ELSE p.next_step END,
-        external_started_at = NULL,
-        step_begun = NULL, step_begun_xact = NULL,
-        heartbeat_at = clock_timestamp(),
-        heartbeat_expires_at = clock_timestamp() + p.heartbeat_interval,
-        finished_at = CASE WHEN NOT p_ok OR p.next_step = p.step_count THEN clock_timestamp() END,
-        updated_at = now()
-    FROM r
-    WHERE p.id = p_id AND p.next_step = r.step_index
-    RETURNING p.status
-  ), e AS (
-    INSERT INTO pgfence.event (module, item_id, event, from_status, to_status, actor, fence, detail)
-    SELECT 'plan', p_id, 'receipt', NULL, NULL,
-           coalesce(nullif(current_setting('pgfence.actor', true), ''), r.worker), r.step_index,
-           jsonb_strip_nulls(jsonb_build_object(
-             'step', r.step_index, 'action', r.action, 'kind', r.kind, 'outcome', r.outcome,
-             'error', r.error,
-             'output', CASE WHEN pg_column_size(r.output) <= 2048 THEN r.output END))
-    FROM r
-  )
-  SELECT m.status INTO v_out FROM m;
-  PERFORM pg_catalog.set_config('pgfence.plan_writing', '', true);
+  v_out := pgfence._plan_commit_step(v, p_ok, p_output, p_error);
   PERFORM pgfence._set_actor(NULL);
   RETURN v_out;
 END

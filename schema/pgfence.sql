@@ -2770,17 +2770,11 @@ $$;
 REVOKE ALL ON FUNCTION pgfence.tg_plan_guard() FROM PUBLIC;
 COMMENT ON FUNCTION pgfence.tg_plan_guard() IS
   'Trigger: holds the plan state machine and the frozen fields of pgfence.plan, for any writer.
-BEFORE UPDATE trigger on pgfence.plan: refuses any transition outside the plan machine, a step advancing without its ok receipt, and a hand-over between two owners without a release (PF001); refuses changes to the frozen plan (step count, proposer name and login, expiry, key, compensated plan, approver, start), next_step or the run token going back (PF002) — even from a hand-written UPDATE. Skipped (WHEN condition) only for _plan_step_finish''s receipt statement, which sets the transaction-local pgfence.plan_writing = receipt around it and makes these checks itself. Also BEFORE INSERT, filtered by a WHEN condition: a new row that is not a fresh proposal (pending, step 1, proposed by session_user, no approval / rejection / owner / heartbeat / failure / finish) is refused (PF001).';
+BEFORE UPDATE trigger on pgfence.plan: refuses any transition outside the plan machine, a step advancing without its ok receipt, and a hand-over between two owners without a release (PF001); refuses changes to the frozen plan (step count, proposer name and login, expiry, key, compensated plan, approver, start), next_step or the run token going back (PF002) — even from a hand-written UPDATE. Also BEFORE INSERT, filtered by a WHEN condition: a new row that is not a fresh proposal (pending, step 1, proposed by session_user, no approval / rejection / owner / heartbeat / failure / finish) is refused (PF001).';
 
--- The guards are skipped only for _plan_step_finish's receipt statement, which makes their
--- checks itself on the rows it locked (functions/24_plan_steps.sql): it sets the
--- transaction-local pgfence.plan_writing around that one statement. A WHEN condition is
--- evaluated without a function call.
 CREATE OR REPLACE TRIGGER plan_guard
   BEFORE UPDATE ON pgfence.plan
-  FOR EACH ROW
-  WHEN (current_setting('pgfence.plan_writing', true) IS DISTINCT FROM 'receipt')
-  EXECUTE FUNCTION pgfence.tg_plan_guard();
+  FOR EACH ROW EXECUTE FUNCTION pgfence.tg_plan_guard();
 -- A hand-written INSERT must be a fresh proposal. The WHEN condition is evaluated without a
 -- function call, so plan_propose's insert runs no PL/pgSQL here.
 CREATE OR REPLACE TRIGGER plan_insert_guard
@@ -2847,13 +2841,11 @@ $$;
 REVOKE ALL ON FUNCTION pgfence.tg_plan_step_guard() FROM PUBLIC;
 COMMENT ON FUNCTION pgfence.tg_plan_step_guard() IS
   'Trigger: plan steps are written with their proposal, receipts once, by the run''s owner.
-BEFORE INSERT / UPDATE trigger on pgfence.plan_step: steps are inserted only with their pending plan, without a receipt (PF001), and never change (PF002); a receipt is written once, only for the next step of an executing plan, by its owner (PF001), and never changes (PF002). Deletes: see plan_step_purge_only (tg_purge_only: only in a purge, with the plan). Skipped (WHEN condition) only for _plan_step_finish''s receipt statement (pgfence.plan_writing = receipt), which checks the same on the rows it holds locked.';
+BEFORE INSERT / UPDATE trigger on pgfence.plan_step: steps are inserted only with their pending plan, without a receipt (PF001), and never change (PF002); a receipt is written once, only for the next step of an executing plan, by its owner (PF001), and never changes (PF002). Deletes: see plan_step_purge_only (tg_purge_only: only in a purge, with the plan).';
 
 CREATE OR REPLACE TRIGGER plan_step_guard
   BEFORE INSERT OR UPDATE ON pgfence.plan_step
-  FOR EACH ROW
-  WHEN (current_setting('pgfence.plan_writing', true) IS DISTINCT FROM 'receipt')
-  EXECUTE FUNCTION pgfence.tg_plan_step_guard();
+  FOR EACH ROW EXECUTE FUNCTION pgfence.tg_plan_step_guard();
 -- A statement trigger, so that the purge's cascade from plan to its (up to 10000) steps pays
 -- nothing per row: its WHEN condition is false while pgfence.purging is on.
 CREATE OR REPLACE TRIGGER plan_step_purge_only
@@ -2953,13 +2945,11 @@ $$;
 REVOKE ALL ON FUNCTION pgfence.tg_plan_step_event() FROM PUBLIC;
 COMMENT ON FUNCTION pgfence.tg_plan_step_event() IS
   'Trigger: logs each plan step receipt to pgfence.event when it is written.
-AFTER UPDATE trigger on pgfence.plan_step (except for _plan_step_finish''s receipt statement, which writes the same event itself): logs each receipt when it is written (step, action, outcome, error with SQLSTATE, small outputs) to pgfence.event in the step''s own transaction; fence = the step index.';
+AFTER UPDATE trigger on pgfence.plan_step: logs each receipt when it is written (step, action, outcome, error with SQLSTATE, small outputs) to pgfence.event in the step''s own transaction; fence = the step index.';
 
--- _plan_step_finish's receipt statement writes this event itself (plan_writing = receipt).
 CREATE OR REPLACE TRIGGER plan_step_event
   AFTER UPDATE OF outcome ON pgfence.plan_step
-  FOR EACH ROW WHEN (OLD.outcome IS NULL AND NEW.outcome IS NOT NULL
-                     AND current_setting('pgfence.plan_writing', true) IS DISTINCT FROM 'receipt')
+  FOR EACH ROW WHEN (OLD.outcome IS NULL AND NEW.outcome IS NOT NULL)
   EXECUTE FUNCTION pgfence.tg_plan_step_event();
 
 
@@ -3943,14 +3933,11 @@ E.g. every third of the heartbeat interval while an external step runs: the dead
 --        Refused (NULL) unless the plan is still executing by worker under token; PF107 unless
 --        this transaction began this step (the step's row, without a receipt, is locked by this
 --        transaction or a subtransaction of it: _plan_locked_here); refused unless it is
---        the next step and a SQL one; for an ok receipt check 2 again. Then one statement
---        writes the receipt, moves the plan on (next step, executed, or failed: step_error)
---        and logs the receipt event (what _plan_commit_step and tg_plan_step_event write).
---   Under every other writer: tg_plan_step_guard (a receipt only for the next step of an
---   executing plan, by its owner, written once) and tg_plan_guard (next_step moves only over
---   an ok receipt; step_error needs the error receipt; the run token never goes back). Step 4's
---   statement makes their checks itself on the rows it holds locked and skips them (the
---   transaction-local pgfence.plan_writing = receipt, for that statement only).
+--        the next step and a SQL one; for an ok receipt check 2 again. Then _plan_commit_step
+--        writes the receipt and moves the plan on: next step, executed, or failed (step_error).
+--   Under every writer: tg_plan_step_guard (a receipt only for the next step of an executing
+--   plan, by its owner, written once) and tg_plan_guard (next_step moves only over an ok
+--   receipt; step_error needs the error receipt; the run token never goes back).
 --
 -- What each check prevents:
 --   * owner, token, heartbeat (1 and 4): an owner fenced out by a newer take (even under its own
@@ -4207,51 +4194,7 @@ BEGIN
     PERFORM pgfence._plan_check_approved(v_step.action, v_step.retired_at IS NOT NULL, v_step.function,
                                          v_step.function_md5, v_step.md5_now);
   END IF;
-  -- The receipt, the plan's move and the receipt event in one statement, as _plan_commit_step
-  -- and the triggers write them (tg_plan_step_event's detail): every check of tg_plan_guard and
-  -- tg_plan_step_guard was made above on the locked rows (executing, owner and token, the next
-  -- step, a SQL step without a receipt; the plan moves one step over the ok receipt written
-  -- here, or fails on the error receipt written here), so they are skipped for this statement
-  -- only (the transaction-local pgfence.plan_writing, cleared right after; an error rolls it
-  -- back with the statement). The plan's own event (finish, fail) still comes from
-  -- tg_plan_event. The heartbeat counts from clock_timestamp(): the step ended now.
-  PERFORM pg_catalog.set_config('pgfence.plan_writing', 'receipt', true);
-  WITH r AS (
-    UPDATE pgfence.plan_step s
-    SET outcome = CASE WHEN p_ok THEN 'ok' ELSE 'error' END,
-        output = CASE WHEN p_ok THEN p_output END,
-        error = CASE WHEN NOT p_ok THEN p_error END,
-        worker = v.worker, started_at = now(), finished_at = clock_timestamp()
-    WHERE s.plan_id = p_id AND s.step_index = p_step AND s.outcome IS NULL
-    RETURNING s.step_index, s.action, s.kind, s.outcome, s.output, s.error, s.worker
-  ), m AS (
-    UPDATE pgfence.plan p
-    SET status = CASE WHEN NOT p_ok THEN 'failed'
-                      WHEN p.next_step = p.step_count THEN 'executed'
-                      ELSE 'executing' END,
-        failure = CASE WHEN NOT p_ok THEN 'step_error' END,
-        next_step = CASE WHEN p_ok THEN p.next_step + 1 ELSE p.next_step END,
-        external_started_at = NULL,
-        step_begun = NULL, step_begun_xact = NULL,
-        heartbeat_at = clock_timestamp(),
-        heartbeat_expires_at = clock_timestamp() + p.heartbeat_interval,
-        finished_at = CASE WHEN NOT p_ok OR p.next_step = p.step_count THEN clock_timestamp() END,
-        updated_at = now()
-    FROM r
-    WHERE p.id = p_id AND p.next_step = r.step_index
-    RETURNING p.status
-  ), e AS (
-    INSERT INTO pgfence.event (module, item_id, event, from_status, to_status, actor, fence, detail)
-    SELECT 'plan', p_id, 'receipt', NULL, NULL,
-           coalesce(nullif(current_setting('pgfence.actor', true), ''), r.worker), r.step_index,
-           jsonb_strip_nulls(jsonb_build_object(
-             'step', r.step_index, 'action', r.action, 'kind', r.kind, 'outcome', r.outcome,
-             'error', r.error,
-             'output', CASE WHEN pg_column_size(r.output) <= 2048 THEN r.output END))
-    FROM r
-  )
-  SELECT m.status INTO v_out FROM m;
-  PERFORM pg_catalog.set_config('pgfence.plan_writing', '', true);
+  v_out := pgfence._plan_commit_step(v, p_ok, p_output, p_error);
   PERFORM pgfence._set_actor(NULL);
   RETURN v_out;
 END
