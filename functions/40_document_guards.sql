@@ -94,17 +94,11 @@ $$;
 REVOKE ALL ON FUNCTION pgfence.tg_document_write() FROM PUBLIC;
 COMMENT ON FUNCTION pgfence.tg_document_write() IS
   'Trigger: every write to a document makes exactly the next version, kept as a revision.
-BEFORE INSERT/UPDATE/DELETE trigger on pgfence.document, for any writer (psql included): a document starts live at version 1; every update makes exactly the next version (PF002 otherwise); only live -> live and live -> deleted are allowed (PF001); identity columns never change (PF002); rows are never deleted (PF002: the tombstone stays). Stamps created_at/saved_at from now(). For an update it also keeps the new version as an immutable pgfence.document_revision row (the receipt of its save_id) and logs save (if the kind''s log_saves is on) and delete to pgfence.event (actor = saved_by, fence = version), in the same statement: one trigger, not a guard plus an AFTER trigger. document_save''s compare-and-swap writes the same revision and event in its own statement and skips this trigger for that statement only (the transaction-local setting pgfence.document_writing = save, cleared right after).';
+BEFORE INSERT/UPDATE/DELETE trigger on pgfence.document, for any writer (psql included): a document starts live at version 1; every update makes exactly the next version (PF002 otherwise); only live -> live and live -> deleted are allowed (PF001); identity columns never change (PF002); rows are never deleted (PF002: the tombstone stays). Stamps created_at/saved_at from now(). For an update it also keeps the new version as an immutable pgfence.document_revision row (the receipt of its save_id) and logs save (if the kind''s log_saves is on) and delete to pgfence.event (actor = saved_by, fence = version), in the same statement: one trigger on the hot path, not a guard plus an AFTER trigger.';
 
--- Skipped only for document_save's compare-and-swap statement, which writes the next version,
--- its revision and its event itself (functions/43_document_write.sql): it sets the
--- transaction-local pgfence.document_writing around that one statement. The WHEN condition is
--- evaluated without a function call.
 CREATE OR REPLACE TRIGGER document_write
   BEFORE INSERT OR UPDATE OR DELETE ON pgfence.document
-  FOR EACH ROW
-  WHEN (current_setting('pgfence.document_writing', true) IS DISTINCT FROM 'save')
-  EXECUTE FUNCTION pgfence.tg_document_write();
+  FOR EACH ROW EXECUTE FUNCTION pgfence.tg_document_write();
 
 -- Revision 1 is written AFTER the insert: a BEFORE INSERT trigger also fires for a row that
 -- ON CONFLICT (idempotency_key) DO NOTHING then skips, and the revision's foreign key needs

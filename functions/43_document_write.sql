@@ -132,7 +132,6 @@ DECLARE
   v_kind     text;
   v_type     text;
   v_max      integer;
-  v_log      boolean;
   v_rev      pgfence.document_revision;
   v_saved_at timestamptz;
 BEGIN
@@ -147,8 +146,8 @@ BEGIN
       USING ERRCODE = '22023', DETAIL = format('Got %s characters.', length(p_save_id)),
             HINT = 'Use a fresh random id (e.g. a UUID) per snapshot, and the same one when retrying it.';
   END IF;
-  SELECT d.version, d.status, d.kind, k.content_type, k.max_bytes, k.log_saves
-  INTO v_version, v_status, v_kind, v_type, v_max, v_log
+  SELECT d.version, d.status, d.kind, k.content_type, k.max_bytes
+  INTO v_version, v_status, v_kind, v_type, v_max
   FROM pgfence.document d JOIN pgfence.document_kind k ON k.kind = d.kind
   WHERE d.id = p_id;
   IF NOT FOUND THEN
@@ -177,33 +176,13 @@ BEGIN
   END IF;
 
   IF v_status = 'live' AND v_version = p_expected_version THEN
-    -- The compare-and-swap, its revision (the receipt of save_id) and its event (if the kind
-    -- logs saves) in one statement, as tg_document_write would write them: this UPDATE makes
-    -- the next version of a live document and changes no identity column, so the trigger's
-    -- checks hold by construction, and it is skipped for this statement only (the
-    -- transaction-local pgfence.document_writing, cleared right after; an error rolls it back
-    -- with the statement). A concurrent save of the same version makes us wait for its commit,
-    -- after which the row no longer matches and we fall through to the conflict.
-    PERFORM pg_catalog.set_config('pgfence.document_writing', 'save', true);
-    WITH u AS (
-      UPDATE pgfence.document d
-      SET version = d.version + 1, content = p_content, save_id = p_save_id, saved_by = p_saved_by,
-          saved_at = now()
-      WHERE d.id = p_id AND d.version = p_expected_version AND d.status = 'live'
-      RETURNING d.id, d.version, d.saved_at
-    ), r AS (
-      INSERT INTO pgfence.document_revision (document_id, version, op, content, save_id, saved_by, saved_at)
-      SELECT u.id, u.version, 'save', p_content, p_save_id, p_saved_by, u.saved_at FROM u
-    ), e AS (
-      INSERT INTO pgfence.event (module, item_id, event, from_status, to_status, actor, fence, detail)
-      SELECT 'document', u.id, 'save', 'live', 'live', p_saved_by, u.version,
-             jsonb_strip_nulls(jsonb_build_object('kind', v_kind, 'based_on', p_expected_version,
-                                                  'save_id', p_save_id))
-      FROM u WHERE v_log
-    )
-    SELECT u.version, u.saved_at INTO v_version, v_saved_at FROM u;
-    PERFORM pg_catalog.set_config('pgfence.document_writing', '', true);
-    IF v_saved_at IS NOT NULL THEN
+    -- The compare-and-swap. A concurrent save of the same version makes us wait for its
+    -- commit, after which the row no longer matches and we fall through to the conflict.
+    UPDATE pgfence.document d
+    SET version = d.version + 1, content = p_content, save_id = p_save_id, saved_by = p_saved_by
+    WHERE d.id = p_id AND d.version = p_expected_version AND d.status = 'live'
+    RETURNING d.version, d.saved_at INTO v_version, v_saved_at;
+    IF FOUND THEN
       -- the answer from variables, not a query: the hot path runs no statement after the UPDATE
       outcome := 'saved'; version := v_version; content := NULL; saved_by := p_saved_by;
       saved_at := v_saved_at; deleted := false; replayed := false;

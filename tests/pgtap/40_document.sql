@@ -3,7 +3,7 @@
 -- SQLSTATE. Cells that need two sessions at once are in 41_document_concurrency.sql.
 BEGIN;
 \ir helpers/setup.sql
-SELECT plan(210);
+SELECT plan(206);
 
 -- =============================================================================================
 -- Catalog: signatures, definer, volatility, privileges
@@ -251,16 +251,6 @@ SELECT throws_ok($$UPDATE pgfence.document SET version = version + 2, content = 
   'hand UPDATE skipping a version: PF002');
 SELECT throws_ok($$UPDATE pgfence.document SET content = '{"a": 2}' WHERE id = (SELECT id FROM ids WHERE name = 'g')$$, 'PF002', NULL,
   'hand UPDATE of content without a new version: PF002');
--- document_save skips tg_document_write for its own statement only (pgfence.document_writing).
-INSERT INTO ids SELECT 'gs', pgfence.document_create('record', '{"a": 1}', 'ann');
-SELECT results_eq($$SELECT outcome, version FROM pgfence.document_save((SELECT id FROM ids WHERE name = 'gs'), 1, '{"a": 2}', 'ann', 'gs-save-2')$$,
-  $$VALUES ('saved'::text, 2::bigint)$$, 'a save writes version 2 without the trigger ...');
-SELECT results_eq($$SELECT r.version, r.op, r.content, r.save_id, r.saved_at = d.saved_at, (SELECT count(*)::int FROM pgfence.event e WHERE e.module = 'document' AND e.item_id = d.id AND e.event = 'save' AND e.fence = 2 AND e.detail = '{"kind": "record", "based_on": 1, "save_id": "gs-save-2"}')
-                     FROM pgfence.document d JOIN pgfence.document_revision r ON r.document_id = d.id AND r.version = d.version WHERE d.id = (SELECT id FROM ids WHERE name = 'gs')$$,
-  $$VALUES (2::bigint, 'save'::text, '{"a": 2}'::jsonb, 'gs-save-2'::text, true, 1)$$, '... with its revision (the receipt) and its event, as the trigger writes them');
-SELECT is(coalesce(current_setting('pgfence.document_writing', true), ''), '', '... and leaves the trigger on for the rest of the transaction');
-SELECT throws_ok($$UPDATE pgfence.document SET version = version + 2, content = '{"a": 3}' WHERE id = (SELECT id FROM ids WHERE name = 'gs')$$, 'PF002', NULL,
-  'a hand UPDATE after a save in the same transaction is still guarded: PF002');
 SELECT throws_ok($$UPDATE pgfence.document SET kind = 'sheet', version = version + 1 WHERE id = (SELECT id FROM ids WHERE name = 'g')$$, 'PF002', NULL,
   'changing a document''s kind: PF002');
 SELECT throws_ok($$UPDATE pgfence.document SET status = 'live', version = version + 1, content = '{}' WHERE id = (SELECT id FROM ids WHERE name = 'd')$$, 'PF001', NULL,
