@@ -17,6 +17,13 @@ A frozen list of steps (rows of pgfence.plan_step) proposed by someone (a script
 COMMENT ON TABLE pgfence.plan_step IS
   'Plan steps: each frozen step of a plan and, once it ran, its receipt (written exactly once).
 One row per plan step: the frozen step (action, kind, the function of a sql action, args, note), written with the proposal and never changed, and its receipt (outcome ok with output, or error; worker; times), written exactly once in the same transaction as the step''s database effect (sql) or as the executor''s report (external). A step without an outcome did not commit. Not an API: read pgfence.plan_receipts or pgfence.plan_steps(id).';
+-- Since _plan_step_begin stamps a SQL step by locking its plan_step row (functions/24), nothing
+-- sets these two columns any more; the comments from migration 0003 are replaced here.
+COMMENT ON COLUMN pgfence.plan.step_begun IS
+  'Unused (always NULL): a SQL step''s begin stamp is _plan_step_begin''s lock on the step''s row.
+Older versions stamped the step here; _plan_commit_step, a release and the reaper still clear it.';
+COMMENT ON COLUMN pgfence.plan.step_begun_xact IS
+  'Unused (always NULL), with step_begun: the transaction of an older version''s begin stamp.';
 COMMENT ON TABLE pgfence.plan_action IS
   'The allow-list of plan actions: a plan step can name nothing else.
 kind sql = a function f(args jsonb) RETURNS jsonb run by plan_run_step with the executing role''s privileges; kind external = a side effect the executor performs through the transport routed for the action name. Not an API: use pgfence.plan_register_action / plan_retire_action and the view pgfence.plan_actions.';

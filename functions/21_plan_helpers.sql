@@ -3,8 +3,9 @@
 -- Argument checks shared by the plan functions (_plan_check_name, _plan_check_heartbeat,
 -- _plan_check_token, _plan_require), the step idempotency key (_plan_step_key), the heal of
 -- lapsed runs and overdue proposals (_plan_heal, used by the reads and the reaper), the owner's
--- lock (_plan_lock), and the validation and rendering of a plan's steps (_plan_normalize_steps,
--- _plan_steps_json).
+-- lock (_plan_lock), the validation and rendering of a plan's steps (_plan_normalize_steps,
+-- _plan_steps_json), and whether a row's lock is this transaction's (_plan_locked_here, the
+-- PF107 check of _plan_step_finish).
 -- Not an API: every function here starts with _ and is called by the plan_* functions only
 -- (_plan_step_key is also granted to the group roles: plan_run_step and the plan_receipts view
 -- call it as the reader). Errors: functions/ERRORS.md.
@@ -326,3 +327,43 @@ REVOKE ALL ON FUNCTION pgfence._plan_steps_json(bigint) FROM PUBLIC;
 COMMENT ON FUNCTION pgfence._plan_steps_json(bigint) IS
   'Private: a plan''s frozen steps as the JSON array plan_propose normalised them to.
 What plan_get returns, and what a repeated idempotency key is compared with.';
+
+-- Handshake step 4's PF107 check: is a row's lock (its xmax) held by this transaction?
+CREATE OR REPLACE FUNCTION pgfence._plan_locked_here(p_locker xid)
+RETURNS boolean
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pgfence, pg_temp
+AS $$
+DECLARE
+  v_cur  bigint;
+  v_lock bigint;
+BEGIN
+  IF p_locker IS NULL OR p_locker = '0'::xid THEN
+    RETURN false;
+  END IF;
+  IF p_locker = pg_catalog.pg_current_xact_id()::xid THEN
+    RETURN true;  -- the common case: plan_run_step in the top-level transaction
+  END IF;
+  -- A subtransaction's xid: widen the 32-bit xid to the epoch nearest this transaction's (a
+  -- subtransaction of ours started after it), and ask whether it is still in progress.
+  v_cur := pg_catalog.pg_current_xact_id()::text::bigint;
+  v_lock := (v_cur & ~4294967295::bigint) | p_locker::text::bigint;
+  IF v_lock > v_cur + 2147483648 THEN
+    v_lock := v_lock - 4294967296;
+  ELSIF v_lock < v_cur - 2147483648 THEN
+    v_lock := v_lock + 4294967296;
+  END IF;
+  IF v_lock < v_cur THEN
+    RETURN false;  -- older than this transaction: an earlier one
+  END IF;
+  BEGIN
+    RETURN pg_catalog.pg_xact_status(v_lock::text::xid8) = 'in progress';
+  EXCEPTION WHEN invalid_parameter_value THEN
+    RETURN false;  -- "in the future": not an xid of this transaction (a multixact)
+  END;
+END
+$$;
+REVOKE ALL ON FUNCTION pgfence._plan_locked_here(xid) FROM PUBLIC;
+COMMENT ON FUNCTION pgfence._plan_locked_here(xid) IS
+  'Private: whether p_locker (a row''s xmax) is this transaction or a subtransaction of it.
+For _plan_step_finish''s PF107 check, on a row whose lockers all held the plan row''s lock (which the caller holds now): then a locker in progress is this transaction. false for NULL or 0.';

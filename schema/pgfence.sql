@@ -917,10 +917,14 @@ columns'' defaults.';
 -- CREATE FUNCTION need GRANT SET ON PARAMETER, which a non-superuser owner does not have.
 CREATE OR REPLACE FUNCTION pgfence._set_actor(p_actor text)
 RETURNS void
-LANGUAGE sql VOLATILE
--- No SET clause on purpose: a function-level SET would undo this set_config at exit.
+-- PL/pgSQL, not SQL: this SQL function was not inlined (a PERFORM of it planned it again on
+-- every call, ~20 us, four times per plan step). No SET clause on purpose: a function-level SET
+-- would undo this set_config at exit; every name is qualified instead.
+LANGUAGE plpgsql VOLATILE
 AS $$
-  SELECT pg_catalog.set_config('pgfence.actor', coalesce(p_actor, ''), true);
+BEGIN
+  PERFORM pg_catalog.set_config('pgfence.actor', coalesce(p_actor, ''), true);
+END
 $$;
 REVOKE ALL ON FUNCTION pgfence._set_actor(text) FROM PUBLIC;
 COMMENT ON FUNCTION pgfence._set_actor(text) IS
@@ -3104,6 +3108,13 @@ A frozen list of steps (rows of pgfence.plan_step) proposed by someone (a script
 COMMENT ON TABLE pgfence.plan_step IS
   'Plan steps: each frozen step of a plan and, once it ran, its receipt (written exactly once).
 One row per plan step: the frozen step (action, kind, the function of a sql action, args, note), written with the proposal and never changed, and its receipt (outcome ok with output, or error; worker; times), written exactly once in the same transaction as the step''s database effect (sql) or as the executor''s report (external). A step without an outcome did not commit. Not an API: read pgfence.plan_receipts or pgfence.plan_steps(id).';
+-- Since _plan_step_begin stamps a SQL step by locking its plan_step row (functions/24), nothing
+-- sets these two columns any more; the comments from migration 0003 are replaced here.
+COMMENT ON COLUMN pgfence.plan.step_begun IS
+  'Unused (always NULL): a SQL step''s begin stamp is _plan_step_begin''s lock on the step''s row.
+Older versions stamped the step here; _plan_commit_step, a release and the reaper still clear it.';
+COMMENT ON COLUMN pgfence.plan.step_begun_xact IS
+  'Unused (always NULL), with step_begun: the transaction of an older version''s begin stamp.';
 COMMENT ON TABLE pgfence.plan_action IS
   'The allow-list of plan actions: a plan step can name nothing else.
 kind sql = a function f(args jsonb) RETURNS jsonb run by plan_run_step with the executing role''s privileges; kind external = a side effect the executor performs through the transport routed for the action name. Not an API: use pgfence.plan_register_action / plan_retire_action and the view pgfence.plan_actions.';
@@ -3389,8 +3400,9 @@ CREATE OR REPLACE TRIGGER plan_step_event
 -- Argument checks shared by the plan functions (_plan_check_name, _plan_check_heartbeat,
 -- _plan_check_token, _plan_require), the step idempotency key (_plan_step_key), the heal of
 -- lapsed runs and overdue proposals (_plan_heal, used by the reads and the reaper), the owner's
--- lock (_plan_lock), and the validation and rendering of a plan's steps (_plan_normalize_steps,
--- _plan_steps_json).
+-- lock (_plan_lock), the validation and rendering of a plan's steps (_plan_normalize_steps,
+-- _plan_steps_json), and whether a row's lock is this transaction's (_plan_locked_here, the
+-- PF107 check of _plan_step_finish).
 -- Not an API: every function here starts with _ and is called by the plan_* functions only
 -- (_plan_step_key is also granted to the group roles: plan_run_step and the plan_receipts view
 -- call it as the reader). Errors: functions/ERRORS.md.
@@ -3712,6 +3724,46 @@ REVOKE ALL ON FUNCTION pgfence._plan_steps_json(bigint) FROM PUBLIC;
 COMMENT ON FUNCTION pgfence._plan_steps_json(bigint) IS
   'Private: a plan''s frozen steps as the JSON array plan_propose normalised them to.
 What plan_get returns, and what a repeated idempotency key is compared with.';
+
+-- Handshake step 4's PF107 check: is a row's lock (its xmax) held by this transaction?
+CREATE OR REPLACE FUNCTION pgfence._plan_locked_here(p_locker xid)
+RETURNS boolean
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pgfence, pg_temp
+AS $$
+DECLARE
+  v_cur  bigint;
+  v_lock bigint;
+BEGIN
+  IF p_locker IS NULL OR p_locker = '0'::xid THEN
+    RETURN false;
+  END IF;
+  IF p_locker = pg_catalog.pg_current_xact_id()::xid THEN
+    RETURN true;  -- the common case: plan_run_step in the top-level transaction
+  END IF;
+  -- A subtransaction's xid: widen the 32-bit xid to the epoch nearest this transaction's (a
+  -- subtransaction of ours started after it), and ask whether it is still in progress.
+  v_cur := pg_catalog.pg_current_xact_id()::text::bigint;
+  v_lock := (v_cur & ~4294967295::bigint) | p_locker::text::bigint;
+  IF v_lock > v_cur + 2147483648 THEN
+    v_lock := v_lock - 4294967296;
+  ELSIF v_lock < v_cur - 2147483648 THEN
+    v_lock := v_lock + 4294967296;
+  END IF;
+  IF v_lock < v_cur THEN
+    RETURN false;  -- older than this transaction: an earlier one
+  END IF;
+  BEGIN
+    RETURN pg_catalog.pg_xact_status(v_lock::text::xid8) = 'in progress';
+  EXCEPTION WHEN invalid_parameter_value THEN
+    RETURN false;  -- "in the future": not an xid of this transaction (a multixact)
+  END;
+END
+$$;
+REVOKE ALL ON FUNCTION pgfence._plan_locked_here(xid) FROM PUBLIC;
+COMMENT ON FUNCTION pgfence._plan_locked_here(xid) IS
+  'Private: whether p_locker (a row''s xmax) is this transaction or a subtransaction of it.
+For _plan_step_finish''s PF107 check, on a row whose lockers all held the plan row''s lock (which the caller holds now): then a locker in progress is this transaction. false for NULL or 0.';
 
 
 -- ==== functions/22_plan_propose.sql
@@ -4295,10 +4347,10 @@ E.g. every third of the heartbeat interval while an external step runs: the dead
 -- external one), plan_record_step (executors: the receipt of an external step), plan_execute
 -- (CALL: every SQL step of a plan, one transaction each). Private, behind plan_run_step:
 -- _plan_step_begin and _plan_step_finish (security definer), _plan_check_approved,
--- _plan_commit_step. No retries: a failed step is a receipt, a new attempt is a new proposal,
--- and an undo is a compensating plan (plan_compensate). External steps are performed by the
--- executor (outbox transports, idempotency key pgfence-plan-<id>-step-<n>) and reported with
--- plan_record_step. The handshake below is the protocol of a SQL step.
+-- _plan_commit_step (and _plan_locked_here, functions/21). No retries: a failed step is a receipt, a new attempt
+-- is a new proposal, and an undo is a compensating plan (plan_compensate). External steps are
+-- performed by the executor (outbox transports, idempotency key pgfence-plan-<id>-step-<n>)
+-- and reported with plan_record_step. The handshake below is the protocol of a SQL step.
 -- Query plans: docs/query-plans.md#plan.
 
 -- =============================================================================================
@@ -4306,12 +4358,13 @@ E.g. every third of the heartbeat interval while an external step runs: the dead
 -- plan_run_step(id, worker, token) — NOT security definer: the action runs with the caller's
 -- privileges — does, in this order:
 --
---   1. _plan_step_begin(id, worker, token)   security definer. One UPDATE of the plan row, only
---        if it is executing by `worker` under run `token` (the fence token of plan_start /
---        plan_claim, migration 0010) with a live heartbeat; otherwise refused (only the status
---        comes back; _plan_lock fails a lapsed run as interrupted). The row stays locked until
---        the transaction ends. For a SQL step it stamps step_begun = next_step and step_begun_xact
---        = this transaction, and returns the step, its function, and what step 2 checks.
+--   1. _plan_step_begin(id, worker, token)   security definer. One SELECT ... FOR NO KEY UPDATE
+--        of the plan row and of its next step's row, only if it is executing by `worker` under
+--        run `token` (the fence token of plan_start / plan_claim, migration 0010) with a live
+--        heartbeat; otherwise refused (only the status comes back; _plan_lock fails a lapsed run
+--        as interrupted). Both rows stay locked until the transaction ends, and the lock on the
+--        step's row is the begin stamp (no write: nothing else locks a plan_step row). It
+--        returns the step, its function, and what step 2 checks.
 --   2. _plan_check_approved(...)              in a subtransaction: the action is not retired
 --        (PF101), its function exists (42883), its definition's md5 is the one recorded at
 --        proposal (PF108).
@@ -4319,7 +4372,8 @@ E.g. every third of the heartbeat interval while an external step runs: the dead
 --        back only the subtransaction (the action's effects) and becomes the error receipt.
 --   4. _plan_step_finish(id, worker, token, step, ok, output, error)   security definer.
 --        Refused (NULL) unless the plan is still executing by worker under token; PF107 unless
---        this transaction began this step (step_begun, step_begun_xact); refused unless it is
+--        this transaction began this step (the step's row, without a receipt, is locked by this
+--        transaction or a subtransaction of it: _plan_locked_here); refused unless it is
 --        the next step and a SQL one; for an ok receipt check 2 again. Then _plan_commit_step
 --        writes the receipt and moves the plan on: next step, executed, or failed (step_error).
 --   Under every writer: tg_plan_step_guard (a receipt only for the next step of an executing
@@ -4334,7 +4388,9 @@ E.g. every third of the heartbeat interval while an external step runs: the dead
 --     never runs and never gets an ok receipt, even if it changed between 1 and 4.
 --   * begun in this transaction (4, PF107): no receipt outside the transaction that began the
 --     step, and none for another step than the one begun.
---   * the guards: hand-written SQL (psql, the owner role) cannot skip a step or forge a receipt.
+--   * the guards: hand-written SQL (psql, the owner role) cannot skip a step or forge a receipt
+--     (unless it sets pgfence.plan_writing on purpose, as it could disable a trigger: the
+--     owner is trusted with that, like pgfence.purging).
 -- Who may call what: plan_run_step, _plan_step_begin and _plan_step_finish are granted to
 -- pgfence_executor and pgfence_admin; the tables to nobody. External steps' receipts are written
 -- by plan_record_step (PF105 for a SQL step); plan_execute calls plan_run_step in a loop.
@@ -4454,30 +4510,32 @@ DECLARE
   v_step record;
   c_executing CONSTANT text := 'executing';  -- a parameter, not a literal: docs/query-plans.md#plan
 BEGIN
-  PERFORM pgfence._plan_check_name(p_worker, 'worker');
-  PERFORM pgfence._plan_check_token(p_token);
-  PERFORM pgfence._set_actor(p_worker);
-  -- Handshake step 1, in one statement: lock the run if p_worker owns it under p_token with a
-  -- live heartbeat, and stamp the step handed out. A SQL step: the step and this transaction
-  -- (step_begun, step_begun_xact), the only receipt _plan_step_finish will write. An external
-  -- step: in flight since (external_started_at), with a fresh heartbeat.
-  UPDATE pgfence.plan p
-  SET step_begun = CASE WHEN s.kind = 'sql' THEN p.next_step END,
-      step_begun_xact = CASE WHEN s.kind = 'sql' THEN pg_catalog.pg_current_xact_id() END,
-      external_started_at = CASE WHEN s.kind = 'external' THEN coalesce(p.external_started_at, now())
-                                 ELSE p.external_started_at END,
-      heartbeat_at = CASE WHEN s.kind = 'external' THEN now() ELSE p.heartbeat_at END,
-      heartbeat_expires_at = CASE WHEN s.kind = 'external' THEN now() + p.heartbeat_interval
-                                  ELSE p.heartbeat_expires_at END
-  FROM pgfence.plan_step s
+  -- The argument checks as expressions; their helpers run only to raise the precise error.
+  IF p_worker IS NULL OR p_worker = '' OR length(p_worker) > 200 OR p_token IS NULL OR p_token < 1 THEN
+    PERFORM pgfence._plan_check_name(p_worker, 'worker');
+    PERFORM pgfence._plan_check_token(p_token);
+  END IF;
+  -- Handshake step 1, in one statement: lock the run and its next step if p_worker owns it under
+  -- p_token with a live heartbeat, with what step 2 checks. Both rows stay locked until the
+  -- transaction ends; the lock on the step's row is the begin stamp that _plan_step_finish checks
+  -- (PF107): nothing else locks a plan_step row, and a row lock costs no new row version.
+  SELECT p.status, p.next_step, s.action, s.kind, s.args, s.function_md5,
+         a.retired_at IS NOT NULL AS retired, n.nspname, pr.proname,
+         CASE WHEN s.kind = 'sql' THEN md5(pg_catalog.pg_get_functiondef(pr.oid)) END AS md5_now
+    INTO v_step
+  FROM pgfence.plan p
+  JOIN pgfence.plan_step s ON s.plan_id = p.id AND s.step_index = p.next_step
+  LEFT JOIN pgfence.plan_action a ON a.name = s.action
+  LEFT JOIN pg_catalog.pg_proc pr ON pr.oid = a.function
+  LEFT JOIN pg_catalog.pg_namespace n ON n.oid = pr.pronamespace
   WHERE p.id = p_id AND p.status = c_executing AND p.worker = p_worker AND p.run_token = p_token
     AND p.heartbeat_expires_at >= now()
-    AND s.plan_id = p.id AND s.step_index = p.next_step
-  RETURNING p.status, p.next_step, s.action, s.kind, s.args, s.function_md5 INTO v_step;
+  FOR NO KEY UPDATE OF p, s;
   IF NOT FOUND THEN
     -- Refused (step_index NULL): not executing, not by this worker under this token, or its
     -- heartbeat lapsed. _plan_lock raises 22004 / P0002 and marks a lapsed run failed
     -- (interrupted).
+    PERFORM pgfence._set_actor(p_worker);
     v := pgfence._plan_lock(p_id);
     status := v.status;
     PERFORM pgfence._set_actor(NULL);
@@ -4489,24 +4547,26 @@ BEGIN
   kind := v_step.kind;
   args := v_step.args;
   IF v_step.kind = 'external' THEN
-    PERFORM pgfence._set_actor(NULL);
+    -- An external step: in flight since (external_started_at), with a fresh heartbeat.
+    UPDATE pgfence.plan p
+    SET external_started_at = coalesce(p.external_started_at, now()),
+        heartbeat_at = now(),
+        heartbeat_expires_at = now() + p.heartbeat_interval
+    WHERE p.id = p_id;
     RETURN;
   END IF;
   fn_md5 := v_step.function_md5;
-  SELECT a.retired_at IS NOT NULL, n.nspname, pr.proname, md5(pg_catalog.pg_get_functiondef(pr.oid))
-    INTO retired, fn_schema, fn_name, fn_md5_now
-  FROM pgfence.plan_action a
-  LEFT JOIN pg_catalog.pg_proc pr ON pr.oid = a.function
-  LEFT JOIN pg_catalog.pg_namespace n ON n.oid = pr.pronamespace
-  WHERE a.name = v_step.action;
-  PERFORM pgfence._set_actor(NULL);
+  retired := v_step.retired;
+  fn_schema := v_step.nspname;
+  fn_name := v_step.proname;
+  fn_md5_now := v_step.md5_now;
 END
 $$;
 REVOKE ALL ON FUNCTION pgfence._plan_step_begin(bigint, text, bigint) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION pgfence._plan_step_begin(bigint, text, bigint) TO pgfence_executor, pgfence_admin;
 COMMENT ON FUNCTION pgfence._plan_step_begin(bigint, text, bigint) IS
   'Handshake step 1, for plan_run_step: lock a run p_worker owns under p_token, hand out its step.
-Security definer, so that plan_run_step itself need not be: locks the plan row for the rest of the transaction, heals a lapsed heartbeat, and returns the next step (action, kind, the function to call, whether the action was retired, the md5 of the function''s definition at proposal and now, args) if p_worker owns the executing run under run token p_token; otherwise only the status (refused). For an external step it stamps external_started_at; for a SQL step it stamps the step and the current transaction on the plan row (step_begun, step_begun_xact), the only step _plan_step_finish will then receipt. Not for direct use. Trust: granted to pgfence_executor because plan_run_step runs with the caller''s privileges; see the handshake in functions/24_plan_steps.sql for what that role is trusted with.';
+Security definer, so that plan_run_step itself need not be: locks the plan row and the step''s row for the rest of the transaction, heals a lapsed heartbeat, and returns the next step (action, kind, the function to call, whether the action was retired, the md5 of the function''s definition at proposal and now, args) if p_worker owns the executing run under run token p_token; otherwise only the status (refused). For an external step it stamps external_started_at; for a SQL step it writes nothing: the lock it holds on the step''s row (plan_step) is what _plan_step_finish checks, so that step is the only one it will then receipt, in this transaction. Not for direct use. Trust: granted to pgfence_executor because plan_run_step runs with the caller''s privileges; see the handshake in functions/24_plan_steps.sql for what that role is trusted with.';
 
 CREATE OR REPLACE FUNCTION pgfence._plan_step_finish(
   p_id     bigint,
@@ -4534,30 +4594,38 @@ BEGIN
   PERFORM pgfence._set_actor(p_worker);
   -- Handshake step 4. Same transaction as step 1: the row lock is ours already, nobody healed it
   -- since; the owner check binds the receipt to the worker and token passed here.
-  SELECT * INTO v FROM pgfence.plan p WHERE p.id = p_id FOR UPDATE;
+  -- One statement: the plan row (locked), the step p_step and its action.
+  SELECT p AS plan, s.kind, s.action, s.function_md5, s.outcome, s.xmax AS locker, a.retired_at,
+         a.function::text AS function,
+         CASE WHEN p_ok AND s.kind = 'sql' THEN md5(pg_catalog.pg_get_functiondef(a.function)) END AS md5_now
+    INTO v_step
+  FROM pgfence.plan p
+  LEFT JOIN pgfence.plan_step s ON s.plan_id = p.id AND s.step_index = p_step
+  LEFT JOIN pgfence.plan_action a ON a.name = s.action
+  WHERE p.id = p_id
+  FOR NO KEY UPDATE OF p;
+  v := v_step.plan;
   IF v.status IS DISTINCT FROM 'executing' OR v.worker IS DISTINCT FROM p_worker
      OR v.run_token IS DISTINCT FROM p_token THEN
     PERFORM pgfence._set_actor(NULL);
     RETURN NULL;
   END IF;
-  IF v.step_begun IS DISTINCT FROM p_step OR v.step_begun_xact IS DISTINCT FROM pg_catalog.pg_current_xact_id() THEN
+  -- PF107: _plan_step_begin locked this step's row in this transaction. The row's xmax names the
+  -- (sub)transaction that last locked it; we hold the plan row's lock, which every taker of a
+  -- step row lock (_plan_step_begin) held with it, so a locker still in progress is this
+  -- transaction or one of its subtransactions (pgTAP and savepoints call plan_run_step inside
+  -- one); a committed or aborted one is an earlier transaction, and 0 means never begun. A
+  -- receipted step keeps the lock of the transaction that receipted it: it is not begun either
+  -- (_plan_step_begin hands out only the next step, which has no receipt).
+  IF v_step.outcome IS NOT NULL OR v_step.locker IS NULL
+     OR NOT (v_step.locker = pg_catalog.pg_current_xact_id()::xid OR pgfence._plan_locked_here(v_step.locker)) THEN
     RAISE EXCEPTION '_plan_step_finish: plan % step % was not begun in this transaction', p_id, p_step
       USING ERRCODE = 'PF107',
-            DETAIL = format('Begun: step %s in transaction %s; this is transaction %s.',
-                            coalesce(v.step_begun::text, 'none'), coalesce(v.step_begun_xact::text, 'none'), pg_catalog.pg_current_xact_id()),
+            DETAIL = format('The row of step %s was last locked by transaction %s; this is transaction %s.',
+                            p_step, coalesce(v_step.locker::text, 'none (no such step)'), pg_catalog.pg_current_xact_id()),
             HINT = 'Run SQL steps with pgfence.plan_run_step or CALL pgfence.plan_execute: a receipt is written only in the transaction that ran the step.';
   END IF;
-  IF v.next_step <> p_step THEN
-    PERFORM pgfence._set_actor(NULL);
-    RETURN NULL;
-  END IF;
-  SELECT s.kind, s.action, s.function_md5, a.retired_at, a.function::text AS function,
-         md5(pg_catalog.pg_get_functiondef(a.function)) AS md5_now
-    INTO v_step
-  FROM pgfence.plan_step s
-  LEFT JOIN pgfence.plan_action a ON a.name = s.action
-  WHERE s.plan_id = p_id AND s.step_index = p_step;
-  IF v_step.kind IS DISTINCT FROM 'sql' THEN
+  IF v.next_step <> p_step OR v_step.kind IS DISTINCT FROM 'sql' THEN
     PERFORM pgfence._set_actor(NULL);
     RETURN NULL;
   END IF;

@@ -3,7 +3,7 @@
 -- commits) are in 21_plan_concurrency.sql.
 BEGIN;
 \ir helpers/setup.sql
-SELECT plan(363);
+SELECT plan(369);
 
 -- Fixtures: a small table, SQL actions on it, an external action (rolled back at the end).
 CREATE TABLE public.tap_plan_t (k text PRIMARY KEY, v integer NOT NULL CHECK (v >= 0));
@@ -589,7 +589,7 @@ SELECT results_eq($$SELECT step_index, outcome, status FROM pgfence.plan_run_ste
   $$VALUES (1, 'ok'::text, 'executing'::text)$$, 'plan_run_step itself still writes the receipt (begin and finish in one transaction)');
 RESET ROLE;
 SELECT results_eq($$SELECT step_begun, step_begun_xact FROM pgfence.plan WHERE id = pg_temp.pid('forge')$$,
-  $$VALUES (NULL::integer, NULL::xid8)$$, '... and the receipt clears the begin stamp');
+  $$VALUES (NULL::integer, NULL::xid8)$$, '... and no begin stamp is stored (the lock on the step''s row is the stamp)');
 SELECT throws_ok(format($$SELECT pgfence._plan_step_finish(%s, 'evil', %s, 2, true, '{}', NULL)$$, pg_temp.pid('forge'), pg_temp.tok('forge')),
   'PF107', NULL, 'a stamp of step 1 does not let step 2 be receipted: PF107');
 SELECT is((SELECT step_index FROM pgfence._plan_step_begin(pg_temp.pid('forge'), 'evil', pg_temp.tok('forge'))), 2, 'the remaining trust: _plan_step_begin hands out step 2 ...');
@@ -597,6 +597,20 @@ SELECT throws_ok(format($$SELECT pgfence._plan_step_finish(%s, 'evil', %s, 1, tr
   'PF107', NULL, '... a receipt for another step than the one begun: PF107');
 SELECT is(pgfence._plan_step_finish(pg_temp.pid('forge'), 'evil', pg_temp.tok('forge'), 2, true, '{"put": "forge2"}', NULL), 'executed',
   '... and a role that calls both helpers in one transaction is trusted to run the action in between (documented)');
+-- The begin stamp is the lock on the step's row, taken by the (sub)transaction that began it.
+INSERT INTO ids SELECT 'forge-sp', pgfence.plan_propose('[{"action": "tap-put", "args": {"k": "forgesp", "v": 1}}]', 'tap-agent');
+SELECT is(pgfence.plan_approve(pg_temp.pid('forge-sp'), 'tap-alice'), 'approved', 'approve forge-sp');
+SELECT isnt(pgfence.plan_start(pg_temp.pid('forge-sp'), 'evil'), NULL, 'start forge-sp');
+SAVEPOINT sp_begin;
+SELECT is((SELECT step_index FROM pgfence._plan_step_begin(pg_temp.pid('forge-sp'), 'evil', pg_temp.tok('forge-sp'))), 1, 'a begin in a savepoint ...');
+ROLLBACK TO SAVEPOINT sp_begin;
+SELECT throws_ok(format($$SELECT pgfence._plan_step_finish(%s, 'evil', %s, 1, true, '{}', NULL)$$, pg_temp.pid('forge-sp'), pg_temp.tok('forge-sp')),
+  'PF107', NULL, '... rolled back to the savepoint did not begin the step: PF107');
+SAVEPOINT sp_begin2;
+SELECT is((SELECT step_index FROM pgfence._plan_step_begin(pg_temp.pid('forge-sp'), 'evil', pg_temp.tok('forge-sp'))), 1, 'a begin in a savepoint that is released ...');
+RELEASE SAVEPOINT sp_begin2;
+SELECT is(pgfence._plan_step_finish(pg_temp.pid('forge-sp'), 'evil', pg_temp.tok('forge-sp'), 1, true, '{"put": "forgesp"}', NULL), 'executed',
+  '... began it in this transaction: the receipt is written');
 
 -- =============================================================================================
 -- An approved plan runs what was approved: the action function's definition is fingerprinted

@@ -106,8 +106,8 @@ SELECT pg_temp.approved('stamp', '[{"action": "tap-pc-put", "args": {"k": "s1"}}
 SELECT is(tap_helpers.peer_value('c1', format('SELECT pgfence.plan_start(%s, %L)', pg_temp.pid('stamp'), 'tap-pc-stamp')), '1', 'start stamp');
 SELECT is(tap_helpers.peer_value('c1', format('SELECT step_index FROM pgfence._plan_step_begin(%s, %L, 1)', pg_temp.pid('stamp'), 'tap-pc-stamp')), '1',
   'one transaction begins step 1 and commits without running it');
-SELECT results_eq(format('SELECT step_begun, step_begun_xact IS NOT NULL FROM pgfence.plan WHERE id = %s', pg_temp.pid('stamp')),
-  $$VALUES (1, true)$$, '... its stamp is committed');
+SELECT results_eq(format('SELECT step_begun, next_step, (SELECT outcome FROM pgfence.plan_step s WHERE s.plan_id = p.id AND s.step_index = 1) FROM pgfence.plan p WHERE id = %s', pg_temp.pid('stamp')),
+  $$VALUES (NULL::integer, 1, NULL::text)$$, '... it wrote nothing: its stamp was its lock on the step''s row, gone with its commit');
 SELECT throws_ok(format($q$SELECT * FROM dblink('c1', %L) AS t(x text)$q$,
                         format('SELECT pgfence._plan_step_finish(%s, %L, 1, 1, true, %L, NULL)', pg_temp.pid('stamp'), 'tap-pc-stamp', '{"k": "forged"}')),
   'PF107', NULL, 'a later transaction cannot write the receipt of that step: PF107');
