@@ -4388,9 +4388,9 @@ E.g. every third of the heartbeat interval while an external step runs: the dead
 --     never runs and never gets an ok receipt, even if it changed between 1 and 4.
 --   * begun in this transaction (4, PF107): no receipt outside the transaction that began the
 --     step, and none for another step than the one begun.
---   * the guards: hand-written SQL (psql, the owner role) cannot skip a step or forge a receipt
---     (unless it sets pgfence.plan_writing on purpose, as it could disable a trigger: the
---     owner is trusted with that, like pgfence.purging).
+--   * the guards: hand-written SQL (psql, the owner role) cannot skip a step or forge a receipt.
+--     They run for every statement: a bypass by a session setting was tried and dropped, since
+--     a client could set it before calling any definer function that writes these tables.
 -- Who may call what: plan_run_step, _plan_step_begin and _plan_step_finish are granted to
 -- pgfence_executor and pgfence_admin; the tables to nobody. External steps' receipts are written
 -- by plan_record_step (PF105 for a SQL step); plan_execute calls plan_run_step in a loop.
