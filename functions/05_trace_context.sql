@@ -79,24 +79,6 @@ Kept only together with a traceparent (a tracestate alone means nothing). The de
 tracestate columns of outbox, plan and operation.
 Errors: 22023 (malformed tracestate).';
 
--- The column defaults (the columns come from migration 0019; guarded, so that these files also
--- apply to a schema of an earlier migration). SET DEFAULT rewrites nothing: it applies to rows
--- inserted from now on.
-DO $defaults$
-DECLARE
-  v_table text;
-BEGIN
-  FOREACH v_table IN ARRAY ARRAY['outbox', 'plan', 'operation'] LOOP
-    IF EXISTS (SELECT FROM pg_attribute
-               WHERE attrelid = format('pgfence.%I', v_table)::regclass AND attname = 'traceparent'
-                 AND NOT attisdropped) THEN
-      EXECUTE format('ALTER TABLE pgfence.%I ALTER COLUMN traceparent SET DEFAULT pgfence._traceparent(),'
-                     ' ALTER COLUMN tracestate SET DEFAULT pgfence._tracestate()', v_table);
-    END IF;
-  END LOOP;
-END
-$defaults$;
-
 -- The trace context is part of what was committed with the item: never updated (PF002). The
 -- triggers are named <table>_frozen_trace: they fire before <table>_guard (alphabetical order).
 CREATE OR REPLACE FUNCTION pgfence.tg_trace_frozen()
@@ -117,7 +99,10 @@ COMMENT ON FUNCTION pgfence.tg_trace_frozen() IS
 BEFORE UPDATE OF traceparent, tracestate on pgfence.outbox, pgfence.plan and pgfence.operation:
 a column trigger, nothing for statements that do not name them.';
 
-DO $frozen$
+-- The column defaults and the frozen-trace triggers, per table (the columns come from migration
+-- 0019; guarded, so that these files also apply to a schema of an earlier migration). SET
+-- DEFAULT rewrites nothing: it applies to rows inserted from now on.
+DO $trace$
 DECLARE
   v_table text;
 BEGIN
@@ -125,12 +110,14 @@ BEGIN
     IF EXISTS (SELECT FROM pg_attribute
                WHERE attrelid = format('pgfence.%I', v_table)::regclass AND attname = 'traceparent'
                  AND NOT attisdropped) THEN
+      EXECUTE format('ALTER TABLE pgfence.%I ALTER COLUMN traceparent SET DEFAULT pgfence._traceparent(),'
+                     ' ALTER COLUMN tracestate SET DEFAULT pgfence._tracestate()', v_table);
       EXECUTE format('CREATE OR REPLACE TRIGGER %I BEFORE UPDATE OF traceparent, tracestate ON pgfence.%I'
                      ' FOR EACH ROW EXECUTE FUNCTION pgfence.tg_trace_frozen()', v_table || '_frozen_trace', v_table);
     END IF;
   END LOOP;
 END
-$frozen$;
+$trace$;
 
 CREATE OR REPLACE FUNCTION pgfence.trace_contexts(p_module text, p_ids bigint[])
 RETURNS TABLE (id bigint, traceparent text, tracestate text)
