@@ -793,16 +793,19 @@ class Executor:
                     await self._wake.wait()
 
     def _room(self, s: _Served) -> int:
-        """How many units ``s`` may claim now: the free slots, plus a batch ahead of them per
-        claim round in flight for a module whose units are quick, while the last of them would
-        wait at most ``prefetch_wait`` for a slot (judged from its recent units)."""
+        """How many units ``s`` may claim now: the free slots, plus, for a module whose units
+        are quick, units ahead of them that would wait at most ``prefetch_wait`` for a slot
+        (judged from its recent units): a batch per claim round in flight if all of those fit,
+        else as many as fit, up to one batch."""
         cfg = self.config
         limit = cfg.concurrency
-        ahead = self._depth(s) * cfg.batch
-        # The last unit claimed ahead waits about ahead / concurrency unit times for a slot.
-        if s.module.prefetch and s.took is not None and cfg.prefetch_wait > 0 \
-                and s.took * (1 + ahead / cfg.concurrency) <= cfg.prefetch_wait:
-            limit += ahead
+        # The last unit claimed ahead waits about ahead / concurrency unit times for a slot:
+        # a round per sweep in flight ahead while all of them fit within prefetch_wait, else as
+        # many as fit, up to one round.
+        if s.module.prefetch and s.took is not None and cfg.prefetch_wait > 0:
+            fits = int(cfg.concurrency * (cfg.prefetch_wait / max(s.took, 1e-6) - 1))
+            rounds = self._depth(s) * cfg.batch
+            limit += rounds if fits >= rounds else max(0, min(fits, cfg.batch))
         return limit - self._running - self._queued - self._reserved
 
     def _launch(self) -> None:
