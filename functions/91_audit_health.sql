@@ -2,7 +2,9 @@
 -- documents.
 --
 -- Public: views audit_duplicates (which external effects may have happened twice, or without
---         a receipt), audit_queue_health (per outbox channel, operation kind, and all plans),
+--         a receipt), audit_queue_depth (how deep each queue is, cheap at any history size),
+--         audit_queue_health (per outbox channel, operation kind, and all plans: the depths with
+--         what finished and the rates),
 --         audit_documents (conflicts and revisions per document)
 -- Read-only views for pgfence_admin and pg_monitor (grants and helpers: 90_audit_owned.sql;
 -- the guide: docs/psql.md). \d+ on each view explains every column. Time: now(), the database
@@ -92,7 +94,113 @@ COMMENT ON COLUMN pgfence.audit_duplicates.check_downstream IS
   'What to verify in the receiving system, in words.';
 
 -- ---------------------------------------------------------------------------------------------
--- Queue health
+-- Queue depth
+-- ---------------------------------------------------------------------------------------------
+-- The depth of every queue, read through the partial indexes of the live and failed rows only
+-- (migration 0021), never the sent or finished history. One definition of "ready", "lapsed" and
+-- "unserved" for audit_queue_health (below) and audit_metrics (95_audit_metrics.sql).
+CREATE OR REPLACE VIEW pgfence.audit_queue_depth AS
+WITH ob_pending AS (  -- outbox_channel_due_idx
+  SELECT o.channel AS queue,
+         count(*) FILTER (WHERE o.next_attempt_at <= now()) AS ready,
+         count(*) FILTER (WHERE o.next_attempt_at > now())  AS deferred,
+         count(*) FILTER (WHERE o.next_attempt_at > now() AND o.attempts > 0) AS in_backoff,
+         min(o.next_attempt_at) FILTER (WHERE o.next_attempt_at <= now()) AS oldest_ready_at,
+         min(o.next_attempt_at) FILTER (WHERE o.next_attempt_at > now())  AS next_due_at
+  FROM pgfence.outbox o WHERE o.status = 'pending' GROUP BY o.channel
+), ob_flight AS (  -- outbox_lease_idx
+  SELECT o.channel AS queue, count(*) AS in_flight,
+         count(*) FILTER (WHERE o.lease_expires_at < now()) AS lapsed
+  FROM pgfence.outbox o WHERE o.status = 'processing' GROUP BY o.channel
+), ob_failed AS (  -- outbox_failed_idx
+  SELECT o.channel AS queue, count(*) FILTER (WHERE o.status = 'failed') AS failed,
+         count(*) FILTER (WHERE o.status = 'dead') AS dead
+  FROM pgfence.outbox o WHERE o.status IN ('failed', 'dead') GROUP BY o.channel
+), ob AS (  -- every channel with a live or failed message, or configured
+  SELECT c.queue, coalesce(p.ready, 0) AS ready, coalesce(p.deferred, 0) AS deferred,
+         coalesce(p.in_backoff, 0) AS in_backoff,
+         coalesce(f.in_flight, 0) AS in_flight, coalesce(f.lapsed, 0) AS lapsed,
+         coalesce(d.failed, 0) AS failed, coalesce(d.dead, 0) AS dead,
+         now() - p.oldest_ready_at AS oldest_ready_age, p.next_due_at,
+         pgfence._executor_serving('outbox', c.queue) AS executors
+  FROM (SELECT queue FROM ob_pending UNION SELECT queue FROM ob_flight UNION SELECT queue FROM ob_failed
+        UNION SELECT ch.channel FROM pgfence.outbox_channel ch WHERE ch.channel <> '*') c
+  LEFT JOIN ob_pending p USING (queue) LEFT JOIN ob_flight f USING (queue) LEFT JOIN ob_failed d USING (queue)
+), pl AS (  -- plan_status_idx: live and failed runs only
+  -- A run released to executors (executing, no worker) is ready while its heartbeat holds or
+  -- while no executor serves plans (it waits for one: _plan_served); lapsed only past its
+  -- heartbeat with a worker, or with executors that should have taken it.
+  SELECT count(*) FILTER (WHERE p.status = 'approved'
+                             OR (p.status = 'executing' AND p.worker IS NULL
+                                 AND (p.heartbeat_expires_at >= now() OR x.executors = 0))) AS ready,
+         count(*) FILTER (WHERE p.status = 'pending') AS deferred,
+         count(*) FILTER (WHERE p.status = 'executing' AND p.worker IS NOT NULL) AS in_flight,
+         count(*) FILTER (WHERE p.status = 'executing' AND p.heartbeat_expires_at < now()
+                            AND (p.worker IS NOT NULL OR x.executors > 0)) AS lapsed,
+         count(*) FILTER (WHERE p.status = 'failed') AS failed,
+         now() - min(p.approved_at) FILTER (WHERE p.status = 'approved') AS oldest_ready_age,
+         count(*) FILTER (WHERE p.status = 'approved' OR (p.status = 'executing' AND p.worker IS NULL)) AS waiting,
+         min(x.executors) AS executors
+  FROM pgfence.plan p
+  CROSS JOIN (SELECT pgfence._executor_serving('plan', '*') AS executors) x
+  WHERE p.status IN ('approved', 'pending', 'executing', 'failed')
+), op AS (  -- operation_kind_queued_idx, operation_one_in_flight, operation_failed_idx
+  SELECT o.kind AS queue, count(*) FILTER (WHERE o.status = 'queued') AS ready,
+         count(*) FILTER (WHERE o.status = 'running') AS in_flight,
+         count(*) FILTER (WHERE o.status = 'running' AND o.lease_expires_at < now()) AS lapsed,
+         count(*) FILTER (WHERE o.status = 'failed') AS failed,
+         now() - min(o.created_at) FILTER (WHERE o.status = 'queued') AS oldest_ready_age
+  FROM pgfence.operation o WHERE o.status IN ('queued', 'running', 'failed') GROUP BY o.kind
+)
+SELECT 'outbox'::text AS module, ob.queue, ob.ready, ob.deferred, ob.in_backoff, ob.in_flight,
+       ob.lapsed, ob.failed, ob.dead, ob.oldest_ready_age, ob.next_due_at, ob.executors,
+       ob.ready > 0 AND ob.executors = 0 AS unserved
+FROM ob
+UNION ALL
+SELECT 'plan', '*', pl.ready, pl.deferred, NULL::bigint, pl.in_flight, pl.lapsed, pl.failed,
+       NULL::bigint, pl.oldest_ready_age, NULL::timestamptz, pl.executors,
+       pl.waiting > 0 AND pl.executors = 0
+FROM pl WHERE pl.deferred + pl.waiting + pl.in_flight + pl.failed > 0
+UNION ALL
+SELECT 'operation', e.queue, e.ready, NULL::bigint, NULL::bigint, e.in_flight, e.lapsed, e.failed,
+       NULL::bigint, e.oldest_ready_age, NULL::timestamptz, e.executors,
+       e.ready > 0 AND e.executors = 0
+FROM (SELECT op.*, pgfence._executor_serving('operation', op.queue) AS executors FROM op) e;
+REVOKE ALL ON pgfence.audit_queue_depth FROM PUBLIC;
+GRANT SELECT ON pgfence.audit_queue_depth TO pgfence_admin, pg_monitor;  -- executors read it through audit_metrics
+COMMENT ON VIEW pgfence.audit_queue_depth IS
+  'How deep every queue is now, cheaply: one row per outbox channel, operation kind, and all plans.
+Reads only live and failed rows through partial indexes, never the sent or finished history,
+so it costs the same at any history size. A queue appears while it has live or failed rows (an
+outbox channel also while configured). audit_queue_health adds the finished counts and rates;
+audit_metrics serves these depths. The plans'' row has queue ''*''; NULL = does not apply.
+\d+ explains each column.';
+COMMENT ON COLUMN pgfence.audit_queue_depth.module IS 'outbox, plan or operation.';
+COMMENT ON COLUMN pgfence.audit_queue_depth.queue IS
+  'The outbox channel or the operation kind; ''*'' for all plans.';
+COMMENT ON COLUMN pgfence.audit_queue_depth.ready IS
+  'Waiting and due now (outbox: pending and due; plan: approved, or released between steps; operation: queued).';
+COMMENT ON COLUMN pgfence.audit_queue_depth.deferred IS
+  'Waiting but not due (outbox: pending with a future due time, backoff or deliver_at; plan: proposals awaiting approval).';
+COMMENT ON COLUMN pgfence.audit_queue_depth.in_backoff IS
+  'Outbox: messages waiting out a retry backoff (pending, attempts > 0, not yet due).';
+COMMENT ON COLUMN pgfence.audit_queue_depth.in_flight IS
+  'Owned right now (processing, executing with a worker, running).';
+COMMENT ON COLUMN pgfence.audit_queue_depth.lapsed IS
+  'Owned past the lease or heartbeat (see pgfence.audit_stuck).';
+COMMENT ON COLUMN pgfence.audit_queue_depth.failed IS 'Failed items still in the table (until purged).';
+COMMENT ON COLUMN pgfence.audit_queue_depth.dead IS 'Outbox: dead messages still in the table (until purged).';
+COMMENT ON COLUMN pgfence.audit_queue_depth.oldest_ready_age IS
+  'How long the longest-waiting ready item has waited (since due, approved or requested).';
+COMMENT ON COLUMN pgfence.audit_queue_depth.next_due_at IS
+  'Outbox: the next deferred message''s due time.';
+COMMENT ON COLUMN pgfence.audit_queue_depth.executors IS
+  'Live executors serving this queue (pgfence.audit_executors: registered, heard from within three heartbeat intervals).';
+COMMENT ON COLUMN pgfence.audit_queue_depth.unserved IS
+  'True when the queue has ready work and no live executor serves it: nothing will take it until one starts.';
+
+-- ---------------------------------------------------------------------------------------------
+-- Queue health: the depths above and what finished, with rates
 -- ---------------------------------------------------------------------------------------------
 CREATE OR REPLACE VIEW pgfence.audit_queue_health AS
 WITH cleanup AS (  -- the oldest holder of cleanup (89_audit_cleanup.sql), one line
@@ -103,119 +211,91 @@ WITH cleanup AS (  -- the oldest holder of cleanup (89_audit_cleanup.sql), one l
   FROM pgfence.audit_cleanup_blockers b
   ORDER BY b.xid_age DESC
   LIMIT 1
+), finished AS (  -- what finished: reads every row of the three tables (see the comment below)
+  SELECT 'outbox'::text AS module, o.channel AS queue,
+         count(*) FILTER (WHERE o.status = 'sent' AND o.finished_at >= now() - interval '5 minutes') AS done_5m,
+         count(*) FILTER (WHERE o.status IN ('failed', 'dead') AND o.finished_at >= now() - interval '5 minutes') AS failed_5m,
+         count(*) FILTER (WHERE o.finished_at >= now() - interval '1 minute')   AS n_1m,
+         count(*) FILTER (WHERE o.finished_at >= now() - interval '5 minutes')  AS n_5m,
+         count(*) FILTER (WHERE o.finished_at >= now() - interval '15 minutes') AS n_15m,
+         count(*) FILTER (WHERE o.status IN ('sent', 'failed', 'dead'))        AS finished
+  FROM pgfence.outbox o GROUP BY o.channel
+  UNION ALL
+  SELECT 'plan', '*',
+         count(*) FILTER (WHERE p.status = 'executed' AND p.finished_at >= now() - interval '5 minutes'),
+         count(*) FILTER (WHERE p.status = 'failed' AND p.finished_at >= now() - interval '5 minutes'),
+         count(*) FILTER (WHERE p.status IN ('executed', 'failed') AND p.finished_at >= now() - interval '1 minute'),
+         count(*) FILTER (WHERE p.status IN ('executed', 'failed') AND p.finished_at >= now() - interval '5 minutes'),
+         count(*) FILTER (WHERE p.status IN ('executed', 'failed') AND p.finished_at >= now() - interval '15 minutes'),
+         count(*) FILTER (WHERE p.status IN ('executed', 'failed'))
+  FROM pgfence.plan p HAVING count(*) > 0
+  UNION ALL
+  SELECT 'operation', o.kind,
+         count(*) FILTER (WHERE o.status = 'succeeded' AND o.finished_at >= now() - interval '5 minutes'),
+         count(*) FILTER (WHERE o.status = 'failed' AND o.finished_at >= now() - interval '5 minutes'),
+         count(*) FILTER (WHERE o.finished_at >= now() - interval '1 minute'),
+         count(*) FILTER (WHERE o.finished_at >= now() - interval '5 minutes'),
+         count(*) FILTER (WHERE o.finished_at >= now() - interval '15 minutes'),
+         count(*) FILTER (WHERE o.status IN ('succeeded', 'failed'))
+  FROM pgfence.operation o GROUP BY o.kind
+), q AS (  -- every queue with rows (finished) or live work / configuration (depth)
+  SELECT coalesce(d.module, f.module) AS module, coalesce(d.queue, f.queue) AS queue,
+         d.ready, d.deferred, d.in_backoff, d.in_flight, d.lapsed, d.failed, d.dead,
+         d.oldest_ready_age, d.next_due_at, d.executors, d.unserved,
+         f.done_5m, f.failed_5m, f.n_1m, f.n_5m, f.n_15m, f.finished AS n_finished
+  FROM pgfence.audit_queue_depth d FULL JOIN finished f ON f.module = d.module AND f.queue = d.queue
 )
-SELECT 'outbox'::text                                                                       AS module,
-       o.channel                                                                            AS queue,
-       count(*) FILTER (WHERE o.status = 'pending' AND o.next_attempt_at <= now())           AS ready,
-       count(*) FILTER (WHERE o.status = 'pending' AND o.next_attempt_at > now())            AS deferred,
-       count(*) FILTER (WHERE o.status = 'pending' AND o.next_attempt_at > now() AND o.attempts > 0) AS in_backoff,
-       count(*) FILTER (WHERE o.status = 'processing')                                       AS in_flight,
-       count(*) FILTER (WHERE o.status = 'processing' AND o.lease_expires_at < now())        AS lapsed,
-       now() - min(o.next_attempt_at) FILTER (WHERE o.status = 'pending' AND o.next_attempt_at <= now()) AS oldest_ready_age,
-       min(o.next_attempt_at) FILTER (WHERE o.status = 'pending' AND o.next_attempt_at > now()) AS next_due_at,
-       count(*) FILTER (WHERE o.status = 'sent' AND o.finished_at >= now() - interval '5 minutes') AS done_5m,
-       count(*) FILTER (WHERE o.status IN ('failed', 'dead') AND o.finished_at >= now() - interval '5 minutes') AS failed_5m,
-       round(count(*) FILTER (WHERE o.finished_at >= now() - interval '5 minutes') / 300.0, 2) AS per_second_5m,
-       count(*) FILTER (WHERE o.status = 'failed')                                           AS failed,
-       count(*) FILTER (WHERE o.status = 'dead')                                             AS dead,
-       (SELECT t.n_dead_tup FROM pg_catalog.pg_stat_user_tables t WHERE t.relid = 'pgfence.outbox'::regclass) AS dead_rows,
-       (SELECT c.held_by FROM cleanup c)                                                     AS cleanup_held_by,
-       round(count(*) FILTER (WHERE o.finished_at >= now() - interval '1 minute') / 60.0, 2)  AS per_second_1m,
-       round(count(*) FILTER (WHERE o.finished_at >= now() - interval '15 minutes') / 900.0, 2) AS per_second_15m,
-       pgfence._executor_serving('outbox', o.channel)                                       AS executors,
-       count(*) FILTER (WHERE o.status = 'pending' AND o.next_attempt_at <= now()) > 0
-         AND pgfence._executor_serving('outbox', o.channel) = 0                             AS unserved,
-       count(*) FILTER (WHERE o.status IN ('sent', 'failed', 'dead'))                       AS finished
-FROM pgfence.outbox o
-GROUP BY o.channel
-UNION ALL
-SELECT 'plan', '*',
-       count(*) FILTER (WHERE p.status = 'approved'
-                           OR (p.status = 'executing' AND p.worker IS NULL
-                               AND (p.heartbeat_expires_at >= now() OR x.executors = 0))),
-       count(*) FILTER (WHERE p.status = 'pending'),
-       NULL::bigint,
-       count(*) FILTER (WHERE p.status = 'executing' AND p.worker IS NOT NULL),
-       count(*) FILTER (WHERE p.status = 'executing' AND p.heartbeat_expires_at < now()
-                          AND (p.worker IS NOT NULL OR x.executors > 0)),
-       now() - min(p.approved_at) FILTER (WHERE p.status = 'approved'),
-       NULL::timestamptz,
-       count(*) FILTER (WHERE p.status = 'executed' AND p.finished_at >= now() - interval '5 minutes'),
-       count(*) FILTER (WHERE p.status = 'failed' AND p.finished_at >= now() - interval '5 minutes'),
-       round(count(*) FILTER (WHERE p.status IN ('executed', 'failed') AND p.finished_at >= now() - interval '5 minutes') / 300.0, 2),
-       count(*) FILTER (WHERE p.status = 'failed'),
-       NULL::bigint,
-       (SELECT t.n_dead_tup FROM pg_catalog.pg_stat_user_tables t WHERE t.relid = 'pgfence.plan'::regclass),
-       (SELECT c.held_by FROM cleanup c),
-       round(count(*) FILTER (WHERE p.status IN ('executed', 'failed') AND p.finished_at >= now() - interval '1 minute') / 60.0, 2),
-       round(count(*) FILTER (WHERE p.status IN ('executed', 'failed') AND p.finished_at >= now() - interval '15 minutes') / 900.0, 2),
-       min(x.executors),
-       count(*) FILTER (WHERE p.status = 'approved' OR (p.status = 'executing' AND p.worker IS NULL)) > 0
-         AND min(x.executors) = 0,
-       count(*) FILTER (WHERE p.status IN ('executed', 'failed'))
-FROM pgfence.plan p
-CROSS JOIN (SELECT pgfence._executor_serving('plan', '*') AS executors) x
-HAVING count(*) > 0
-UNION ALL
-SELECT 'operation', o.kind,
-       count(*) FILTER (WHERE o.status = 'queued'),
-       NULL::bigint,
-       NULL::bigint,
-       count(*) FILTER (WHERE o.status = 'running'),
-       count(*) FILTER (WHERE o.status = 'running' AND o.lease_expires_at < now()),
-       now() - min(o.created_at) FILTER (WHERE o.status = 'queued'),
-       NULL::timestamptz,
-       count(*) FILTER (WHERE o.status = 'succeeded' AND o.finished_at >= now() - interval '5 minutes'),
-       count(*) FILTER (WHERE o.status = 'failed' AND o.finished_at >= now() - interval '5 minutes'),
-       round(count(*) FILTER (WHERE o.finished_at >= now() - interval '5 minutes') / 300.0, 2),
-       count(*) FILTER (WHERE o.status = 'failed'),
-       NULL::bigint,
-       (SELECT t.n_dead_tup FROM pg_catalog.pg_stat_user_tables t WHERE t.relid = 'pgfence.operation'::regclass),
-       (SELECT c.held_by FROM cleanup c),
-       round(count(*) FILTER (WHERE o.finished_at >= now() - interval '1 minute') / 60.0, 2),
-       round(count(*) FILTER (WHERE o.finished_at >= now() - interval '15 minutes') / 900.0, 2),
-       pgfence._executor_serving('operation', o.kind),
-       count(*) FILTER (WHERE o.status = 'queued') > 0
-         AND pgfence._executor_serving('operation', o.kind) = 0,
-       count(*) FILTER (WHERE o.status IN ('succeeded', 'failed'))
-FROM pgfence.operation o
-GROUP BY o.kind;
+SELECT q.module,
+       q.queue,
+       coalesce(q.ready, 0)                                                               AS ready,
+       CASE WHEN q.module <> 'operation' THEN coalesce(q.deferred, 0) END                 AS deferred,
+       CASE WHEN q.module = 'outbox' THEN coalesce(q.in_backoff, 0) END                   AS in_backoff,
+       coalesce(q.in_flight, 0)                                                           AS in_flight,
+       coalesce(q.lapsed, 0)                                                              AS lapsed,
+       q.oldest_ready_age                                                                 AS oldest_ready_age,
+       q.next_due_at                                                                      AS next_due_at,
+       coalesce(q.done_5m, 0)                                                             AS done_5m,
+       coalesce(q.failed_5m, 0)                                                           AS failed_5m,
+       round(coalesce(q.n_5m, 0) / 300.0, 2)                                              AS per_second_5m,
+       coalesce(q.failed, 0)                                                              AS failed,
+       CASE WHEN q.module = 'outbox' THEN coalesce(q.dead, 0) END                         AS dead,
+       (SELECT t.n_dead_tup FROM pg_catalog.pg_stat_user_tables t
+        WHERE t.relid = ('pgfence.' || q.module)::regclass)                               AS dead_rows,
+       (SELECT c.held_by FROM cleanup c)                                                  AS cleanup_held_by,
+       round(coalesce(q.n_1m, 0) / 60.0, 2)                                               AS per_second_1m,
+       round(coalesce(q.n_15m, 0) / 900.0, 2)                                             AS per_second_15m,
+       coalesce(q.executors, pgfence._executor_serving(q.module, q.queue))                AS executors,
+       coalesce(q.unserved, false)                                                        AS unserved,
+       coalesce(q.n_finished, 0)                                                          AS finished
+FROM q;
 REVOKE ALL ON pgfence.audit_queue_health FROM PUBLIC;
 GRANT SELECT ON pgfence.audit_queue_health TO pgfence_admin, pg_monitor;
 COMMENT ON VIEW pgfence.audit_queue_health IS
   'Queue health by the database clock: one row per outbox channel, per operation kind, all plans.
-The plans'' row has queue ''*''. NULL = does not apply to the module. unserved flags due work
-that no live executor serves (pgfence.audit_executors); a plan run released to executors while
-none serves plans counts as ready (it waits), not lapsed. Counts every row: after a
-long run without purge this scans the whole outbox, like outbox_summary. \d+ explains each
-column.';
-COMMENT ON COLUMN pgfence.audit_queue_health.module IS 'outbox, plan or operation.';
-COMMENT ON COLUMN pgfence.audit_queue_health.queue IS
-  'The outbox channel or the operation kind; ''*'' for all plans.';
-COMMENT ON COLUMN pgfence.audit_queue_health.ready IS
-  'Waiting and due now (outbox: pending and due; plan: approved, or released between steps; operation: queued).';
-COMMENT ON COLUMN pgfence.audit_queue_health.deferred IS
-  'Waiting but not due (outbox: pending with a future due time, backoff or deliver_at; plan: proposals awaiting approval).';
-COMMENT ON COLUMN pgfence.audit_queue_health.in_backoff IS
-  'Outbox: messages waiting out a retry backoff (pending, attempts > 0, not yet due).';
-COMMENT ON COLUMN pgfence.audit_queue_health.in_flight IS
-  'Owned right now (processing, executing with a worker, running).';
-COMMENT ON COLUMN pgfence.audit_queue_health.lapsed IS
-  'Owned past the lease or heartbeat (see pgfence.audit_stuck).';
-COMMENT ON COLUMN pgfence.audit_queue_health.oldest_ready_age IS
-  'How long the longest-waiting ready item has waited (since due, approved or requested).';
-COMMENT ON COLUMN pgfence.audit_queue_health.next_due_at IS
-  'Outbox: the next deferred message''s due time.';
+The plans'' row has queue ''*''. NULL = does not apply to the module. The depths (ready,
+deferred, in flight, lapsed, failed, dead, unserved) are those of audit_queue_depth; unserved
+flags due work that no live executor serves (pgfence.audit_executors); a plan run released to
+executors while none serves plans counts as ready (it waits), not lapsed. The finished counts
+and rates read every row: after a long run without purge this scans the whole tables, like
+outbox_summary (audit_queue_depth and audit_metrics do not). \d+ explains each column.';
+-- The columns it shares with audit_queue_depth mean the same: their comments are copied from there.
+DO $$
+DECLARE r record;
+BEGIN
+  FOR r IN SELECT a.attname, col_description(a.attrelid, a.attnum) AS txt
+           FROM pg_catalog.pg_attribute a
+           WHERE a.attrelid = 'pgfence.audit_queue_depth'::regclass AND a.attnum > 0
+  LOOP
+    EXECUTE format('COMMENT ON COLUMN pgfence.audit_queue_health.%I IS %L', r.attname, r.txt);
+  END LOOP;
+END
+$$;
 COMMENT ON COLUMN pgfence.audit_queue_health.done_5m IS
   'Finished successfully in the last 5 minutes (from the rows'' finished_at: works with the event log off).';
 COMMENT ON COLUMN pgfence.audit_queue_health.failed_5m IS
   'Finished unsuccessfully in the last 5 minutes (outbox failed or dead, plan or operation failed).';
 COMMENT ON COLUMN pgfence.audit_queue_health.per_second_5m IS
   'Everything finished in the last 5 minutes, per second (count / 300).';
-COMMENT ON COLUMN pgfence.audit_queue_health.failed IS
-  'Failed items still in the table (until purged).';
-COMMENT ON COLUMN pgfence.audit_queue_health.dead IS
-  'Outbox: dead messages still in the table (until purged).';
 COMMENT ON COLUMN pgfence.audit_queue_health.dead_rows IS
   'Dead row versions in the module''s table not yet vacuumed (pg_stat_user_tables.n_dead_tup; see audit_table_health).';
 COMMENT ON COLUMN pgfence.audit_queue_health.cleanup_held_by IS
@@ -224,10 +304,6 @@ COMMENT ON COLUMN pgfence.audit_queue_health.per_second_1m IS
   'Everything finished in the last minute, per second (count / 60): the rate of a drain now.';
 COMMENT ON COLUMN pgfence.audit_queue_health.per_second_15m IS
   'Everything finished in the last 15 minutes, per second (count / 900).';
-COMMENT ON COLUMN pgfence.audit_queue_health.executors IS
-  'Live executors serving this queue (pgfence.audit_executors: registered, heard from within three heartbeat intervals).';
-COMMENT ON COLUMN pgfence.audit_queue_health.unserved IS
-  'True when the queue has ready work and no live executor serves it: nothing will take it until one starts.';
 COMMENT ON COLUMN pgfence.audit_queue_health.finished IS
   'Finished items still in the table (done or failed): two readings a few seconds apart give the rate of a drain now (pgfence status --watch).';
 

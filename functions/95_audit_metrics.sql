@@ -7,71 +7,15 @@
 -- query, a Grafana PostgreSQL panel) can read the same rows. Metric names follow Prometheus
 -- conventions (docs/metrics.md has the table). Read-only, for pgfence_admin, pg_monitor and
 -- pgfence_executor (an executor serves them on /metrics).
--- The depths read only live and failed rows through partial indexes (migration 0021), never the
--- sent or finished history; stuck items, duplicates and executors come from audit_stuck,
--- audit_duplicates and audit_executors. Time: now(), the database clock.
+-- The depths are audit_queue_depth's (91_audit_health.sql: live and failed rows through partial
+-- indexes, migration 0021, never the sent or finished history); stuck items, duplicates and
+-- executors come from audit_stuck, audit_duplicates and audit_executors. Time: now(), the
+-- database clock.
 
 CREATE OR REPLACE VIEW pgfence.audit_metrics AS
--- The depths read only live and failed rows, each through its partial index (migration 0021):
--- never the sent or finished history, however much of it is kept before a purge.
-WITH ob_pending AS (  -- outbox_channel_due_idx
-  SELECT o.channel AS queue,
-         count(*) FILTER (WHERE o.next_attempt_at <= now()) AS ready,
-         count(*) FILTER (WHERE o.next_attempt_at > now())  AS deferred,
-         min(o.next_attempt_at) FILTER (WHERE o.next_attempt_at <= now()) AS oldest_ready_at
-  FROM pgfence.outbox o WHERE o.status = 'pending' GROUP BY o.channel
-), ob_flight AS (  -- outbox_lease_idx
-  SELECT o.channel AS queue, count(*) AS in_flight,
-         count(*) FILTER (WHERE o.lease_expires_at < now()) AS lapsed
-  FROM pgfence.outbox o WHERE o.status = 'processing' GROUP BY o.channel
-), ob_failed AS (  -- outbox_failed_idx
-  SELECT o.channel AS queue, count(*) FILTER (WHERE o.status = 'failed') AS failed,
-         count(*) FILTER (WHERE o.status = 'dead') AS dead
-  FROM pgfence.outbox o WHERE o.status IN ('failed', 'dead') GROUP BY o.channel
-), ob AS (  -- every channel with a live or failed message, or configured
-  SELECT c.queue, coalesce(p.ready, 0) AS ready, coalesce(p.deferred, 0) AS deferred,
-         coalesce(f.in_flight, 0) AS in_flight, coalesce(f.lapsed, 0) AS lapsed,
-         coalesce(d.failed, 0) AS failed, coalesce(d.dead, 0) AS dead,
-         now() - p.oldest_ready_at AS oldest_ready_age
-  FROM (SELECT queue FROM ob_pending UNION SELECT queue FROM ob_flight UNION SELECT queue FROM ob_failed
-        UNION SELECT ch.channel FROM pgfence.outbox_channel ch WHERE ch.channel <> '*') c
-  LEFT JOIN ob_pending p USING (queue) LEFT JOIN ob_flight f USING (queue) LEFT JOIN ob_failed d USING (queue)
-), pl AS (  -- plan_status_idx: live and failed runs only
-  SELECT count(*) FILTER (WHERE p.status = 'approved'
-                             OR (p.status = 'executing' AND p.worker IS NULL
-                                 AND (p.heartbeat_expires_at >= now() OR x.executors = 0))) AS ready,
-         count(*) FILTER (WHERE p.status = 'pending') AS deferred,
-         count(*) FILTER (WHERE p.status = 'executing' AND p.worker IS NOT NULL) AS in_flight,
-         count(*) FILTER (WHERE p.status = 'executing' AND p.heartbeat_expires_at < now()
-                            AND (p.worker IS NOT NULL OR x.executors > 0)) AS lapsed,
-         count(*) FILTER (WHERE p.status = 'failed') AS failed,
-         now() - min(p.approved_at) FILTER (WHERE p.status = 'approved') AS oldest_ready_age,
-         count(*) FILTER (WHERE p.status = 'approved' OR (p.status = 'executing' AND p.worker IS NULL)) AS waiting,
-         min(x.executors) AS executors
-  FROM pgfence.plan p
-  CROSS JOIN (SELECT pgfence._executor_serving('plan', '*') AS executors) x
-  WHERE p.status IN ('approved', 'pending', 'executing', 'failed')
-), op AS (  -- operation_kind_queued_idx, operation_one_in_flight, operation_failed_idx
-  SELECT o.kind AS queue, count(*) FILTER (WHERE o.status = 'queued') AS ready,
-         count(*) FILTER (WHERE o.status = 'running') AS in_flight,
-         count(*) FILTER (WHERE o.status = 'running' AND o.lease_expires_at < now()) AS lapsed,
-         count(*) FILTER (WHERE o.status = 'failed') AS failed,
-         now() - min(o.created_at) FILTER (WHERE o.status = 'queued') AS oldest_ready_age
-  FROM pgfence.operation o WHERE o.status IN ('queued', 'running', 'failed') GROUP BY o.kind
-), q AS (
-  SELECT 'outbox'::text AS module, ob.queue, ob.ready, ob.deferred, ob.in_flight, ob.lapsed,
-         ob.failed, ob.dead, ob.oldest_ready_age,
-         ob.ready > 0 AND pgfence._executor_serving('outbox', ob.queue) = 0 AS unserved
-  FROM ob
-  UNION ALL
-  SELECT 'plan', '*', pl.ready, pl.deferred, pl.in_flight, pl.lapsed, pl.failed, NULL::bigint,
-         pl.oldest_ready_age, pl.waiting > 0 AND pl.executors = 0
-  FROM pl WHERE pl.deferred + pl.waiting + pl.in_flight + pl.failed > 0
-  UNION ALL
-  SELECT 'operation', op.queue, op.ready, NULL::bigint, op.in_flight, op.lapsed, op.failed, NULL::bigint,
-         op.oldest_ready_age, op.ready > 0 AND pgfence._executor_serving('operation', op.queue) = 0
-  FROM op
-),
+-- The depths come from audit_queue_depth (91_audit_health.sql): live and failed rows only, each
+-- through its partial index, never the sent or finished history.
+WITH q AS (SELECT * FROM pgfence.audit_queue_depth),
      m(module) AS (VALUES ('outbox'), ('plan'), ('operation'))
 SELECT 'pgfence_queue_depth'::text AS metric, q.module, q.queue, s.status,
        s.value::double precision AS value

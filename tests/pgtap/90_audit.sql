@@ -5,7 +5,7 @@
 -- real rolled-back transaction, CALL audit_purge, which commits) use dblink peers and clean up.
 BEGIN;
 \ir helpers/setup.sql
-SELECT plan(159);
+SELECT plan(161);
 
 CREATE FUNCTION public.tap_audit_noop(p jsonb) RETURNS jsonb LANGUAGE sql AS $$ SELECT p $$;
 SELECT pgfence.plan_register_action('tap-au.noop', 'public.tap_audit_noop(jsonb)', 'does nothing (audit tests)');
@@ -30,6 +30,7 @@ SELECT has_view('pgfence', 'audit_stuck', 'audit_stuck view');
 SELECT has_view('pgfence', 'audit_owned', 'audit_owned view');
 SELECT has_view('pgfence', 'audit_duplicates', 'audit_duplicates view');
 SELECT has_view('pgfence', 'audit_queue_health', 'audit_queue_health view');
+SELECT has_view('pgfence', 'audit_queue_depth', 'audit_queue_depth view');
 SELECT has_view('pgfence', 'audit_documents', 'audit_documents view');
 SELECT has_function('pgfence', 'audit_owner_of', ARRAY['text','bigint'], 'audit_owner_of(module, id) signature');
 SELECT has_function('pgfence', 'audit_timeline', ARRAY['text','bigint'], 'audit_timeline(module, id) signature');
@@ -54,12 +55,12 @@ SELECT function_privs_are('pgfence', 'audit_purge', ARRAY['text','interval','int
 SELECT function_privs_are('pgfence', 'audit_purge', ARRAY['text','interval','integer','bigint'], 'pg_monitor', ARRAY[]::text[], 'pg_monitor may not purge');
 SELECT function_privs_are('pgfence', '_audit_purge_batch', ARRAY['text','timestamp with time zone','bigint','integer'], 'pg_monitor', ARRAY[]::text[], 'pg_monitor may not run a purge batch');
 SELECT is(
-  (SELECT array_agg(v ORDER BY v) FROM unnest(ARRAY['audit_stuck','audit_owned','audit_duplicates','audit_queue_health',
+  (SELECT array_agg(v ORDER BY v) FROM unnest(ARRAY['audit_stuck','audit_owned','audit_duplicates','audit_queue_health','audit_queue_depth',
                                                     'audit_documents','outbox_summary','outbox_leases','operation_in_flight']) AS v
    WHERE NOT (has_table_privilege('pg_monitor', 'pgfence.' || v, 'SELECT') AND has_table_privilege('pgfence_admin', 'pgfence.' || v, 'SELECT'))),
   NULL, 'pg_monitor and pgfence_admin may read every audit and summary view');
 SELECT is(
-  (SELECT array_agg(v ORDER BY v) FROM unnest(ARRAY['audit_stuck','audit_owned','audit_duplicates','audit_queue_health','audit_documents']) AS v
+  (SELECT array_agg(v ORDER BY v) FROM unnest(ARRAY['audit_stuck','audit_owned','audit_duplicates','audit_queue_health','audit_queue_depth','audit_documents']) AS v
    WHERE has_table_privilege('pgfence_client', 'pgfence.' || v, 'SELECT') OR has_table_privilege('pgfence_executor', 'pgfence.' || v, 'SELECT')),
   NULL, 'clients and executors may not read the audit views');
 SELECT is(
@@ -300,6 +301,15 @@ SELECT results_eq(
   $$SELECT deferred, ready FROM pgfence.audit_queue_health WHERE module = 'plan'$$,
   $$SELECT deferred + 1, ready FROM qh_before$$,
   'queue health of plans: a new proposal waits for approval (deferred), it is not ready to run');
+SELECT is(
+  (SELECT count(*) FROM (
+     SELECT module, queue, ready, deferred, in_backoff, in_flight, lapsed, failed, dead, oldest_ready_age,
+            next_due_at, executors, unserved FROM pgfence.audit_queue_depth
+     EXCEPT
+     SELECT module, queue, ready, deferred, in_backoff, in_flight, lapsed, failed, dead, oldest_ready_age,
+            next_due_at, executors, unserved FROM pgfence.audit_queue_health) x),
+  0::bigint,
+  'audit_queue_depth: every row is the depth part of its queue''s audit_queue_health row (one definition of ready, lapsed, unserved)');
 
 -- =============================================================================================
 -- Documents: recent conflicts, most revisions, timeline
