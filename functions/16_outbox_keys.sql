@@ -293,7 +293,11 @@ DECLARE
 BEGIN
   SELECT array_agg(n.channel), array_agg(n.ordering_key) INTO v_channels, v_keys
   FROM outbox_turns_ended n
-  WHERE n.ordering_key IS NOT NULL AND n.status IN ('sent', 'failed', 'dead', 'canceled', 'waiting');
+  WHERE n.ordering_key IS NOT NULL AND n.status IN ('sent', 'failed', 'dead', 'canceled', 'waiting')
+    -- a hand-off (_outbox_keys_hand_off): the statement claimed the key's next turns itself
+    AND NOT EXISTS (SELECT 1 FROM outbox_turns_ended h
+                    WHERE h.status = 'processing' AND h.claimed_at = now()
+                      AND h.channel = n.channel AND h.ordering_key = n.ordering_key);
   IF v_keys IS NOT NULL THEN
     PERFORM pgfence._outbox_keys_decide(v_channels, v_keys);
   END IF;
@@ -306,7 +310,9 @@ COMMENT ON FUNCTION pgfence.tg_outbox_keys_turns_ended() IS
 AFTER UPDATE statement trigger on pgfence.outbox with the updated rows as a transition table:
 the keys of rows left sent, failed, dead, canceled or waiting (requeued) go to one
 _outbox_keys_decide (the global lock order), in the settling transaction, so that a claim in the
-same call (outbox_settle_and_claim) sees each key''s next message.';
+same call (outbox_settle_and_claim) sees each key''s next message. A key of which the statement
+also claimed a message (a row left processing, claimed at now()) is skipped: only a hand-off
+(_outbox_keys_hand_off) does both, and it has taken the key''s next turns itself.';
 
 CREATE OR REPLACE FUNCTION pgfence.tg_outbox_key_deleted()
 RETURNS trigger
@@ -347,3 +353,152 @@ CREATE OR REPLACE TRIGGER outbox_key_deleted
   FOR EACH ROW
   WHEN (OLD.ordering_key IS NOT NULL AND OLD.status IN ('pending', 'processing', 'failed', 'dead'))
   EXECUTE FUNCTION pgfence.tg_outbox_key_deleted();
+
+-- ---------------------------------------------------------------------------------------------
+-- The hand-off (outbox_settle_and_claim): a settled message's key goes on with the same worker
+--
+-- When a claim round settles a keyed message and has room to claim, the key's next message (if
+-- due now) goes waiting -> processing straight to the same worker, fenced and leased like a claim,
+-- in the same UPDATE that marks the settled one sent: instead of waiting -> pending (a decision)
+-- and pending -> processing (a claim), one write of the row, one walk of the due index and one
+-- decision fewer per keyed message. One leaves, one enters: the key's turns are counted as a
+-- decision counts them, without the messages this round settles, so order (id order) and
+-- key_max_in_flight hold exactly as at a decision. A key is handed off whole or not at all:
+-- all the messages a decision would promote (key_max_in_flight minus the turns it holds, or all
+-- that wait if fewer) must be due now and fit in the round's batch; then that UPDATE's decision
+-- (tg_outbox_keys_turns_ended) is skipped for the key: it would promote nothing. Any other key
+-- (a message not yet due, a key with a rate, no room left) is settled by outbox_mark_sent_many
+-- and decided by its trigger, as without the hand-off.
+-- ---------------------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION pgfence._outbox_keys_hand_off(
+  p_ids      bigint[],
+  p_attempts integer[],
+  p_receipts jsonb[],
+  p_worker   text,
+  p_batch    integer,
+  p_channels text[],
+  p_lease    interval
+)
+RETURNS TABLE (
+  handed           boolean,
+  id               bigint,
+  channel          text,
+  recipient        text,
+  payload          jsonb,
+  idempotency_key  text,
+  attempt          integer,
+  max_attempts     integer,
+  lease            interval,
+  lease_expires_at timestamptz,
+  created_at       timestamptz
+)
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pgfence, pg_temp
+SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
+SET enable_bitmapscan = off
+AS $$
+#variable_conflict use_column
+DECLARE
+  v_settled  bigint[];
+  v_channels text[];
+  v_keys     text[];
+  v_receipts jsonb[];
+  c_waiting  CONSTANT text := 'waiting';     -- docs/query-plans.md#constants-instead-of-literals
+  c_processing CONSTANT text := 'processing';
+BEGIN
+  -- The keyed messages this round settles: fenced exactly as outbox_mark_sent_many fences them,
+  -- and locked in id order as it locks them, so that each is still processing under its attempt
+  -- when the UPDATE below marks it sent.
+  SELECT array_agg(s.id), array_agg(s.channel), array_agg(s.ordering_key), array_agg(s.receipt)
+    INTO v_settled, v_channels, v_keys, v_receipts
+  FROM (SELECT o.id, o.channel, o.ordering_key, u.receipt
+        FROM pgfence.outbox o JOIN unnest(p_ids, p_attempts, p_receipts) AS u(id, attempt, receipt) ON o.id = u.id
+        WHERE o.attempts = u.attempt AND o.status = c_processing AND o.ordering_key IS NOT NULL
+          AND (p_channels IS NULL OR o.channel = ANY (p_channels))
+        ORDER BY o.id
+        FOR UPDATE OF o) s;
+  IF v_settled IS NULL THEN
+    RETURN;
+  END IF;
+  -- The keys' locks, in the global order of every decision (_outbox_keys_decide).
+  INSERT INTO pgfence.outbox_key AS k (channel, ordering_key)
+  SELECT d.c, d.k FROM (SELECT DISTINCT u.c, u.k FROM unnest(v_channels, v_keys) AS u(c, k)) d
+  ORDER BY d.c COLLATE "C", d.k COLLATE "C"
+  ON CONFLICT (channel, ordering_key) DO UPDATE SET decisions = k.decisions + 1, updated_at = now();
+
+  RETURN QUERY
+  WITH settled AS (
+    SELECT u.id, u.c AS channel, u.k AS ordering_key, u.receipt
+    FROM unnest(v_settled, v_channels, v_keys, v_receipts) AS u(id, c, k, receipt)
+  ), keys AS (
+    SELECT DISTINCT settled.channel, settled.ordering_key FROM settled
+  ), rules AS MATERIALIZED (  -- one settings lookup per channel, not per key
+    SELECT ch.channel, s.key_max_in_flight, s.key_rate, s.key_dead_policy, s.limit_key,
+           coalesce(p_lease, s.lease) AS lease
+    FROM (SELECT DISTINCT keys.channel FROM keys) ch, LATERAL pgfence._outbox_settings(ch.channel) s
+  ), st AS (  -- the turns each key has free once this round's settle is done (as a decision counts)
+    SELECT keys.channel, keys.ordering_key, rules.key_max_in_flight - c.live AS room, rules.lease
+    FROM keys JOIN rules ON rules.channel = keys.channel,
+    LATERAL (SELECT count(*) FILTER (WHERE o.id <> ALL (v_settled)
+                                       AND (o.status IN ('pending', 'processing')
+                                            OR (o.status IN ('failed', 'dead') AND rules.key_dead_policy = 'block'
+                                                AND NOT pgfence._outbox_key_derived(rules.limit_key, keys.ordering_key)))) AS live
+             FROM pgfence.outbox o
+             WHERE o.channel = keys.channel AND o.ordering_key = keys.ordering_key
+               AND o.status <> 'sent' AND o.status <> 'canceled') c  -- matches outbox_key_idx
+    WHERE rules.key_rate IS NULL
+  ), next AS (  -- what a decision would promote: the oldest waiting messages the room allows
+    SELECT st.channel, st.ordering_key, st.lease, w.id, w.next_attempt_at FROM st,
+    LATERAL (SELECT o2.id, o2.next_attempt_at FROM pgfence.outbox o2
+             WHERE o2.channel = st.channel AND o2.ordering_key = st.ordering_key
+               AND o2.status <> 'sent' AND o2.status <> 'canceled' AND o2.status = c_waiting
+             ORDER BY o2.id
+             LIMIT greatest(st.room, 0)) w
+  ), ready AS (  -- keys whose next messages are all due now, earliest due first
+    SELECT next.channel, next.ordering_key, count(*) AS n,
+           sum(count(*)) OVER (ORDER BY min(next.next_attempt_at), min(next.id)) AS upto
+    FROM next GROUP BY next.channel, next.ordering_key
+    HAVING bool_and(next.next_attempt_at <= now())
+  ), moves AS (  -- the handed keys, whole, within the batch: their next messages and their settled ones
+    SELECT next.id, true AS handed, next.lease, NULL::jsonb AS receipt
+    FROM next JOIN ready USING (channel, ordering_key) WHERE ready.upto <= p_batch
+    UNION ALL
+    SELECT settled.id, false, NULL::interval, settled.receipt
+    FROM settled JOIN ready USING (channel, ordering_key) WHERE ready.upto <= p_batch
+  ), moved AS (
+    UPDATE pgfence.outbox o
+    SET status = CASE WHEN m.handed THEN 'processing' ELSE 'sent' END,
+        attempts = CASE WHEN m.handed THEN o.attempts + 1 ELSE o.attempts END,
+        locked_by = CASE WHEN m.handed THEN p_worker END,
+        lease_expires_at = CASE WHEN m.handed THEN now() + m.lease END,
+        claimed_at = CASE WHEN m.handed THEN now() ELSE o.claimed_at END,
+        finished_at = CASE WHEN m.handed THEN NULL ELSE now() END,
+        receipt = CASE WHEN m.handed THEN o.receipt ELSE m.receipt END,
+        last_error = CASE WHEN m.handed THEN o.last_error END,
+        updated_at = now()
+    FROM moves m
+    WHERE o.id = m.id AND o.status = CASE WHEN m.handed THEN c_waiting ELSE c_processing END
+    RETURNING m.handed, o.id, o.channel, o.recipient, o.payload, o.idempotency_key, o.attempts,
+              o.max_attempts, o.lease_expires_at - now() AS lease, o.lease_expires_at,
+              o.created_at, o.next_attempt_at AS due_at)
+  SELECT m.handed, m.id, m.channel, m.recipient, m.payload, m.idempotency_key, m.attempts,
+         m.max_attempts, m.lease, m.lease_expires_at, m.created_at
+  FROM moved m ORDER BY m.handed, m.due_at, m.id;
+END
+$$;
+REVOKE ALL ON FUNCTION pgfence._outbox_keys_hand_off(bigint[], integer[], jsonb[], text, integer, text[], interval) FROM PUBLIC;
+COMMENT ON FUNCTION pgfence._outbox_keys_hand_off(bigint[], integer[], jsonb[], text, integer, text[], interval) IS
+  'Private: settle a round''s keyed messages and claim their keys'' next ones for p_worker, at once.
+Called by outbox_settle_and_claim before its settle, with the settle''s (id, attempt, receipt)
+triples. Locks the fenced keyed messages among them (processing under that attempt, of
+p_channels) in id order and their keys in the global order. A key is handed off when every
+message a decision would promote (its oldest waiting ones, id order, up to key_max_in_flight
+minus the turns it holds besides the settled ones) is due now and they fit in p_batch (keys by
+earliest due); never on a channel with a key_rate. One UPDATE then marks the key''s settled
+messages sent (as outbox_mark_sent_many) and moves its next ones waiting -> processing (attempts
++ 1, owner p_worker, lease p_lease or the channel''s, as outbox_claim); its statement trigger
+skips the decision of those keys. Returns the settled ones (handed false, id only meaningful)
+and the claimed ones (handed true, the columns of outbox_claim). The caller validates worker
+and lease, and settles the other triples. Errors: 40001 (REPEATABLE READ or SERIALIZABLE: a
+concurrent decision on a key; retry).';

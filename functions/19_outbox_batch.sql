@@ -8,6 +8,31 @@
 -- the claim is committed before the call returns, so before any of its deliveries starts.
 -- Errors: functions/ERRORS.md.
 
+CREATE OR REPLACE FUNCTION pgfence._outbox_check_claimer(p_worker text, p_lease interval)
+RETURNS void
+LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, pgfence, pg_temp
+AS $$
+BEGIN
+  -- The same checks, errors and messages as outbox_claim's (a hand-off is a claim).
+  IF p_worker IS NULL OR p_worker = '' OR length(p_worker) > 200 THEN
+    RAISE EXCEPTION 'outbox: worker must be a non-empty name of at most 200 characters'
+      USING ERRCODE = '22023', DETAIL = 'The worker name is recorded as the owner of every message it claims.',
+            HINT = 'Use something an operator can trace, e.g. host:pid.';
+  END IF;
+  IF p_lease IS NOT NULL AND (p_lease <= interval '0' OR p_lease > interval '1 day') THEN
+    RAISE EXCEPTION 'outbox: lease must be positive and at most 1 day, got %', p_lease
+      USING ERRCODE = '22023', DETAIL = 'A lease longer than a day would keep a crashed worker''s messages for that long; nothing was claimed.',
+            HINT = 'Pass NULL for the channel''s lease, or e.g. interval ''5 minutes''.';
+  END IF;
+END
+$$;
+REVOKE ALL ON FUNCTION pgfence._outbox_check_claimer(text, interval) FROM PUBLIC;
+COMMENT ON FUNCTION pgfence._outbox_check_claimer(text, interval) IS
+  'Private: raises unless worker and lease are valid for a claim (those of outbox_claim).
+Used by outbox_settle_and_claim before a hand-off, which claims without calling outbox_claim.
+Errors: 22023 (empty or over-long worker, lease not in (0, 1 day]).';
+
 CREATE OR REPLACE FUNCTION pgfence.outbox_settle_and_claim(
   p_ids      bigint[],
   p_attempts integer[],
@@ -35,7 +60,9 @@ LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pgfence, pg_temp
 AS $$
 DECLARE
-  v_sent bigint[] := '{}';
+  v_sent   bigint[] := '{}';
+  v_handed integer := 0;
+  r        record;
 BEGIN
   -- Checked before anything is written, so that a bad batch never leaves a half-done call.
   IF p_batch IS NULL OR p_batch NOT BETWEEN 0 AND 10000 THEN
@@ -44,16 +71,44 @@ BEGIN
             DETAIL = 'batch is how many messages to claim after settling; 0 settles only.',
             HINT = 'Claim at most as many messages as you can deliver within one lease.';
   END IF;
-  -- The settle first: its errors (22004, 22023, P0002) abort the call before anything is claimed.
+  -- The hand-off (16_outbox_keys.sql): the keyed messages of this round whose keys' next
+  -- messages are due are settled together with the claim of those, for this worker; those rows
+  -- count against the batch. Only with room to claim and well-formed arrays (the settle below
+  -- raises for the others), worker and lease checked first as outbox_claim checks them.
+  IF p_batch > 0 AND cardinality(p_ids) > 0 AND cardinality(p_ids) = cardinality(p_attempts)
+     AND (p_receipts IS NULL OR cardinality(p_receipts) = cardinality(p_ids)) THEN
+    PERFORM pgfence._outbox_check_claimer(p_worker, p_lease);
+    FOR r IN SELECT * FROM pgfence._outbox_keys_hand_off(p_ids, p_attempts, p_receipts, p_worker,
+                                                          p_batch, p_channels, p_lease) LOOP
+      IF r.handed THEN
+        id := r.id; channel := r.channel; recipient := r.recipient; payload := r.payload;
+        idempotency_key := r.idempotency_key; attempt := r.attempt; max_attempts := r.max_attempts;
+        lease := r.lease; lease_expires_at := r.lease_expires_at; created_at := r.created_at;
+        sent := NULL; next_due := NULL;
+        RETURN NEXT;
+        v_handed := v_handed + 1;
+      ELSE
+        v_sent := v_sent || r.id;
+      END IF;
+    END LOOP;
+    IF cardinality(v_sent) > 0 THEN  -- the others are settled below
+      SELECT coalesce(array_agg(u.id ORDER BY u.i), '{}'), coalesce(array_agg(u.attempt ORDER BY u.i), '{}'),
+             CASE WHEN p_receipts IS NOT NULL THEN coalesce(array_agg(u.receipt ORDER BY u.i), '{}') END
+        INTO p_ids, p_attempts, p_receipts
+      FROM unnest(p_ids, p_attempts, p_receipts) WITH ORDINALITY AS u(id, attempt, receipt, i)
+      WHERE u.id <> ALL (v_sent);
+    END IF;
+  END IF;
+  -- The settle: its errors (22004, 22023, P0002) abort the whole call, hand-off included.
   IF p_ids IS NULL OR p_attempts IS NULL OR cardinality(p_ids) > 0 OR cardinality(p_attempts) > 0
      OR cardinality(p_receipts) > 0 THEN
-    v_sent := ARRAY(SELECT s FROM pgfence.outbox_mark_sent_many(p_ids, p_attempts, p_receipts) AS s);
+    v_sent := v_sent || ARRAY(SELECT s FROM pgfence.outbox_mark_sent_many(p_ids, p_attempts, p_receipts) AS s);
   END IF;
-  IF p_batch > 0 THEN
+  IF p_batch > v_handed THEN
     RETURN QUERY
     SELECT c.id, c.channel, c.recipient, c.payload, c.idempotency_key, c.attempt, c.max_attempts,
            c.lease, c.lease_expires_at, c.created_at, NULL::bigint[], NULL::interval
-    FROM pgfence.outbox_claim(p_worker, p_batch, p_channels, p_lease) c;
+    FROM pgfence.outbox_claim(p_worker, p_batch - v_handed, p_channels, p_lease) c;
   END IF;
   -- Last, one row with the settlement: a statement of its own, so it sees the claim above.
   RETURN QUERY
