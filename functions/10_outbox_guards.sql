@@ -107,6 +107,14 @@ BEGIN
                CASE WHEN NEW.status = 'processing' THEN NEW.locked_by
                     WHEN OLD.status = 'processing' THEN OLD.locked_by END));
   END IF;
+  -- A keyed message's turn ends (16_outbox_keys.sql): the statement's key decision
+  -- (outbox_keys_turns_ended) has work. Only a hint, read by that trigger's WHEN so that a
+  -- statement ending no keyed turn pays nothing for it: set, it makes the trigger look at the
+  -- statement's rows, which decide; a client who sets it can only cause such a look.
+  IF NEW.ordering_key IS NOT NULL AND NEW.status IN ('sent', 'failed', 'dead', 'canceled', 'waiting')
+     AND current_setting('pgfence.outbox_keys_turns_ended', true) IS DISTINCT FROM 'on' THEN
+    PERFORM set_config('pgfence.outbox_keys_turns_ended', 'on', true);
+  END IF;
   RETURN NEW;
 END
 $$;

@@ -291,6 +291,9 @@ DECLARE
   v_channels text[];
   v_keys     text[];
 BEGIN
+  -- The hint that brought us here (tg_outbox_guard) is spent: cleared before the decision,
+  -- whose own UPDATE (a promotion) must not fire this again.
+  PERFORM set_config('pgfence.outbox_keys_turns_ended', '', true);
   SELECT array_agg(n.channel), array_agg(n.ordering_key) INTO v_channels, v_keys
   FROM outbox_turns_ended n
   WHERE n.ordering_key IS NOT NULL AND n.status IN ('sent', 'failed', 'dead', 'canceled', 'waiting')
@@ -307,7 +310,10 @@ $$;
 REVOKE ALL ON FUNCTION pgfence.tg_outbox_keys_turns_ended() FROM PUBLIC;
 COMMENT ON FUNCTION pgfence.tg_outbox_keys_turns_ended() IS
   'Trigger: decides, once per UPDATE statement, the turns of the keys whose messages it ended.
-AFTER UPDATE statement trigger on pgfence.outbox with the updated rows as a transition table:
+AFTER UPDATE statement trigger on pgfence.outbox with the updated rows as a transition table,
+called only when tg_outbox_guard has seen a keyed row end its turn in the statement (the hint
+pgfence.outbox_keys_turns_ended, a transaction setting; a client who sets it only causes a
+decision over the statement''s real rows, which is always safe):
 the keys of rows left sent, failed, dead, canceled or waiting (requeued) go to one
 _outbox_keys_decide (the global lock order), in the settling transaction, so that a claim in the
 same call (outbox_settle_and_claim) sees each key''s next message. A key of which the statement
@@ -343,10 +349,13 @@ CREATE CONSTRAINT TRIGGER outbox_key_enqueued
 -- the key's next message; once per statement (a settle of 50 messages makes one decision).
 DROP TRIGGER IF EXISTS outbox_key_turn_ended ON pgfence.outbox;
 DROP TRIGGER IF EXISTS outbox_keys_turns_ended ON pgfence.outbox;
+-- The WHEN reads the hint tg_outbox_guard sets for a row that ends a keyed turn: a statement
+-- that ends none (every keyless claim and settle) does not call the function.
 CREATE TRIGGER outbox_keys_turns_ended
   AFTER UPDATE ON pgfence.outbox
   REFERENCING NEW TABLE AS outbox_turns_ended
   FOR EACH STATEMENT
+  WHEN (current_setting('pgfence.outbox_keys_turns_ended', true) = 'on')
   EXECUTE FUNCTION pgfence.tg_outbox_keys_turns_ended();
 CREATE OR REPLACE TRIGGER outbox_key_deleted
   AFTER DELETE ON pgfence.outbox
@@ -371,12 +380,12 @@ CREATE OR REPLACE TRIGGER outbox_key_deleted
 -- and decided by its trigger, as without the hand-off.
 -- ---------------------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION pgfence._outbox_keys_hand_off(
-  p_ids      bigint[],
-  p_attempts integer[],
+  p_settled  bigint[],
+  p_channels text[],
+  p_keys     text[],
   p_receipts jsonb[],
   p_worker   text,
   p_batch    integer,
-  p_channels text[],
   p_lease    interval
 )
 RETURNS TABLE (
@@ -400,61 +409,44 @@ SET enable_bitmapscan = off
 AS $$
 #variable_conflict use_column
 DECLARE
-  v_settled  bigint[];
-  v_channels text[];
-  v_keys     text[];
-  v_receipts jsonb[];
   c_waiting  CONSTANT text := 'waiting';     -- docs/query-plans.md#constants-instead-of-literals
   c_processing CONSTANT text := 'processing';
 BEGIN
-  -- The keyed messages this round settles: fenced exactly as outbox_mark_sent_many fences them,
-  -- and locked in id order as it locks them, so that each is still processing under its attempt
-  -- when the UPDATE below marks it sent.
-  SELECT array_agg(s.id), array_agg(s.channel), array_agg(s.ordering_key), array_agg(s.receipt)
-    INTO v_settled, v_channels, v_keys, v_receipts
-  FROM (SELECT o.id, o.channel, o.ordering_key, u.receipt
-        FROM pgfence.outbox o JOIN unnest(p_ids, p_attempts, p_receipts) AS u(id, attempt, receipt) ON o.id = u.id
-        WHERE o.attempts = u.attempt AND o.status = c_processing AND o.ordering_key IS NOT NULL
-          AND (p_channels IS NULL OR o.channel = ANY (p_channels))
-        ORDER BY o.id
-        FOR UPDATE OF o) s;
-  IF v_settled IS NULL THEN
-    RETURN;
-  END IF;
   -- The keys' locks, in the global order of every decision (_outbox_keys_decide).
   INSERT INTO pgfence.outbox_key AS k (channel, ordering_key)
-  SELECT d.c, d.k FROM (SELECT DISTINCT u.c, u.k FROM unnest(v_channels, v_keys) AS u(c, k)) d
+  SELECT d.c, d.k FROM (SELECT DISTINCT u.c, u.k FROM unnest(p_channels, p_keys) AS u(c, k)) d
   ORDER BY d.c COLLATE "C", d.k COLLATE "C"
   ON CONFLICT (channel, ordering_key) DO UPDATE SET decisions = k.decisions + 1, updated_at = now();
 
   RETURN QUERY
   WITH settled AS (
     SELECT u.id, u.c AS channel, u.k AS ordering_key, u.receipt
-    FROM unnest(v_settled, v_channels, v_keys, v_receipts) AS u(id, c, k, receipt)
+    FROM unnest(p_settled, p_channels, p_keys, p_receipts) AS u(id, c, k, receipt)
   ), keys AS (
     SELECT DISTINCT settled.channel, settled.ordering_key FROM settled
   ), rules AS MATERIALIZED (  -- one settings lookup per channel, not per key
     SELECT ch.channel, s.key_max_in_flight, s.key_rate, s.key_dead_policy, s.limit_key,
            coalesce(p_lease, s.lease) AS lease
     FROM (SELECT DISTINCT keys.channel FROM keys) ch, LATERAL pgfence._outbox_settings(ch.channel) s
-  ), st AS (  -- the turns each key has free once this round's settle is done (as a decision counts)
-    SELECT keys.channel, keys.ordering_key, rules.key_max_in_flight - c.live AS room, rules.lease
+  ), st AS (  -- per key, one walk of its unfinished messages (id order): the turns free once
+               -- this round's settle is done (as a decision counts them), and what waits
+    SELECT keys.channel, keys.ordering_key, rules.lease,
+           greatest(rules.key_max_in_flight - c.live, 0) AS room, c.waiting_ids, c.waiting_due
     FROM keys JOIN rules ON rules.channel = keys.channel,
-    LATERAL (SELECT count(*) FILTER (WHERE o.id <> ALL (v_settled)
+    LATERAL (SELECT count(*) FILTER (WHERE o.id <> ALL (p_settled)
                                        AND (o.status IN ('pending', 'processing')
                                             OR (o.status IN ('failed', 'dead') AND rules.key_dead_policy = 'block'
-                                                AND NOT pgfence._outbox_key_derived(rules.limit_key, keys.ordering_key)))) AS live
+                                                AND NOT pgfence._outbox_key_derived(rules.limit_key, keys.ordering_key)))) AS live,
+                    array_agg(o.id ORDER BY o.id) FILTER (WHERE o.status = c_waiting) AS waiting_ids,
+                    array_agg(o.next_attempt_at ORDER BY o.id) FILTER (WHERE o.status = c_waiting) AS waiting_due
              FROM pgfence.outbox o
              WHERE o.channel = keys.channel AND o.ordering_key = keys.ordering_key
                AND o.status <> 'sent' AND o.status <> 'canceled') c  -- matches outbox_key_idx
     WHERE rules.key_rate IS NULL
   ), next AS (  -- what a decision would promote: the oldest waiting messages the room allows
-    SELECT st.channel, st.ordering_key, st.lease, w.id, w.next_attempt_at FROM st,
-    LATERAL (SELECT o2.id, o2.next_attempt_at FROM pgfence.outbox o2
-             WHERE o2.channel = st.channel AND o2.ordering_key = st.ordering_key
-               AND o2.status <> 'sent' AND o2.status <> 'canceled' AND o2.status = c_waiting
-             ORDER BY o2.id
-             LIMIT greatest(st.room, 0)) w
+    SELECT st.channel, st.ordering_key, st.lease, w.id, w.next_attempt_at
+    FROM st, unnest(st.waiting_ids[1:st.room], st.waiting_due[1:st.room]) AS w(id, next_attempt_at)
+    WHERE st.room > 0
   ), ready AS (  -- keys whose next messages are all due now, earliest due first
     SELECT next.channel, next.ordering_key, count(*) AS n,
            sum(count(*)) OVER (ORDER BY min(next.next_attempt_at), min(next.id)) AS upto
@@ -487,12 +479,12 @@ BEGIN
   FROM moved m ORDER BY m.handed, m.due_at, m.id;
 END
 $$;
-REVOKE ALL ON FUNCTION pgfence._outbox_keys_hand_off(bigint[], integer[], jsonb[], text, integer, text[], interval) FROM PUBLIC;
-COMMENT ON FUNCTION pgfence._outbox_keys_hand_off(bigint[], integer[], jsonb[], text, integer, text[], interval) IS
+REVOKE ALL ON FUNCTION pgfence._outbox_keys_hand_off(bigint[], text[], text[], jsonb[], text, integer, interval) FROM PUBLIC;
+COMMENT ON FUNCTION pgfence._outbox_keys_hand_off(bigint[], text[], text[], jsonb[], text, integer, interval) IS
   'Private: settle a round''s keyed messages and claim their keys'' next ones for p_worker, at once.
-Called by outbox_settle_and_claim before its settle, with the settle''s (id, attempt, receipt)
-triples. Locks the fenced keyed messages among them (processing under that attempt, of
-p_channels) in id order and their keys in the global order. A key is handed off when every
+Called by outbox_settle_and_claim before its settle, with the keyed messages it is settling
+(element i: id, channel, ordering key, receipt), which it has locked in id order and found
+processing under the attempt it was given. Locks their keys in the global order. A key is handed off when every
 message a decision would promote (its oldest waiting ones, id order, up to key_max_in_flight
 minus the turns it holds besides the settled ones) is due now and they fit in p_batch (keys by
 earliest due); never on a channel with a key_rate. One UPDATE then marks the key''s settled
@@ -500,5 +492,5 @@ messages sent (as outbox_mark_sent_many) and moves its next ones waiting -> proc
 + 1, owner p_worker, lease p_lease or the channel''s, as outbox_claim); its statement trigger
 skips the decision of those keys. Returns the settled ones (handed false, id only meaningful)
 and the claimed ones (handed true, the columns of outbox_claim). The caller validates worker
-and lease, and settles the other triples. Errors: 40001 (REPEATABLE READ or SERIALIZABLE: a
+and lease, and settles the other messages. Errors: 40001 (REPEATABLE READ or SERIALIZABLE: a
 concurrent decision on a key; retry).';

@@ -58,11 +58,20 @@ RETURNS TABLE (
 )
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pgfence, pg_temp
+SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
+SET enable_bitmapscan = off
 AS $$
+#variable_conflict use_column
 DECLARE
   v_sent   bigint[] := '{}';
-  v_handed integer := 0;
-  r        record;
+  v_handed   integer := 0;
+  v_keyed    bigint[];
+  v_channels text[];
+  v_keys     text[];
+  v_receipts jsonb[];
+  r          record;
+  c_processing CONSTANT text := 'processing';  -- docs/query-plans.md#constants-instead-of-literals
 BEGIN
   -- Checked before anything is written, so that a bad batch never leaves a half-done call.
   IF p_batch IS NULL OR p_batch NOT BETWEEN 0 AND 10000 THEN
@@ -73,36 +82,46 @@ BEGIN
   END IF;
   -- The hand-off (16_outbox_keys.sql): the keyed messages of this round whose keys' next
   -- messages are due are settled together with the claim of those, for this worker; those rows
-  -- count against the batch. Only with room to claim and well-formed arrays (the settle below
+  -- count against the batch. Only with room to claim and well-formed arrays (outbox_mark_sent_many
   -- raises for the others), worker and lease checked first as outbox_claim checks them.
   IF p_batch > 0 AND cardinality(p_ids) > 0 AND cardinality(p_ids) = cardinality(p_attempts)
      AND (p_receipts IS NULL OR cardinality(p_receipts) = cardinality(p_ids)) THEN
     PERFORM pgfence._outbox_check_claimer(p_worker, p_lease);
-    FOR r IN SELECT * FROM pgfence._outbox_keys_hand_off(p_ids, p_attempts, p_receipts, p_worker,
-                                                          p_batch, p_channels, p_lease) LOOP
-      IF r.handed THEN
-        id := r.id; channel := r.channel; recipient := r.recipient; payload := r.payload;
-        idempotency_key := r.idempotency_key; attempt := r.attempt; max_attempts := r.max_attempts;
-        lease := r.lease; lease_expires_at := r.lease_expires_at; created_at := r.created_at;
-        sent := NULL; next_due := NULL;
-        RETURN NEXT;
-        v_handed := v_handed + 1;
-      ELSE
-        v_sent := v_sent || r.id;
-      END IF;
-    END LOOP;
-    IF cardinality(v_sent) > 0 THEN  -- the others are settled below
-      SELECT coalesce(array_agg(u.id ORDER BY u.i), '{}'), coalesce(array_agg(u.attempt ORDER BY u.i), '{}'),
-             CASE WHEN p_receipts IS NOT NULL THEN coalesce(array_agg(u.receipt ORDER BY u.i), '{}') END
-        INTO p_ids, p_attempts, p_receipts
-      FROM unnest(p_ids, p_attempts, p_receipts) WITH ORDINALITY AS u(id, attempt, receipt, i)
-      WHERE u.id <> ALL (v_sent);
+    -- Lock every row to settle in id order, as outbox_mark_sent_many does (concurrent settles
+    -- wait for each other instead of deadlocking), noting the keyed ones this call may settle.
+    WITH locked AS MATERIALIZED (
+      SELECT o.id, o.channel, o.ordering_key, o.attempts, o.status FROM pgfence.outbox o
+      WHERE o.id = ANY (p_ids) ORDER BY o.id FOR UPDATE)
+    SELECT array_agg(l.id), array_agg(l.channel), array_agg(l.ordering_key), array_agg(u.receipt)
+      INTO v_keyed, v_channels, v_keys, v_receipts
+    FROM locked l JOIN unnest(p_ids, p_attempts, p_receipts) AS u(id, attempt, receipt) ON u.id = l.id
+    WHERE l.ordering_key IS NOT NULL AND l.attempts = u.attempt AND l.status = c_processing
+      AND (p_channels IS NULL OR l.channel = ANY (p_channels));
+    IF v_keyed IS NOT NULL THEN
+      FOR r IN SELECT * FROM pgfence._outbox_keys_hand_off(v_keyed, v_channels, v_keys, v_receipts,
+                                                            p_worker, p_batch, p_lease) LOOP
+        IF r.handed THEN
+          id := r.id; channel := r.channel; recipient := r.recipient; payload := r.payload;
+          idempotency_key := r.idempotency_key; attempt := r.attempt; max_attempts := r.max_attempts;
+          lease := r.lease; lease_expires_at := r.lease_expires_at; created_at := r.created_at;
+          sent := NULL; next_due := NULL;
+          RETURN NEXT;
+          v_handed := v_handed + 1;
+        ELSE
+          v_sent := v_sent || r.id;
+        END IF;
+      END LOOP;
     END IF;
-  END IF;
-  -- The settle: its errors (22004, 22023, P0002) abort the whole call, hand-off included.
-  IF p_ids IS NULL OR p_attempts IS NULL OR cardinality(p_ids) > 0 OR cardinality(p_attempts) > 0
+    -- The others, as outbox_mark_sent_many marks them (the rows are locked already). Its error
+    -- (P0002) aborts the whole call, hand-off included.
+    IF cardinality(v_sent) < cardinality(p_ids) THEN
+      v_sent := v_sent || ARRAY(SELECT s FROM pgfence._outbox_mark_sent_rows(p_ids, p_attempts, p_receipts,
+                                                                                cardinality(v_sent)) AS s);
+    END IF;
+  ELSIF p_ids IS NULL OR p_attempts IS NULL OR cardinality(p_ids) > 0 OR cardinality(p_attempts) > 0
      OR cardinality(p_receipts) > 0 THEN
-    v_sent := v_sent || ARRAY(SELECT s FROM pgfence.outbox_mark_sent_many(p_ids, p_attempts, p_receipts) AS s);
+    -- The settle only: its errors (22004, 22023, P0002) abort the call before anything is claimed.
+    v_sent := ARRAY(SELECT s FROM pgfence.outbox_mark_sent_many(p_ids, p_attempts, p_receipts) AS s);
   END IF;
   IF p_batch > v_handed THEN
     RETURN QUERY
