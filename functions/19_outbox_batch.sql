@@ -58,9 +58,6 @@ RETURNS TABLE (
 )
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pgfence, pg_temp
-SET plan_cache_mode = force_generic_plan
-SET enable_seqscan = off
-SET enable_bitmapscan = off
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -89,14 +86,18 @@ BEGIN
     PERFORM pgfence._outbox_check_claimer(p_worker, p_lease);
     -- Lock every row to settle in id order, as outbox_mark_sent_many does (concurrent settles
     -- wait for each other instead of deadlocking), noting the keyed ones this call may settle.
-    WITH locked AS MATERIALIZED (
-      SELECT o.id, o.channel, o.ordering_key, o.attempts, o.status FROM pgfence.outbox o
-      WHERE o.id = ANY (p_ids) ORDER BY o.id FOR UPDATE)
-    SELECT array_agg(l.id), array_agg(l.channel), array_agg(l.ordering_key), array_agg(u.receipt)
-      INTO v_keyed, v_channels, v_keys, v_receipts
-    FROM locked l JOIN unnest(p_ids, p_attempts, p_receipts) AS u(id, attempt, receipt) ON u.id = l.id
-    WHERE l.ordering_key IS NOT NULL AND l.attempts = u.attempt AND l.status = c_processing
-      AND (p_channels IS NULL OR l.channel = ANY (p_channels));
+    SELECT array_agg(l.id) FILTER (WHERE l.ordering_key IS NOT NULL) INTO v_keyed
+    FROM (SELECT o.id, o.ordering_key FROM pgfence.outbox o
+          WHERE o.id = ANY (p_ids) ORDER BY o.id FOR UPDATE) l;
+    IF v_keyed IS NOT NULL THEN
+      -- of those, the ones fenced as the settle fences them (processing under their attempt)
+      SELECT array_agg(o.id), array_agg(o.channel), array_agg(o.ordering_key), array_agg(u.receipt)
+        INTO v_keyed, v_channels, v_keys, v_receipts
+      FROM unnest(p_ids, p_attempts, p_receipts) AS u(id, attempt, receipt)
+      JOIN pgfence.outbox o ON o.id = u.id
+      WHERE u.id = ANY (v_keyed) AND o.attempts = u.attempt AND o.status = c_processing
+        AND (p_channels IS NULL OR o.channel = ANY (p_channels));
+    END IF;
     IF v_keyed IS NOT NULL THEN
       FOR r IN SELECT * FROM pgfence._outbox_keys_hand_off(v_keyed, v_channels, v_keys, v_receipts,
                                                             p_worker, p_batch, p_lease) LOOP
