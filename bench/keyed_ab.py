@@ -14,38 +14,53 @@ from pathlib import Path
 import psycopg
 
 sys.path.insert(0, str(Path(__file__).parent))
-import outbox  # noqa: E402
-from pgfence.db import create_database, drop_database, resolve_dsn  # noqa: E402
-from pgfence.migrate import migrate  # noqa: E402
+import outbox
+from pgfence.db import create_database, drop_database, resolve_dsn
+from pgfence.migrate import migrate
 
-base = Path(sys.argv[1])
-pairs = int(sys.argv[2]) if len(sys.argv) > 2 else 4
-admin = resolve_dsn()
-dsns = {}
-for name in ("ka", "kb"):
-    drop_database(admin, name)
-    dsns[name] = create_database(admin, name)
-    migrate(dsns[name])
-with psycopg.connect(dsns["ka"]) as conn:
-    for f in sorted(base.glob("*.sql")):
-        conn.execute(f.read_text().encode())
-res: dict[str, list[float]] = {k: [] for k in ("au", "ak", "bu", "bk", "ac", "bc", "ar", "br")}
-for i in range(pairs):
+
+def ab_databases(base: Path, names: tuple[str, str]) -> tuple[str, str]:
+    """Create databases ``names`` (A, B), migrate both with this checkout, then apply the base
+    functions (``base``/*.sql) on A; return their DSNs."""
+    admin = resolve_dsn()
+    dsns = []
+    for name in names:
+        drop_database(admin, name)
+        dsns.append(create_database(admin, name))
+        migrate(dsns[-1])
+    with psycopg.connect(dsns[0]) as conn:
+        for f in sorted(base.glob("*.sql")):
+            conn.execute(f.read_text().encode())
+    return dsns[0], dsns[1]
+
+
+def main() -> None:
+    """Run the interleaved pairs and print each and the medians."""
+    pairs = int(sys.argv[2]) if len(sys.argv) > 2 else 4
+    a, b = ab_databases(Path(sys.argv[1]), ("ka", "kb"))
+    dsns = {"ka": a, "kb": b}
+    res: dict[str, list[float]] = {k: [] for k in ("au", "ak", "bu", "bk", "ac", "bc", "ar", "br")}
+    for i in range(pairs):
+        for v in ("a", "b"):
+            dsn = dsns["k" + v]
+            res[v + "u"].append(outbox.drain_executor(dsn, 4, 50)["per_second"])
+            res[v + "k"].append(outbox.drain_executor(dsn, 4, 50, keys=1000)["per_second"])
+            res[v + "c"].append(outbox.claim_round_cost(dsn, None, rounds=100)["ms_per_round"])
+            res[v + "r"].append(outbox.claim_round_cost(dsn, 1000, rounds=40)["ms_per_round"])
+        last = {k: v[-1] for k, v in res.items()}
+        print(f"pair {i}: A unkeyed {last['au']:.0f} keyed {last['ak']:.0f} ({last['ak'] / last['au']:.2f}x)"
+              f" | B unkeyed {last['bu']:.0f} keyed {last['bk']:.0f} ({last['bk'] / last['bu']:.2f}x)"
+              f" | round keyless A {last['ac']:.2f} B {last['bc']:.2f} ms,"
+              f" 1,000 keys A {last['ar']:.2f} B {last['br']:.2f} ms | load {os.getloadavg()[0]:.1f}",
+              flush=True)
     for v in ("a", "b"):
-        dsn = dsns["k" + v]
-        res[v + "u"].append(outbox.drain_executor(dsn, 4, 50)["per_second"])
-        res[v + "k"].append(outbox.drain_executor(dsn, 4, 50, keys=1000)["per_second"])
-        res[v + "c"].append(outbox.claim_round_cost(dsn, None, rounds=100)["ms_per_round"])
-        res[v + "r"].append(outbox.claim_round_cost(dsn, 1000, rounds=40)["ms_per_round"])
-    load = os.getloadavg()[0]
-    print(f"pair {i}: A unkeyed {res['au'][-1]:.0f} keyed {res['ak'][-1]:.0f} ({res['ak'][-1]/res['au'][-1]:.2f}x)"
-          f" | B unkeyed {res['bu'][-1]:.0f} keyed {res['bk'][-1]:.0f} ({res['bk'][-1]/res['bu'][-1]:.2f}x)"
-          f" | round keyless A {res['ac'][-1]:.2f} B {res['bc'][-1]:.2f} ms, 1,000 keys A {res['ar'][-1]:.2f} B {res['br'][-1]:.2f} ms"
-          f" | load {load:.1f}", flush=True)
-med = {k: statistics.median(v) for k, v in res.items()}
-for v in ("a", "b"):
-    ratios = [k / u for k, u in zip(res[v + "k"], res[v + "u"])]
-    print(f"{v.upper()}: median unkeyed {med[v+'u']:.0f}/s keyed {med[v+'k']:.0f}/s ratio of medians"
-          f" {med[v+'k']/med[v+'u']:.2f}x, per-pair ratios {min(ratios):.2f}-{max(ratios):.2f};"
-          f" keyless round {med[v+'c']:.2f} ms ({min(res[v+'c']):.2f}-{max(res[v+'c']):.2f}),"
-          f" keyed round {med[v+'r']:.2f} ms ({min(res[v+'r']):.2f}-{max(res[v+'r']):.2f})")
+        u, k, c, r = (res[v + x] for x in "ukcr")
+        ratios = [ki / ui for ki, ui in zip(k, u, strict=True)]
+        print(f"{v.upper()}: median unkeyed {statistics.median(u):.0f}/s keyed {statistics.median(k):.0f}/s,"
+              f" ratio of medians {statistics.median(k) / statistics.median(u):.2f}x,"
+              f" per-pair ratios {min(ratios):.2f}-{max(ratios):.2f}, median {statistics.median(ratios):.2f};"
+              f" keyless round {statistics.median(c):.2f} ms ({min(c):.2f}-{max(c):.2f}),"
+              f" keyed round {statistics.median(r):.2f} ms ({min(r):.2f}-{max(r):.2f})")
+
+if __name__ == "__main__":
+    main()

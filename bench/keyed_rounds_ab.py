@@ -4,7 +4,8 @@ Usage: pgfence db run --durable -- python bench/keyed_rounds_ab.py BASE_FUNCTION
 One session runs rounds of outbox_settle_and_claim (settle the previous 50, claim 50) over
 10,000 due keyless messages, or 10,000 messages over 1,000 ordering keys (10 a key, as the
 drain); per rep and variant the median of 150 rounds (ms, database and wire time) and the
-server process's CPU time per round (/proc, so a local server; robust to a loaded machine). Reps interleave A keyless, A keyed, B keyless, B keyed.
+server process's CPU time per round (/proc, so a local server; robust to a loaded machine).
+Reps interleave A keyless, A keyed, B keyless, B keyed.
 """
 import os
 import statistics
@@ -15,9 +16,8 @@ from pathlib import Path
 import psycopg
 
 sys.path.insert(0, str(Path(__file__).parent))
-import outbox  # noqa: E402
-from pgfence.db import create_database, drop_database, resolve_dsn  # noqa: E402
-from pgfence.migrate import migrate  # noqa: E402
+import outbox
+from keyed_ab import ab_databases
 
 
 def _cpu_ms(pid: int) -> float:
@@ -49,17 +49,10 @@ def rounds(dsn: str, keys: int | None, n: int = 150) -> tuple[float, float]:
 
 
 def main() -> None:
-    base = Path(sys.argv[1])
+    """Run the interleaved reps and print each and the medians."""
     reps = int(sys.argv[2]) if len(sys.argv) > 2 else 5
-    admin = resolve_dsn()
-    dsns = {}
-    for name in ("ra", "rb"):
-        drop_database(admin, name)
-        dsns[name] = create_database(admin, name)
-        migrate(dsns[name])
-    with psycopg.connect(dsns["ra"]) as conn:
-        for f in sorted(base.glob("*.sql")):
-            conn.execute(f.read_text().encode())
+    a, b = ab_databases(Path(sys.argv[1]), ("ra", "rb"))
+    dsns = {"ra": a, "rb": b}
     res: dict[str, list[float]] = {k: [] for k in ("au", "ak", "bu", "bk", "auc", "akc", "buc", "bkc")}
     for i in range(reps):
         for v in ("a", "b"):
@@ -67,15 +60,16 @@ def main() -> None:
                 wall, cpu = rounds(dsns["r" + v], keys)
                 res[v + kind].append(wall)
                 res[v + kind + "c"].append(cpu)
-        print(f"rep {i}: A keyless {res['au'][-1]:.2f} ms (cpu {res['auc'][-1]:.2f}) keyed {res['ak'][-1]:.2f} (cpu {res['akc'][-1]:.2f})"
-              f" | B keyless {res['bu'][-1]:.2f} (cpu {res['buc'][-1]:.2f}) keyed {res['bk'][-1]:.2f} (cpu {res['bkc'][-1]:.2f})"
-              f" | load {os.getloadavg()[0]:.1f}", flush=True)
+        last = {k: v[-1] for k, v in res.items()}
+        print(f"rep {i}: A keyless {last['au']:.2f} ms (cpu {last['auc']:.2f}) keyed {last['ak']:.2f}"
+              f" (cpu {last['akc']:.2f}) | B keyless {last['bu']:.2f} (cpu {last['buc']:.2f}) keyed"
+              f" {last['bk']:.2f} (cpu {last['bkc']:.2f}) | load {os.getloadavg()[0]:.1f}", flush=True)
     for v in ("a", "b"):
         for m, label in (("", "wall"), ("c", "server cpu")):
-            u, k = statistics.median(res[v + "u" + m]), statistics.median(res[v + "k" + m])
-            print(f"{v.upper()} {label}: keyless round {u:.2f} ms ({min(res[v+'u'+m]):.2f}-{max(res[v+'u'+m]):.2f}),"
-                  f" keyed {k:.2f} ms ({min(res[v+'k'+m]):.2f}-{max(res[v+'k'+m]):.2f}); keyless/keyed {u/k:.2f}")
-
+            un, ke = res[v + "u" + m], res[v + "k" + m]
+            u, k = statistics.median(un), statistics.median(ke)
+            print(f"{v.upper()} {label}: keyless round {u:.2f} ms ({min(un):.2f}-{max(un):.2f}),"
+                  f" keyed {k:.2f} ms ({min(ke):.2f}-{max(ke):.2f}); keyless/keyed {u / k:.2f}")
 
 if __name__ == "__main__":
     main()
