@@ -2709,8 +2709,11 @@ Errors: 22023 (unknown status, limit outside 1..10000).';
 -- pgfence.outbox_key, taken in one global order (channel, key, collation "C") so that two
 -- decisions over overlapping keys wait for each other instead of deadlocking: decisions on one
 -- key are serialized and each sees the previous one. A key's rate (GCRA token bucket on now())
--- sets the due time of the messages it promotes. Keyless statements pay one look at the updated
--- rows. Errors: functions/ERRORS.md.
+-- sets the due time of the messages it promotes. A statement that ends no keyed turn does not
+-- call the decision's trigger (its WHEN reads a hint the row guard sets). In a claim round the
+-- settle of a keyed message can hand its key on to the same worker (_outbox_keys_hand_off,
+-- called by outbox_settle_and_claim), skipping the promotion to pending and the claim.
+-- Errors: functions/ERRORS.md.
 
 COMMENT ON TABLE pgfence.outbox_key IS
   'Ordering keys of the outbox with unfinished messages: the lock and the token bucket of each.
@@ -2983,13 +2986,15 @@ BEGIN
   -- The hint that brought us here (tg_outbox_guard) is spent: cleared before the decision,
   -- whose own UPDATE (a promotion) must not fire this again.
   PERFORM set_config('pgfence.outbox_keys_turns_ended', '', true);
-  SELECT array_agg(n.channel), array_agg(n.ordering_key) INTO v_channels, v_keys
-  FROM outbox_turns_ended n
-  WHERE n.ordering_key IS NOT NULL AND n.status IN ('sent', 'failed', 'dead', 'canceled', 'waiting')
-    -- a hand-off (_outbox_keys_hand_off): the statement claimed the key's next turns itself
-    AND NOT EXISTS (SELECT 1 FROM outbox_turns_ended h
-                    WHERE h.status = 'processing' AND h.claimed_at = now()
-                      AND h.channel = n.channel AND h.ordering_key = n.ordering_key);
+  -- One pass over the statement's keyed rows, per key: decided if a row of it ended its turn,
+  -- unless the statement also claimed one of it (a hand-off, _outbox_keys_hand_off: it took the
+  -- key's next turns itself).
+  SELECT array_agg(d.channel), array_agg(d.ordering_key) INTO v_channels, v_keys
+  FROM (SELECT n.channel, n.ordering_key FROM outbox_turns_ended n
+        WHERE n.ordering_key IS NOT NULL
+        GROUP BY n.channel, n.ordering_key
+        HAVING bool_or(n.status IN ('sent', 'failed', 'dead', 'canceled', 'waiting'))
+           AND NOT coalesce(bool_or(n.status = 'processing' AND n.claimed_at = now()), false)) d;
   IF v_keys IS NOT NULL THEN
     PERFORM pgfence._outbox_keys_decide(v_channels, v_keys);
   END IF;
