@@ -3197,8 +3197,10 @@ concurrent decision on a key; retry).';
 --           -> the claimed messages, then one row with the ids settled and the next due time
 -- Called by executors (pgfence_executor) in place of outbox_mark_sent_many + outbox_claim (+
 -- outbox_next_due): one round trip and one durable commit per batch instead of two or three.
--- It calls those functions, so every mark is fenced and every claim locked exactly as theirs;
--- the claim is committed before the call returns, so before any of its deliveries starts.
+-- It calls those functions (or their parts), so every mark is fenced and every claim locked
+-- exactly as theirs; the claim is committed before the call returns, so before any of its
+-- deliveries starts. The settle of a keyed message may hand its key's next message to the same
+-- worker (the hand-off: 16_outbox_keys.sql), a claim that counts against the batch.
 -- Errors: functions/ERRORS.md.
 
 CREATE OR REPLACE FUNCTION pgfence._outbox_check_claimer(p_worker text, p_lease interval)
@@ -3336,6 +3338,7 @@ GRANT EXECUTE ON FUNCTION pgfence.outbox_settle_and_claim(bigint[], integer[], j
 COMMENT ON FUNCTION pgfence.outbox_settle_and_claim(bigint[], integer[], jsonb[], text, integer, text[], interval) IS
   'Mark a batch of messages sent and claim the next batch in one statement and one durable commit.
 The executor''s hot path: outbox_mark_sent_many(p_ids, p_attempts, p_receipts), then outbox_claim(p_worker, p_batch, p_channels, p_lease), in one transaction, so a batch costs one round trip and one commit instead of two. Every mark is fenced exactly as in outbox_mark_sent_many (element i of ids/attempts/receipts is one message and its fence), and the claim locks with SKIP LOCKED exactly as outbox_claim; the claim is committed when the call returns, before any of its messages can be delivered. Empty ids and attempts settle nothing; p_batch 0 claims nothing (then p_worker and p_lease are not read).
+The hand-off: with p_batch 1 or more, a settled message with an ordering key whose key's next messages are due now (and whose channel has no key_rate, and is in p_channels) is marked sent in the same UPDATE that claims those next messages for p_worker, waiting -> processing (attempt + 1, leased as by outbox_claim; a claim event when the channel logs events): they come first among the claimed rows and count against p_batch; order and key_max_in_flight hold as at any turn decision. The other keys' next messages are promoted to pending as by outbox_mark_sent_many.
 Returns the claimed messages (the columns of outbox_claim, oldest due first; sent and next_due NULL), then always one last row whose claim columns are NULL: sent = the ids this call moved to sent (the others were stale claims, lost races), next_due = outbox_next_due(p_channels) after this claim (0: more is due now; NULL: nothing pending).
 Errors: 22004 (ids or attempts NULL), 22023 (batch outside 0..10000; ids, attempts and receipts of different lengths; with batch 1 or more: empty worker, lease not in (0, 1 day]), P0002 (an unknown id: nothing is marked or claimed).';
 
