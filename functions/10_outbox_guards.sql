@@ -9,6 +9,7 @@
 --                                                          or --> dead    (no attempts left)
 --   failed | dead --outbox_requeue--> pending  (operator; grants more attempts)
 --   waiting --its key's turn--> pending  (a message with an ordering_key: 16_outbox_keys.sql)
+--   waiting --its key's turn, handed off--> processing  (outbox_settle_and_claim: a claim)
 --   waiting | pending | failed | dead --outbox_cancel--> canceled          (terminal)
 --
 -- Fence token: the attempt. `attempts` is bumped by every claim and returned as `attempt`; an
@@ -74,6 +75,8 @@ BEGIN
         OR (OLD.status IN ('failed', 'dead') AND NEW.status IN ('pending', 'waiting') AND NEW.attempts = OLD.attempts)
         -- ordering keys (16_outbox_keys.sql): a waiting message is promoted to pending
         OR (OLD.status = 'waiting'    AND NEW.status IN ('waiting', 'pending') AND NEW.attempts = OLD.attempts)
+        -- the hand-off (outbox_settle_and_claim): a key's next message claimed as its turn comes
+        OR (OLD.status = 'waiting'    AND NEW.status = 'processing' AND NEW.attempts = OLD.attempts + 1)
         -- outbox_cancel: a message that is not being delivered and not sent
         OR (OLD.status IN ('waiting', 'pending', 'failed', 'dead') AND NEW.status = 'canceled'
                                       AND NEW.attempts = OLD.attempts))
@@ -85,12 +88,12 @@ BEGIN
     RAISE EXCEPTION 'illegal outbox transition for message %: % -> % (attempts % -> %)',
       OLD.id, OLD.status, NEW.status, OLD.attempts, NEW.attempts
       USING ERRCODE = 'PF001',
-            DETAIL = 'Allowed: pending->processing (attempts+1), pending->pending, processing->processing|pending|sent|failed|dead, failed|dead->pending|waiting (requeue), waiting->waiting|pending (a keyed message''s turn), waiting|pending|failed|dead->canceled (outbox_cancel); a sent or canceled message never changes again. Always: attempts <= max_attempts (< when pending or waiting: it must have an attempt left), waiting only with an ordering_key, owner and lease iff processing, finished_at iff sent|failed|dead|canceled.',
+            DETAIL = 'Allowed: pending->processing (attempts+1), pending->pending, processing->processing|pending|sent|failed|dead, failed|dead->pending|waiting (requeue), waiting->waiting|pending (a keyed message''s turn), waiting->processing (attempts+1: a hand-off), waiting|pending|failed|dead->canceled (outbox_cancel); a sent or canceled message never changes again. Always: attempts <= max_attempts (< when pending or waiting: it must have an attempt left), waiting only with an ordering_key, owner and lease iff processing, finished_at iff sent|failed|dead|canceled.',
             HINT = 'Use the pgfence.outbox_* functions; they make only legal moves.';
   END IF;
   IF NEW.log_events THEN
     PERFORM pgfence._event('outbox', NEW.id,
-      CASE WHEN OLD.status = 'pending' AND NEW.status = 'processing' THEN 'claim'
+      CASE WHEN OLD.status IN ('pending', 'waiting') AND NEW.status = 'processing' THEN 'claim'
            WHEN OLD.status = NEW.status THEN 'update'
            ELSE 'transition' END,
       OLD.status, NEW.status, NEW.attempts,
@@ -103,6 +106,14 @@ BEGIN
       coalesce(nullif(current_setting('pgfence.actor', true), ''),
                CASE WHEN NEW.status = 'processing' THEN NEW.locked_by
                     WHEN OLD.status = 'processing' THEN OLD.locked_by END));
+  END IF;
+  -- A keyed message's turn ends (16_outbox_keys.sql): the statement's key decision
+  -- (outbox_keys_turns_ended) has work. Only a hint, read by that trigger's WHEN so that a
+  -- statement ending no keyed turn pays nothing for it: set, it makes the trigger look at the
+  -- statement's rows, which decide; a client who sets it can only cause such a look.
+  IF NEW.ordering_key IS NOT NULL AND NEW.status IN ('sent', 'failed', 'dead', 'canceled', 'waiting')
+     AND current_setting('pgfence.outbox_keys_turns_ended', true) IS DISTINCT FROM 'on' THEN
+    PERFORM set_config('pgfence.outbox_keys_turns_ended', 'on', true);
   END IF;
   RETURN NEW;
 END

@@ -4,6 +4,7 @@
 --         outbox_mark_sent_many(ids[], attempts[], receipts[]) -> the ids moved to sent
 --         outbox_mark_sent_and_claim(id, attempt, receipt, worker, batch, channels, lease)
 --         outbox_mark_failed(id, attempt, error, retryable, retry_after) -> the new status
+-- Private: _outbox_mark_sent_rows (the fenced UPDATE of the _many call, on rows already locked).
 -- Called by executors (pgfence_executor). Every write matches the claim's attempt (the fence
 -- token) and status processing: a stale claim changes nothing and answers false / NULL (a lost
 -- race, not an error). Retries back off by the channel's settings (pgfence.backoff).
@@ -49,6 +50,53 @@ the message, or it is already finished): a lost race, nothing changed. A lapsed 
 reclaimed yet is still accepted, since the delivery did happen.
 Errors: 22004 (id or attempt NULL), P0002 (unknown id).';
 
+CREATE OR REPLACE FUNCTION pgfence._outbox_mark_sent_rows(
+  p_ids      bigint[],
+  p_attempts integer[],
+  p_receipts jsonb[],
+  p_done     integer DEFAULT 0
+)
+RETURNS SETOF bigint
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pgfence, pg_temp
+SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
+SET enable_bitmapscan = off
+AS $$
+DECLARE
+  v_missing bigint;
+  v_rows    bigint;
+  c_processing CONSTANT text := 'processing';  -- docs/query-plans.md#constants-instead-of-literals
+BEGIN
+  RETURN QUERY
+  UPDATE pgfence.outbox o
+  SET status = 'sent', receipt = u.receipt, finished_at = now(), last_error = NULL,
+      locked_by = NULL, lease_expires_at = NULL, updated_at = now()
+  FROM unnest(p_ids, p_attempts, coalesce(p_receipts, array_fill(NULL::jsonb, ARRAY[cardinality(p_ids)])))
+         AS u(id, attempt, receipt)
+  WHERE o.id = u.id AND o.attempts = u.attempt AND o.status = c_processing
+  RETURNING o.id;
+  GET DIAGNOSTICS v_rows = ROW_COUNT;
+  IF v_rows + p_done < cardinality(p_ids) THEN
+    SELECT u.id INTO v_missing FROM unnest(p_ids) AS u(id)
+    WHERE NOT EXISTS (SELECT 1 FROM pgfence.outbox o WHERE o.id = u.id) LIMIT 1;
+    IF v_missing IS NOT NULL THEN
+      RAISE EXCEPTION 'outbox_mark_sent_many: no message with id %', v_missing
+        USING ERRCODE = 'P0002', DETAIL = 'No message has this id: it never existed, or a purge deleted it.',
+              HINT = 'Nothing was marked; check the ids.';
+    END IF;
+  END IF;
+END
+$$;
+REVOKE ALL ON FUNCTION pgfence._outbox_mark_sent_rows(bigint[], integer[], jsonb[], integer) FROM PUBLIC;
+COMMENT ON FUNCTION pgfence._outbox_mark_sent_rows(bigint[], integer[], jsonb[], integer) IS
+  'Private: the fenced UPDATE of outbox_mark_sent_many, on rows the caller has locked in id order.
+Element i of ids / attempts / receipts (NULL: none) is one (id, fence token, receipt); returns the
+ids moved to sent. p_done: how many of the ids the caller has settled itself (a hand-off), so that
+only a real shortfall looks for an unknown id. Called by outbox_mark_sent_many and
+outbox_settle_and_claim after their lock pass. Errors: P0002 (an unknown id; nothing is marked:
+the caller''s statement fails).';
+
 CREATE OR REPLACE FUNCTION pgfence.outbox_mark_sent_many(
   p_ids      bigint[],
   p_attempts integer[],
@@ -62,10 +110,6 @@ SET enable_seqscan = off
 SET enable_bitmapscan = off
 SET jit = off  -- row estimates of array joins are inflated; JIT compilation would cost ~0.2 s
 AS $$
-DECLARE
-  v_missing bigint;
-  v_rows    bigint;
-  c_processing CONSTANT text := 'processing';  -- docs/query-plans.md#constants-instead-of-literals
 BEGIN
   IF p_ids IS NULL OR p_attempts IS NULL THEN
     RAISE EXCEPTION 'outbox_mark_sent_many: ids and attempts are required'
@@ -85,24 +129,7 @@ BEGIN
   -- orders deadlocked (40P01); in id order one of them waits for the other, then finds its
   -- claims stale (a lost race). No SKIP LOCKED: a concurrent mark is waited for, not skipped.
   PERFORM 1 FROM pgfence.outbox o WHERE o.id = ANY (p_ids) ORDER BY o.id FOR UPDATE;
-  RETURN QUERY
-  UPDATE pgfence.outbox o
-  SET status = 'sent', receipt = u.receipt, finished_at = now(), last_error = NULL,
-      locked_by = NULL, lease_expires_at = NULL, updated_at = now()
-  FROM unnest(p_ids, p_attempts, coalesce(p_receipts, array_fill(NULL::jsonb, ARRAY[cardinality(p_ids)])))
-         AS u(id, attempt, receipt)
-  WHERE o.id = u.id AND o.attempts = u.attempt AND o.status = c_processing
-  RETURNING o.id;
-  GET DIAGNOSTICS v_rows = ROW_COUNT;
-  IF v_rows < cardinality(p_ids) THEN
-    SELECT u.id INTO v_missing FROM unnest(p_ids) AS u(id)
-    WHERE NOT EXISTS (SELECT 1 FROM pgfence.outbox o WHERE o.id = u.id) LIMIT 1;
-    IF v_missing IS NOT NULL THEN
-      RAISE EXCEPTION 'outbox_mark_sent_many: no message with id %', v_missing
-        USING ERRCODE = 'P0002', DETAIL = 'No message has this id: it never existed, or a purge deleted it.',
-              HINT = 'Nothing was marked; check the ids.';
-    END IF;
-  END IF;
+  RETURN QUERY SELECT s FROM pgfence._outbox_mark_sent_rows(p_ids, p_attempts, p_receipts) AS s;
 END
 $$;
 REVOKE ALL ON FUNCTION pgfence.outbox_mark_sent_many(bigint[], integer[], jsonb[]) FROM PUBLIC;

@@ -20,8 +20,11 @@
 -- pgfence.outbox_key, taken in one global order (channel, key, collation "C") so that two
 -- decisions over overlapping keys wait for each other instead of deadlocking: decisions on one
 -- key are serialized and each sees the previous one. A key's rate (GCRA token bucket on now())
--- sets the due time of the messages it promotes. Keyless statements pay one look at the updated
--- rows. Errors: functions/ERRORS.md.
+-- sets the due time of the messages it promotes. A statement that ends no keyed turn does not
+-- call the decision's trigger (its WHEN reads a hint the row guard sets). In a claim round the
+-- settle of a keyed message can hand its key on to the same worker (_outbox_keys_hand_off,
+-- called by outbox_settle_and_claim), skipping the promotion to pending and the claim.
+-- Errors: functions/ERRORS.md.
 
 COMMENT ON TABLE pgfence.outbox_key IS
   'Ordering keys of the outbox with unfinished messages: the lock and the token bucket of each.
@@ -291,9 +294,18 @@ DECLARE
   v_channels text[];
   v_keys     text[];
 BEGIN
-  SELECT array_agg(n.channel), array_agg(n.ordering_key) INTO v_channels, v_keys
-  FROM outbox_turns_ended n
-  WHERE n.ordering_key IS NOT NULL AND n.status IN ('sent', 'failed', 'dead', 'canceled', 'waiting');
+  -- The hint that brought us here (tg_outbox_guard) is spent: cleared before the decision,
+  -- whose own UPDATE (a promotion) must not fire this again.
+  PERFORM set_config('pgfence.outbox_keys_turns_ended', '', true);
+  -- One pass over the statement's keyed rows, per key: decided if a row of it ended its turn,
+  -- unless the statement also claimed one of it (a hand-off, _outbox_keys_hand_off: it took the
+  -- key's next turns itself).
+  SELECT array_agg(d.channel), array_agg(d.ordering_key) INTO v_channels, v_keys
+  FROM (SELECT n.channel, n.ordering_key FROM outbox_turns_ended n
+        WHERE n.ordering_key IS NOT NULL
+        GROUP BY n.channel, n.ordering_key
+        HAVING bool_or(n.status IN ('sent', 'failed', 'dead', 'canceled', 'waiting'))
+           AND NOT coalesce(bool_or(n.status = 'processing' AND n.claimed_at = now()), false)) d;
   IF v_keys IS NOT NULL THEN
     PERFORM pgfence._outbox_keys_decide(v_channels, v_keys);
   END IF;
@@ -303,10 +315,15 @@ $$;
 REVOKE ALL ON FUNCTION pgfence.tg_outbox_keys_turns_ended() FROM PUBLIC;
 COMMENT ON FUNCTION pgfence.tg_outbox_keys_turns_ended() IS
   'Trigger: decides, once per UPDATE statement, the turns of the keys whose messages it ended.
-AFTER UPDATE statement trigger on pgfence.outbox with the updated rows as a transition table:
+AFTER UPDATE statement trigger on pgfence.outbox with the updated rows as a transition table,
+called only when tg_outbox_guard has seen a keyed row end its turn in the statement (the hint
+pgfence.outbox_keys_turns_ended, a transaction setting; a client who sets it only causes a
+decision over the statement''s real rows, which is always safe):
 the keys of rows left sent, failed, dead, canceled or waiting (requeued) go to one
 _outbox_keys_decide (the global lock order), in the settling transaction, so that a claim in the
-same call (outbox_settle_and_claim) sees each key''s next message.';
+same call (outbox_settle_and_claim) sees each key''s next message. A key of which the statement
+also claimed a message (a row left processing, claimed at now()) is skipped: only a hand-off
+(_outbox_keys_hand_off) does both, and it has taken the key''s next turns itself.';
 
 CREATE OR REPLACE FUNCTION pgfence.tg_outbox_key_deleted()
 RETURNS trigger
@@ -337,13 +354,148 @@ CREATE CONSTRAINT TRIGGER outbox_key_enqueued
 -- the key's next message; once per statement (a settle of 50 messages makes one decision).
 DROP TRIGGER IF EXISTS outbox_key_turn_ended ON pgfence.outbox;
 DROP TRIGGER IF EXISTS outbox_keys_turns_ended ON pgfence.outbox;
+-- The WHEN reads the hint tg_outbox_guard sets for a row that ends a keyed turn: a statement
+-- that ends none (every keyless claim and settle) does not call the function.
 CREATE TRIGGER outbox_keys_turns_ended
   AFTER UPDATE ON pgfence.outbox
   REFERENCING NEW TABLE AS outbox_turns_ended
   FOR EACH STATEMENT
+  WHEN (current_setting('pgfence.outbox_keys_turns_ended', true) = 'on')
   EXECUTE FUNCTION pgfence.tg_outbox_keys_turns_ended();
 CREATE OR REPLACE TRIGGER outbox_key_deleted
   AFTER DELETE ON pgfence.outbox
   FOR EACH ROW
   WHEN (OLD.ordering_key IS NOT NULL AND OLD.status IN ('pending', 'processing', 'failed', 'dead'))
   EXECUTE FUNCTION pgfence.tg_outbox_key_deleted();
+
+-- ---------------------------------------------------------------------------------------------
+-- The hand-off (outbox_settle_and_claim): a settled message's key goes on with the same worker
+--
+-- When a claim round settles a keyed message and has room to claim, the key's next message (if
+-- due now) goes waiting -> processing straight to the same worker, fenced and leased like a claim,
+-- in the same UPDATE that marks the settled one sent: instead of waiting -> pending (a decision)
+-- and pending -> processing (a claim), one write of the row, one walk of the due index and one
+-- decision fewer per keyed message. One leaves, one enters: the key's turns are counted as a
+-- decision counts them, without the messages this round settles, so order (id order) and
+-- key_max_in_flight hold exactly as at a decision. A key is handed off whole or not at all:
+-- all the messages a decision would promote (key_max_in_flight minus the turns it holds, or all
+-- that wait if fewer) must be due now and fit in the round's batch; then that UPDATE's decision
+-- (tg_outbox_keys_turns_ended) is skipped for the key: it would promote nothing. Any other key
+-- (a message not yet due, a key with a rate, no room left) is settled by outbox_mark_sent_many
+-- and decided by its trigger, as without the hand-off.
+-- ---------------------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION pgfence._outbox_keys_hand_off(
+  p_settled  bigint[],
+  p_channels text[],
+  p_keys     text[],
+  p_receipts jsonb[],
+  p_worker   text,
+  p_batch    integer,
+  p_lease    interval
+)
+RETURNS TABLE (
+  handed           boolean,
+  id               bigint,
+  channel          text,
+  recipient        text,
+  payload          jsonb,
+  idempotency_key  text,
+  attempt          integer,
+  max_attempts     integer,
+  lease            interval,
+  lease_expires_at timestamptz,
+  created_at       timestamptz
+)
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pgfence, pg_temp
+SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
+SET enable_bitmapscan = off
+AS $$
+#variable_conflict use_column
+DECLARE
+  c_waiting  CONSTANT text := 'waiting';     -- docs/query-plans.md#constants-instead-of-literals
+  c_processing CONSTANT text := 'processing';
+BEGIN
+  -- The keys' locks, in the global order of every decision (_outbox_keys_decide).
+  INSERT INTO pgfence.outbox_key AS k (channel, ordering_key)
+  SELECT d.c, d.k FROM (SELECT DISTINCT u.c, u.k FROM unnest(p_channels, p_keys) AS u(c, k)) d
+  ORDER BY d.c COLLATE "C", d.k COLLATE "C"
+  ON CONFLICT (channel, ordering_key) DO UPDATE SET decisions = k.decisions + 1, updated_at = now();
+
+  RETURN QUERY
+  WITH settled AS (
+    SELECT u.id, u.c AS channel, u.k AS ordering_key, u.receipt
+    FROM unnest(p_settled, p_channels, p_keys, p_receipts) AS u(id, c, k, receipt)
+  ), keys AS (
+    SELECT DISTINCT settled.channel, settled.ordering_key FROM settled
+  ), rules AS MATERIALIZED (  -- one settings lookup per channel, not per key
+    SELECT ch.channel, s.key_max_in_flight, s.key_rate, s.key_dead_policy, s.limit_key,
+           coalesce(p_lease, s.lease) AS lease
+    FROM (SELECT DISTINCT keys.channel FROM keys) ch, LATERAL pgfence._outbox_settings(ch.channel) s
+  ), st AS (  -- per key, one walk of its unfinished messages (id order): the turns free once
+               -- this round's settle is done (as a decision counts them), and what waits
+    SELECT keys.channel, keys.ordering_key, rules.lease,
+           greatest(rules.key_max_in_flight - c.live, 0) AS room, c.waiting_ids, c.waiting_due
+    FROM keys JOIN rules ON rules.channel = keys.channel,
+    LATERAL (SELECT count(*) FILTER (WHERE o.id <> ALL (p_settled)
+                                       AND (o.status IN ('pending', 'processing')
+                                            OR (o.status IN ('failed', 'dead') AND rules.key_dead_policy = 'block'
+                                                AND NOT pgfence._outbox_key_derived(rules.limit_key, keys.ordering_key)))) AS live,
+                    array_agg(o.id ORDER BY o.id) FILTER (WHERE o.status = c_waiting) AS waiting_ids,
+                    array_agg(o.next_attempt_at ORDER BY o.id) FILTER (WHERE o.status = c_waiting) AS waiting_due
+             FROM pgfence.outbox o
+             WHERE o.channel = keys.channel AND o.ordering_key = keys.ordering_key
+               AND o.status <> 'sent' AND o.status <> 'canceled') c  -- matches outbox_key_idx
+    WHERE rules.key_rate IS NULL
+  ), next AS (  -- what a decision would promote: the oldest waiting messages the room allows
+    SELECT st.channel, st.ordering_key, st.lease, w.id, w.next_attempt_at
+    FROM st, unnest(st.waiting_ids[1:st.room], st.waiting_due[1:st.room]) AS w(id, next_attempt_at)
+    WHERE st.room > 0
+  ), ready AS (  -- keys whose next messages are all due now, earliest due first
+    SELECT next.channel, next.ordering_key, count(*) AS n,
+           sum(count(*)) OVER (ORDER BY min(next.next_attempt_at), min(next.id)) AS upto
+    FROM next GROUP BY next.channel, next.ordering_key
+    HAVING bool_and(next.next_attempt_at <= now())
+  ), moves AS (  -- the handed keys, whole, within the batch: their next messages and their settled ones
+    SELECT next.id, true AS handed, next.lease, NULL::jsonb AS receipt
+    FROM next JOIN ready USING (channel, ordering_key) WHERE ready.upto <= p_batch
+    UNION ALL
+    SELECT settled.id, false, NULL::interval, settled.receipt
+    FROM settled JOIN ready USING (channel, ordering_key) WHERE ready.upto <= p_batch
+  ), moved AS (
+    UPDATE pgfence.outbox o
+    SET status = CASE WHEN m.handed THEN 'processing' ELSE 'sent' END,
+        attempts = CASE WHEN m.handed THEN o.attempts + 1 ELSE o.attempts END,
+        locked_by = CASE WHEN m.handed THEN p_worker END,
+        lease_expires_at = CASE WHEN m.handed THEN now() + m.lease END,
+        claimed_at = CASE WHEN m.handed THEN now() ELSE o.claimed_at END,
+        finished_at = CASE WHEN m.handed THEN NULL ELSE now() END,
+        receipt = CASE WHEN m.handed THEN o.receipt ELSE m.receipt END,
+        last_error = CASE WHEN m.handed THEN o.last_error END,
+        updated_at = now()
+    FROM moves m
+    WHERE o.id = m.id AND o.status = CASE WHEN m.handed THEN c_waiting ELSE c_processing END
+    RETURNING m.handed, o.id, o.channel, o.recipient, o.payload, o.idempotency_key, o.attempts,
+              o.max_attempts, o.lease_expires_at - now() AS lease, o.lease_expires_at,
+              o.created_at, o.next_attempt_at AS due_at)
+  SELECT m.handed, m.id, m.channel, m.recipient, m.payload, m.idempotency_key, m.attempts,
+         m.max_attempts, m.lease, m.lease_expires_at, m.created_at
+  FROM moved m ORDER BY m.handed, m.due_at, m.id;
+END
+$$;
+REVOKE ALL ON FUNCTION pgfence._outbox_keys_hand_off(bigint[], text[], text[], jsonb[], text, integer, interval) FROM PUBLIC;
+COMMENT ON FUNCTION pgfence._outbox_keys_hand_off(bigint[], text[], text[], jsonb[], text, integer, interval) IS
+  'Private: settle a round''s keyed messages and claim their keys'' next ones for p_worker, at once.
+Called by outbox_settle_and_claim before its settle, with the keyed messages it is settling
+(element i: id, channel, ordering key, receipt), which it has locked in id order and found
+processing under the attempt it was given. Locks their keys in the global order. A key is handed off when every
+message a decision would promote (its oldest waiting ones, id order, up to key_max_in_flight
+minus the turns it holds besides the settled ones) is due now and they fit in p_batch (keys by
+earliest due); never on a channel with a key_rate. One UPDATE then marks the key''s settled
+messages sent (as outbox_mark_sent_many) and moves its next ones waiting -> processing (attempts
++ 1, owner p_worker, lease p_lease or the channel''s, as outbox_claim); its statement trigger
+skips the decision of those keys. Returns the settled ones (handed false, id only meaningful)
+and the claimed ones (handed true, the columns of outbox_claim). The caller validates worker
+and lease, and settles the other messages. Errors: 40001 (REPEATABLE READ or SERIALIZABLE: a
+concurrent decision on a key; retry).';

@@ -4,9 +4,36 @@
 --           -> the claimed messages, then one row with the ids settled and the next due time
 -- Called by executors (pgfence_executor) in place of outbox_mark_sent_many + outbox_claim (+
 -- outbox_next_due): one round trip and one durable commit per batch instead of two or three.
--- It calls those functions, so every mark is fenced and every claim locked exactly as theirs;
--- the claim is committed before the call returns, so before any of its deliveries starts.
+-- It calls those functions (or their parts), so every mark is fenced and every claim locked
+-- exactly as theirs; the claim is committed before the call returns, so before any of its
+-- deliveries starts. The settle of a keyed message may hand its key's next message to the same
+-- worker (the hand-off: 16_outbox_keys.sql), a claim that counts against the batch.
 -- Errors: functions/ERRORS.md.
+
+CREATE OR REPLACE FUNCTION pgfence._outbox_check_claimer(p_worker text, p_lease interval)
+RETURNS void
+LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, pgfence, pg_temp
+AS $$
+BEGIN
+  -- The same checks, errors and messages as outbox_claim's (a hand-off is a claim).
+  IF p_worker IS NULL OR p_worker = '' OR length(p_worker) > 200 THEN
+    RAISE EXCEPTION 'outbox: worker must be a non-empty name of at most 200 characters'
+      USING ERRCODE = '22023', DETAIL = 'The worker name is recorded as the owner of every message it claims.',
+            HINT = 'Use something an operator can trace, e.g. host:pid.';
+  END IF;
+  IF p_lease IS NOT NULL AND (p_lease <= interval '0' OR p_lease > interval '1 day') THEN
+    RAISE EXCEPTION 'outbox: lease must be positive and at most 1 day, got %', p_lease
+      USING ERRCODE = '22023', DETAIL = 'A lease longer than a day would keep a crashed worker''s messages for that long; nothing was claimed.',
+            HINT = 'Pass NULL for the channel''s lease, or e.g. interval ''5 minutes''.';
+  END IF;
+END
+$$;
+REVOKE ALL ON FUNCTION pgfence._outbox_check_claimer(text, interval) FROM PUBLIC;
+COMMENT ON FUNCTION pgfence._outbox_check_claimer(text, interval) IS
+  'Private: raises unless worker and lease are valid for a claim (those of outbox_claim).
+Used by outbox_settle_and_claim before a hand-off, which claims without calling outbox_claim.
+Errors: 22023 (empty or over-long worker, lease not in (0, 1 day]).';
 
 CREATE OR REPLACE FUNCTION pgfence.outbox_settle_and_claim(
   p_ids      bigint[],
@@ -34,8 +61,16 @@ RETURNS TABLE (
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pgfence, pg_temp
 AS $$
+#variable_conflict use_column
 DECLARE
-  v_sent bigint[] := '{}';
+  v_sent   bigint[] := '{}';
+  v_handed   integer := 0;
+  v_keyed    bigint[];
+  v_channels text[];
+  v_keys     text[];
+  v_receipts jsonb[];
+  r          record;
+  c_processing CONSTANT text := 'processing';  -- docs/query-plans.md#constants-instead-of-literals
 BEGIN
   -- Checked before anything is written, so that a bad batch never leaves a half-done call.
   IF p_batch IS NULL OR p_batch NOT BETWEEN 0 AND 10000 THEN
@@ -44,16 +79,58 @@ BEGIN
             DETAIL = 'batch is how many messages to claim after settling; 0 settles only.',
             HINT = 'Claim at most as many messages as you can deliver within one lease.';
   END IF;
-  -- The settle first: its errors (22004, 22023, P0002) abort the call before anything is claimed.
-  IF p_ids IS NULL OR p_attempts IS NULL OR cardinality(p_ids) > 0 OR cardinality(p_attempts) > 0
+  -- The hand-off (16_outbox_keys.sql): the keyed messages of this round whose keys' next
+  -- messages are due are settled together with the claim of those, for this worker; those rows
+  -- count against the batch. Only with room to claim and well-formed arrays (outbox_mark_sent_many
+  -- raises for the others), worker and lease checked first as outbox_claim checks them.
+  IF p_batch > 0 AND cardinality(p_ids) > 0 AND cardinality(p_ids) = cardinality(p_attempts)
+     AND (p_receipts IS NULL OR cardinality(p_receipts) = cardinality(p_ids)) THEN
+    PERFORM pgfence._outbox_check_claimer(p_worker, p_lease);
+    -- Lock every row to settle in id order, as outbox_mark_sent_many does (concurrent settles
+    -- wait for each other instead of deadlocking), noting the keyed ones this call may settle.
+    SELECT array_agg(l.id) FILTER (WHERE l.ordering_key IS NOT NULL) INTO v_keyed
+    FROM (SELECT o.id, o.ordering_key FROM pgfence.outbox o
+          WHERE o.id = ANY (p_ids) ORDER BY o.id FOR UPDATE) l;
+    IF v_keyed IS NOT NULL THEN
+      -- of those, the ones fenced as the settle fences them (processing under their attempt)
+      SELECT array_agg(o.id), array_agg(o.channel), array_agg(o.ordering_key), array_agg(u.receipt)
+        INTO v_keyed, v_channels, v_keys, v_receipts
+      FROM unnest(p_ids, p_attempts, p_receipts) AS u(id, attempt, receipt)
+      JOIN pgfence.outbox o ON o.id = u.id
+      WHERE u.id = ANY (v_keyed) AND o.attempts = u.attempt AND o.status = c_processing
+        AND (p_channels IS NULL OR o.channel = ANY (p_channels));
+    END IF;
+    IF v_keyed IS NOT NULL THEN
+      FOR r IN SELECT * FROM pgfence._outbox_keys_hand_off(v_keyed, v_channels, v_keys, v_receipts,
+                                                            p_worker, p_batch, p_lease) LOOP
+        IF r.handed THEN
+          id := r.id; channel := r.channel; recipient := r.recipient; payload := r.payload;
+          idempotency_key := r.idempotency_key; attempt := r.attempt; max_attempts := r.max_attempts;
+          lease := r.lease; lease_expires_at := r.lease_expires_at; created_at := r.created_at;
+          sent := NULL; next_due := NULL;
+          RETURN NEXT;
+          v_handed := v_handed + 1;
+        ELSE
+          v_sent := v_sent || r.id;
+        END IF;
+      END LOOP;
+    END IF;
+    -- The others, as outbox_mark_sent_many marks them (the rows are locked already). Its error
+    -- (P0002) aborts the whole call, hand-off included.
+    IF cardinality(v_sent) < cardinality(p_ids) THEN
+      v_sent := v_sent || ARRAY(SELECT s FROM pgfence._outbox_mark_sent_rows(p_ids, p_attempts, p_receipts,
+                                                                                cardinality(v_sent)) AS s);
+    END IF;
+  ELSIF p_ids IS NULL OR p_attempts IS NULL OR cardinality(p_ids) > 0 OR cardinality(p_attempts) > 0
      OR cardinality(p_receipts) > 0 THEN
+    -- The settle only: its errors (22004, 22023, P0002) abort the call before anything is claimed.
     v_sent := ARRAY(SELECT s FROM pgfence.outbox_mark_sent_many(p_ids, p_attempts, p_receipts) AS s);
   END IF;
-  IF p_batch > 0 THEN
+  IF p_batch > v_handed THEN
     RETURN QUERY
     SELECT c.id, c.channel, c.recipient, c.payload, c.idempotency_key, c.attempt, c.max_attempts,
            c.lease, c.lease_expires_at, c.created_at, NULL::bigint[], NULL::interval
-    FROM pgfence.outbox_claim(p_worker, p_batch, p_channels, p_lease) c;
+    FROM pgfence.outbox_claim(p_worker, p_batch - v_handed, p_channels, p_lease) c;
   END IF;
   -- Last, one row with the settlement: a statement of its own, so it sees the claim above.
   RETURN QUERY
@@ -68,5 +145,6 @@ GRANT EXECUTE ON FUNCTION pgfence.outbox_settle_and_claim(bigint[], integer[], j
 COMMENT ON FUNCTION pgfence.outbox_settle_and_claim(bigint[], integer[], jsonb[], text, integer, text[], interval) IS
   'Mark a batch of messages sent and claim the next batch in one statement and one durable commit.
 The executor''s hot path: outbox_mark_sent_many(p_ids, p_attempts, p_receipts), then outbox_claim(p_worker, p_batch, p_channels, p_lease), in one transaction, so a batch costs one round trip and one commit instead of two. Every mark is fenced exactly as in outbox_mark_sent_many (element i of ids/attempts/receipts is one message and its fence), and the claim locks with SKIP LOCKED exactly as outbox_claim; the claim is committed when the call returns, before any of its messages can be delivered. Empty ids and attempts settle nothing; p_batch 0 claims nothing (then p_worker and p_lease are not read).
+The hand-off: with p_batch 1 or more, a settled message with an ordering key whose key''s next messages are due now (and whose channel has no key_rate, and is in p_channels) is marked sent in the same UPDATE that claims those next messages for p_worker, waiting -> processing (attempt + 1, leased as by outbox_claim; a claim event when the channel logs events): they come first among the claimed rows and count against p_batch; order and key_max_in_flight hold as at any turn decision. The other keys'' next messages are promoted to pending as by outbox_mark_sent_many.
 Returns the claimed messages (the columns of outbox_claim, oldest due first; sent and next_due NULL), then always one last row whose claim columns are NULL: sent = the ids this call moved to sent (the others were stale claims, lost races), next_due = outbox_next_due(p_channels) after this claim (0: more is due now; NULL: nothing pending).
 Errors: 22004 (ids or attempts NULL), 22023 (batch outside 0..10000; ids, attempts and receipts of different lengths; with batch 1 or more: empty worker, lease not in (0, 1 day]), P0002 (an unknown id: nothing is marked or claimed).';

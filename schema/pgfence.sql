@@ -1199,6 +1199,7 @@ Errors: 22004 (module or ids NULL), 22023 (unknown module, more than 10000 ids).
 --                                                          or --> dead    (no attempts left)
 --   failed | dead --outbox_requeue--> pending  (operator; grants more attempts)
 --   waiting --its key's turn--> pending  (a message with an ordering_key: 16_outbox_keys.sql)
+--   waiting --its key's turn, handed off--> processing  (outbox_settle_and_claim: a claim)
 --   waiting | pending | failed | dead --outbox_cancel--> canceled          (terminal)
 --
 -- Fence token: the attempt. `attempts` is bumped by every claim and returned as `attempt`; an
@@ -1264,6 +1265,8 @@ BEGIN
         OR (OLD.status IN ('failed', 'dead') AND NEW.status IN ('pending', 'waiting') AND NEW.attempts = OLD.attempts)
         -- ordering keys (16_outbox_keys.sql): a waiting message is promoted to pending
         OR (OLD.status = 'waiting'    AND NEW.status IN ('waiting', 'pending') AND NEW.attempts = OLD.attempts)
+        -- the hand-off (outbox_settle_and_claim): a key's next message claimed as its turn comes
+        OR (OLD.status = 'waiting'    AND NEW.status = 'processing' AND NEW.attempts = OLD.attempts + 1)
         -- outbox_cancel: a message that is not being delivered and not sent
         OR (OLD.status IN ('waiting', 'pending', 'failed', 'dead') AND NEW.status = 'canceled'
                                       AND NEW.attempts = OLD.attempts))
@@ -1275,12 +1278,12 @@ BEGIN
     RAISE EXCEPTION 'illegal outbox transition for message %: % -> % (attempts % -> %)',
       OLD.id, OLD.status, NEW.status, OLD.attempts, NEW.attempts
       USING ERRCODE = 'PF001',
-            DETAIL = 'Allowed: pending->processing (attempts+1), pending->pending, processing->processing|pending|sent|failed|dead, failed|dead->pending|waiting (requeue), waiting->waiting|pending (a keyed message''s turn), waiting|pending|failed|dead->canceled (outbox_cancel); a sent or canceled message never changes again. Always: attempts <= max_attempts (< when pending or waiting: it must have an attempt left), waiting only with an ordering_key, owner and lease iff processing, finished_at iff sent|failed|dead|canceled.',
+            DETAIL = 'Allowed: pending->processing (attempts+1), pending->pending, processing->processing|pending|sent|failed|dead, failed|dead->pending|waiting (requeue), waiting->waiting|pending (a keyed message''s turn), waiting->processing (attempts+1: a hand-off), waiting|pending|failed|dead->canceled (outbox_cancel); a sent or canceled message never changes again. Always: attempts <= max_attempts (< when pending or waiting: it must have an attempt left), waiting only with an ordering_key, owner and lease iff processing, finished_at iff sent|failed|dead|canceled.',
             HINT = 'Use the pgfence.outbox_* functions; they make only legal moves.';
   END IF;
   IF NEW.log_events THEN
     PERFORM pgfence._event('outbox', NEW.id,
-      CASE WHEN OLD.status = 'pending' AND NEW.status = 'processing' THEN 'claim'
+      CASE WHEN OLD.status IN ('pending', 'waiting') AND NEW.status = 'processing' THEN 'claim'
            WHEN OLD.status = NEW.status THEN 'update'
            ELSE 'transition' END,
       OLD.status, NEW.status, NEW.attempts,
@@ -1293,6 +1296,14 @@ BEGIN
       coalesce(nullif(current_setting('pgfence.actor', true), ''),
                CASE WHEN NEW.status = 'processing' THEN NEW.locked_by
                     WHEN OLD.status = 'processing' THEN OLD.locked_by END));
+  END IF;
+  -- A keyed message's turn ends (16_outbox_keys.sql): the statement's key decision
+  -- (outbox_keys_turns_ended) has work. Only a hint, read by that trigger's WHEN so that a
+  -- statement ending no keyed turn pays nothing for it: set, it makes the trigger look at the
+  -- statement's rows, which decide; a client who sets it can only cause such a look.
+  IF NEW.ordering_key IS NOT NULL AND NEW.status IN ('sent', 'failed', 'dead', 'canceled', 'waiting')
+     AND current_setting('pgfence.outbox_keys_turns_ended', true) IS DISTINCT FROM 'on' THEN
+    PERFORM set_config('pgfence.outbox_keys_turns_ended', 'on', true);
   END IF;
   RETURN NEW;
 END
@@ -1987,6 +1998,7 @@ Errors: none.';
 --         outbox_mark_sent_many(ids[], attempts[], receipts[]) -> the ids moved to sent
 --         outbox_mark_sent_and_claim(id, attempt, receipt, worker, batch, channels, lease)
 --         outbox_mark_failed(id, attempt, error, retryable, retry_after) -> the new status
+-- Private: _outbox_mark_sent_rows (the fenced UPDATE of the _many call, on rows already locked).
 -- Called by executors (pgfence_executor). Every write matches the claim's attempt (the fence
 -- token) and status processing: a stale claim changes nothing and answers false / NULL (a lost
 -- race, not an error). Retries back off by the channel's settings (pgfence.backoff).
@@ -2032,6 +2044,53 @@ the message, or it is already finished): a lost race, nothing changed. A lapsed 
 reclaimed yet is still accepted, since the delivery did happen.
 Errors: 22004 (id or attempt NULL), P0002 (unknown id).';
 
+CREATE OR REPLACE FUNCTION pgfence._outbox_mark_sent_rows(
+  p_ids      bigint[],
+  p_attempts integer[],
+  p_receipts jsonb[],
+  p_done     integer DEFAULT 0
+)
+RETURNS SETOF bigint
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pgfence, pg_temp
+SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
+SET enable_bitmapscan = off
+AS $$
+DECLARE
+  v_missing bigint;
+  v_rows    bigint;
+  c_processing CONSTANT text := 'processing';  -- docs/query-plans.md#constants-instead-of-literals
+BEGIN
+  RETURN QUERY
+  UPDATE pgfence.outbox o
+  SET status = 'sent', receipt = u.receipt, finished_at = now(), last_error = NULL,
+      locked_by = NULL, lease_expires_at = NULL, updated_at = now()
+  FROM unnest(p_ids, p_attempts, coalesce(p_receipts, array_fill(NULL::jsonb, ARRAY[cardinality(p_ids)])))
+         AS u(id, attempt, receipt)
+  WHERE o.id = u.id AND o.attempts = u.attempt AND o.status = c_processing
+  RETURNING o.id;
+  GET DIAGNOSTICS v_rows = ROW_COUNT;
+  IF v_rows + p_done < cardinality(p_ids) THEN
+    SELECT u.id INTO v_missing FROM unnest(p_ids) AS u(id)
+    WHERE NOT EXISTS (SELECT 1 FROM pgfence.outbox o WHERE o.id = u.id) LIMIT 1;
+    IF v_missing IS NOT NULL THEN
+      RAISE EXCEPTION 'outbox_mark_sent_many: no message with id %', v_missing
+        USING ERRCODE = 'P0002', DETAIL = 'No message has this id: it never existed, or a purge deleted it.',
+              HINT = 'Nothing was marked; check the ids.';
+    END IF;
+  END IF;
+END
+$$;
+REVOKE ALL ON FUNCTION pgfence._outbox_mark_sent_rows(bigint[], integer[], jsonb[], integer) FROM PUBLIC;
+COMMENT ON FUNCTION pgfence._outbox_mark_sent_rows(bigint[], integer[], jsonb[], integer) IS
+  'Private: the fenced UPDATE of outbox_mark_sent_many, on rows the caller has locked in id order.
+Element i of ids / attempts / receipts (NULL: none) is one (id, fence token, receipt); returns the
+ids moved to sent. p_done: how many of the ids the caller has settled itself (a hand-off), so that
+only a real shortfall looks for an unknown id. Called by outbox_mark_sent_many and
+outbox_settle_and_claim after their lock pass. Errors: P0002 (an unknown id; nothing is marked:
+the caller''s statement fails).';
+
 CREATE OR REPLACE FUNCTION pgfence.outbox_mark_sent_many(
   p_ids      bigint[],
   p_attempts integer[],
@@ -2045,10 +2104,6 @@ SET enable_seqscan = off
 SET enable_bitmapscan = off
 SET jit = off  -- row estimates of array joins are inflated; JIT compilation would cost ~0.2 s
 AS $$
-DECLARE
-  v_missing bigint;
-  v_rows    bigint;
-  c_processing CONSTANT text := 'processing';  -- docs/query-plans.md#constants-instead-of-literals
 BEGIN
   IF p_ids IS NULL OR p_attempts IS NULL THEN
     RAISE EXCEPTION 'outbox_mark_sent_many: ids and attempts are required'
@@ -2068,24 +2123,7 @@ BEGIN
   -- orders deadlocked (40P01); in id order one of them waits for the other, then finds its
   -- claims stale (a lost race). No SKIP LOCKED: a concurrent mark is waited for, not skipped.
   PERFORM 1 FROM pgfence.outbox o WHERE o.id = ANY (p_ids) ORDER BY o.id FOR UPDATE;
-  RETURN QUERY
-  UPDATE pgfence.outbox o
-  SET status = 'sent', receipt = u.receipt, finished_at = now(), last_error = NULL,
-      locked_by = NULL, lease_expires_at = NULL, updated_at = now()
-  FROM unnest(p_ids, p_attempts, coalesce(p_receipts, array_fill(NULL::jsonb, ARRAY[cardinality(p_ids)])))
-         AS u(id, attempt, receipt)
-  WHERE o.id = u.id AND o.attempts = u.attempt AND o.status = c_processing
-  RETURNING o.id;
-  GET DIAGNOSTICS v_rows = ROW_COUNT;
-  IF v_rows < cardinality(p_ids) THEN
-    SELECT u.id INTO v_missing FROM unnest(p_ids) AS u(id)
-    WHERE NOT EXISTS (SELECT 1 FROM pgfence.outbox o WHERE o.id = u.id) LIMIT 1;
-    IF v_missing IS NOT NULL THEN
-      RAISE EXCEPTION 'outbox_mark_sent_many: no message with id %', v_missing
-        USING ERRCODE = 'P0002', DETAIL = 'No message has this id: it never existed, or a purge deleted it.',
-              HINT = 'Nothing was marked; check the ids.';
-    END IF;
-  END IF;
+  RETURN QUERY SELECT s FROM pgfence._outbox_mark_sent_rows(p_ids, p_attempts, p_receipts) AS s;
 END
 $$;
 REVOKE ALL ON FUNCTION pgfence.outbox_mark_sent_many(bigint[], integer[], jsonb[]) FROM PUBLIC;
@@ -2671,8 +2709,11 @@ Errors: 22023 (unknown status, limit outside 1..10000).';
 -- pgfence.outbox_key, taken in one global order (channel, key, collation "C") so that two
 -- decisions over overlapping keys wait for each other instead of deadlocking: decisions on one
 -- key are serialized and each sees the previous one. A key's rate (GCRA token bucket on now())
--- sets the due time of the messages it promotes. Keyless statements pay one look at the updated
--- rows. Errors: functions/ERRORS.md.
+-- sets the due time of the messages it promotes. A statement that ends no keyed turn does not
+-- call the decision's trigger (its WHEN reads a hint the row guard sets). In a claim round the
+-- settle of a keyed message can hand its key on to the same worker (_outbox_keys_hand_off,
+-- called by outbox_settle_and_claim), skipping the promotion to pending and the claim.
+-- Errors: functions/ERRORS.md.
 
 COMMENT ON TABLE pgfence.outbox_key IS
   'Ordering keys of the outbox with unfinished messages: the lock and the token bucket of each.
@@ -2942,9 +2983,18 @@ DECLARE
   v_channels text[];
   v_keys     text[];
 BEGIN
-  SELECT array_agg(n.channel), array_agg(n.ordering_key) INTO v_channels, v_keys
-  FROM outbox_turns_ended n
-  WHERE n.ordering_key IS NOT NULL AND n.status IN ('sent', 'failed', 'dead', 'canceled', 'waiting');
+  -- The hint that brought us here (tg_outbox_guard) is spent: cleared before the decision,
+  -- whose own UPDATE (a promotion) must not fire this again.
+  PERFORM set_config('pgfence.outbox_keys_turns_ended', '', true);
+  -- One pass over the statement's keyed rows, per key: decided if a row of it ended its turn,
+  -- unless the statement also claimed one of it (a hand-off, _outbox_keys_hand_off: it took the
+  -- key's next turns itself).
+  SELECT array_agg(d.channel), array_agg(d.ordering_key) INTO v_channels, v_keys
+  FROM (SELECT n.channel, n.ordering_key FROM outbox_turns_ended n
+        WHERE n.ordering_key IS NOT NULL
+        GROUP BY n.channel, n.ordering_key
+        HAVING bool_or(n.status IN ('sent', 'failed', 'dead', 'canceled', 'waiting'))
+           AND NOT coalesce(bool_or(n.status = 'processing' AND n.claimed_at = now()), false)) d;
   IF v_keys IS NOT NULL THEN
     PERFORM pgfence._outbox_keys_decide(v_channels, v_keys);
   END IF;
@@ -2954,10 +3004,15 @@ $$;
 REVOKE ALL ON FUNCTION pgfence.tg_outbox_keys_turns_ended() FROM PUBLIC;
 COMMENT ON FUNCTION pgfence.tg_outbox_keys_turns_ended() IS
   'Trigger: decides, once per UPDATE statement, the turns of the keys whose messages it ended.
-AFTER UPDATE statement trigger on pgfence.outbox with the updated rows as a transition table:
+AFTER UPDATE statement trigger on pgfence.outbox with the updated rows as a transition table,
+called only when tg_outbox_guard has seen a keyed row end its turn in the statement (the hint
+pgfence.outbox_keys_turns_ended, a transaction setting; a client who sets it only causes a
+decision over the statement''s real rows, which is always safe):
 the keys of rows left sent, failed, dead, canceled or waiting (requeued) go to one
 _outbox_keys_decide (the global lock order), in the settling transaction, so that a claim in the
-same call (outbox_settle_and_claim) sees each key''s next message.';
+same call (outbox_settle_and_claim) sees each key''s next message. A key of which the statement
+also claimed a message (a row left processing, claimed at now()) is skipped: only a hand-off
+(_outbox_keys_hand_off) does both, and it has taken the key''s next turns itself.';
 
 CREATE OR REPLACE FUNCTION pgfence.tg_outbox_key_deleted()
 RETURNS trigger
@@ -2988,16 +3043,151 @@ CREATE CONSTRAINT TRIGGER outbox_key_enqueued
 -- the key's next message; once per statement (a settle of 50 messages makes one decision).
 DROP TRIGGER IF EXISTS outbox_key_turn_ended ON pgfence.outbox;
 DROP TRIGGER IF EXISTS outbox_keys_turns_ended ON pgfence.outbox;
+-- The WHEN reads the hint tg_outbox_guard sets for a row that ends a keyed turn: a statement
+-- that ends none (every keyless claim and settle) does not call the function.
 CREATE TRIGGER outbox_keys_turns_ended
   AFTER UPDATE ON pgfence.outbox
   REFERENCING NEW TABLE AS outbox_turns_ended
   FOR EACH STATEMENT
+  WHEN (current_setting('pgfence.outbox_keys_turns_ended', true) = 'on')
   EXECUTE FUNCTION pgfence.tg_outbox_keys_turns_ended();
 CREATE OR REPLACE TRIGGER outbox_key_deleted
   AFTER DELETE ON pgfence.outbox
   FOR EACH ROW
   WHEN (OLD.ordering_key IS NOT NULL AND OLD.status IN ('pending', 'processing', 'failed', 'dead'))
   EXECUTE FUNCTION pgfence.tg_outbox_key_deleted();
+
+-- ---------------------------------------------------------------------------------------------
+-- The hand-off (outbox_settle_and_claim): a settled message's key goes on with the same worker
+--
+-- When a claim round settles a keyed message and has room to claim, the key's next message (if
+-- due now) goes waiting -> processing straight to the same worker, fenced and leased like a claim,
+-- in the same UPDATE that marks the settled one sent: instead of waiting -> pending (a decision)
+-- and pending -> processing (a claim), one write of the row, one walk of the due index and one
+-- decision fewer per keyed message. One leaves, one enters: the key's turns are counted as a
+-- decision counts them, without the messages this round settles, so order (id order) and
+-- key_max_in_flight hold exactly as at a decision. A key is handed off whole or not at all:
+-- all the messages a decision would promote (key_max_in_flight minus the turns it holds, or all
+-- that wait if fewer) must be due now and fit in the round's batch; then that UPDATE's decision
+-- (tg_outbox_keys_turns_ended) is skipped for the key: it would promote nothing. Any other key
+-- (a message not yet due, a key with a rate, no room left) is settled by outbox_mark_sent_many
+-- and decided by its trigger, as without the hand-off.
+-- ---------------------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION pgfence._outbox_keys_hand_off(
+  p_settled  bigint[],
+  p_channels text[],
+  p_keys     text[],
+  p_receipts jsonb[],
+  p_worker   text,
+  p_batch    integer,
+  p_lease    interval
+)
+RETURNS TABLE (
+  handed           boolean,
+  id               bigint,
+  channel          text,
+  recipient        text,
+  payload          jsonb,
+  idempotency_key  text,
+  attempt          integer,
+  max_attempts     integer,
+  lease            interval,
+  lease_expires_at timestamptz,
+  created_at       timestamptz
+)
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pgfence, pg_temp
+SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
+SET enable_bitmapscan = off
+AS $$
+#variable_conflict use_column
+DECLARE
+  c_waiting  CONSTANT text := 'waiting';     -- docs/query-plans.md#constants-instead-of-literals
+  c_processing CONSTANT text := 'processing';
+BEGIN
+  -- The keys' locks, in the global order of every decision (_outbox_keys_decide).
+  INSERT INTO pgfence.outbox_key AS k (channel, ordering_key)
+  SELECT d.c, d.k FROM (SELECT DISTINCT u.c, u.k FROM unnest(p_channels, p_keys) AS u(c, k)) d
+  ORDER BY d.c COLLATE "C", d.k COLLATE "C"
+  ON CONFLICT (channel, ordering_key) DO UPDATE SET decisions = k.decisions + 1, updated_at = now();
+
+  RETURN QUERY
+  WITH settled AS (
+    SELECT u.id, u.c AS channel, u.k AS ordering_key, u.receipt
+    FROM unnest(p_settled, p_channels, p_keys, p_receipts) AS u(id, c, k, receipt)
+  ), keys AS (
+    SELECT DISTINCT settled.channel, settled.ordering_key FROM settled
+  ), rules AS MATERIALIZED (  -- one settings lookup per channel, not per key
+    SELECT ch.channel, s.key_max_in_flight, s.key_rate, s.key_dead_policy, s.limit_key,
+           coalesce(p_lease, s.lease) AS lease
+    FROM (SELECT DISTINCT keys.channel FROM keys) ch, LATERAL pgfence._outbox_settings(ch.channel) s
+  ), st AS (  -- per key, one walk of its unfinished messages (id order): the turns free once
+               -- this round's settle is done (as a decision counts them), and what waits
+    SELECT keys.channel, keys.ordering_key, rules.lease,
+           greatest(rules.key_max_in_flight - c.live, 0) AS room, c.waiting_ids, c.waiting_due
+    FROM keys JOIN rules ON rules.channel = keys.channel,
+    LATERAL (SELECT count(*) FILTER (WHERE o.id <> ALL (p_settled)
+                                       AND (o.status IN ('pending', 'processing')
+                                            OR (o.status IN ('failed', 'dead') AND rules.key_dead_policy = 'block'
+                                                AND NOT pgfence._outbox_key_derived(rules.limit_key, keys.ordering_key)))) AS live,
+                    array_agg(o.id ORDER BY o.id) FILTER (WHERE o.status = c_waiting) AS waiting_ids,
+                    array_agg(o.next_attempt_at ORDER BY o.id) FILTER (WHERE o.status = c_waiting) AS waiting_due
+             FROM pgfence.outbox o
+             WHERE o.channel = keys.channel AND o.ordering_key = keys.ordering_key
+               AND o.status <> 'sent' AND o.status <> 'canceled') c  -- matches outbox_key_idx
+    WHERE rules.key_rate IS NULL
+  ), next AS (  -- what a decision would promote: the oldest waiting messages the room allows
+    SELECT st.channel, st.ordering_key, st.lease, w.id, w.next_attempt_at
+    FROM st, unnest(st.waiting_ids[1:st.room], st.waiting_due[1:st.room]) AS w(id, next_attempt_at)
+    WHERE st.room > 0
+  ), ready AS (  -- keys whose next messages are all due now, earliest due first
+    SELECT next.channel, next.ordering_key, count(*) AS n,
+           sum(count(*)) OVER (ORDER BY min(next.next_attempt_at), min(next.id)) AS upto
+    FROM next GROUP BY next.channel, next.ordering_key
+    HAVING bool_and(next.next_attempt_at <= now())
+  ), moves AS (  -- the handed keys, whole, within the batch: their next messages and their settled ones
+    SELECT next.id, true AS handed, next.lease, NULL::jsonb AS receipt
+    FROM next JOIN ready USING (channel, ordering_key) WHERE ready.upto <= p_batch
+    UNION ALL
+    SELECT settled.id, false, NULL::interval, settled.receipt
+    FROM settled JOIN ready USING (channel, ordering_key) WHERE ready.upto <= p_batch
+  ), moved AS (
+    UPDATE pgfence.outbox o
+    SET status = CASE WHEN m.handed THEN 'processing' ELSE 'sent' END,
+        attempts = CASE WHEN m.handed THEN o.attempts + 1 ELSE o.attempts END,
+        locked_by = CASE WHEN m.handed THEN p_worker END,
+        lease_expires_at = CASE WHEN m.handed THEN now() + m.lease END,
+        claimed_at = CASE WHEN m.handed THEN now() ELSE o.claimed_at END,
+        finished_at = CASE WHEN m.handed THEN NULL ELSE now() END,
+        receipt = CASE WHEN m.handed THEN o.receipt ELSE m.receipt END,
+        last_error = CASE WHEN m.handed THEN o.last_error END,
+        updated_at = now()
+    FROM moves m
+    WHERE o.id = m.id AND o.status = CASE WHEN m.handed THEN c_waiting ELSE c_processing END
+    RETURNING m.handed, o.id, o.channel, o.recipient, o.payload, o.idempotency_key, o.attempts,
+              o.max_attempts, o.lease_expires_at - now() AS lease, o.lease_expires_at,
+              o.created_at, o.next_attempt_at AS due_at)
+  SELECT m.handed, m.id, m.channel, m.recipient, m.payload, m.idempotency_key, m.attempts,
+         m.max_attempts, m.lease, m.lease_expires_at, m.created_at
+  FROM moved m ORDER BY m.handed, m.due_at, m.id;
+END
+$$;
+REVOKE ALL ON FUNCTION pgfence._outbox_keys_hand_off(bigint[], text[], text[], jsonb[], text, integer, interval) FROM PUBLIC;
+COMMENT ON FUNCTION pgfence._outbox_keys_hand_off(bigint[], text[], text[], jsonb[], text, integer, interval) IS
+  'Private: settle a round''s keyed messages and claim their keys'' next ones for p_worker, at once.
+Called by outbox_settle_and_claim before its settle, with the keyed messages it is settling
+(element i: id, channel, ordering key, receipt), which it has locked in id order and found
+processing under the attempt it was given. Locks their keys in the global order. A key is handed off when every
+message a decision would promote (its oldest waiting ones, id order, up to key_max_in_flight
+minus the turns it holds besides the settled ones) is due now and they fit in p_batch (keys by
+earliest due); never on a channel with a key_rate. One UPDATE then marks the key''s settled
+messages sent (as outbox_mark_sent_many) and moves its next ones waiting -> processing (attempts
++ 1, owner p_worker, lease p_lease or the channel''s, as outbox_claim); its statement trigger
+skips the decision of those keys. Returns the settled ones (handed false, id only meaningful)
+and the claimed ones (handed true, the columns of outbox_claim). The caller validates worker
+and lease, and settles the other messages. Errors: 40001 (REPEATABLE READ or SERIALIZABLE: a
+concurrent decision on a key; retry).';
 
 
 -- ==== functions/19_outbox_batch.sql
@@ -3007,9 +3197,36 @@ CREATE OR REPLACE TRIGGER outbox_key_deleted
 --           -> the claimed messages, then one row with the ids settled and the next due time
 -- Called by executors (pgfence_executor) in place of outbox_mark_sent_many + outbox_claim (+
 -- outbox_next_due): one round trip and one durable commit per batch instead of two or three.
--- It calls those functions, so every mark is fenced and every claim locked exactly as theirs;
--- the claim is committed before the call returns, so before any of its deliveries starts.
+-- It calls those functions (or their parts), so every mark is fenced and every claim locked
+-- exactly as theirs; the claim is committed before the call returns, so before any of its
+-- deliveries starts. The settle of a keyed message may hand its key's next message to the same
+-- worker (the hand-off: 16_outbox_keys.sql), a claim that counts against the batch.
 -- Errors: functions/ERRORS.md.
+
+CREATE OR REPLACE FUNCTION pgfence._outbox_check_claimer(p_worker text, p_lease interval)
+RETURNS void
+LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, pgfence, pg_temp
+AS $$
+BEGIN
+  -- The same checks, errors and messages as outbox_claim's (a hand-off is a claim).
+  IF p_worker IS NULL OR p_worker = '' OR length(p_worker) > 200 THEN
+    RAISE EXCEPTION 'outbox: worker must be a non-empty name of at most 200 characters'
+      USING ERRCODE = '22023', DETAIL = 'The worker name is recorded as the owner of every message it claims.',
+            HINT = 'Use something an operator can trace, e.g. host:pid.';
+  END IF;
+  IF p_lease IS NOT NULL AND (p_lease <= interval '0' OR p_lease > interval '1 day') THEN
+    RAISE EXCEPTION 'outbox: lease must be positive and at most 1 day, got %', p_lease
+      USING ERRCODE = '22023', DETAIL = 'A lease longer than a day would keep a crashed worker''s messages for that long; nothing was claimed.',
+            HINT = 'Pass NULL for the channel''s lease, or e.g. interval ''5 minutes''.';
+  END IF;
+END
+$$;
+REVOKE ALL ON FUNCTION pgfence._outbox_check_claimer(text, interval) FROM PUBLIC;
+COMMENT ON FUNCTION pgfence._outbox_check_claimer(text, interval) IS
+  'Private: raises unless worker and lease are valid for a claim (those of outbox_claim).
+Used by outbox_settle_and_claim before a hand-off, which claims without calling outbox_claim.
+Errors: 22023 (empty or over-long worker, lease not in (0, 1 day]).';
 
 CREATE OR REPLACE FUNCTION pgfence.outbox_settle_and_claim(
   p_ids      bigint[],
@@ -3037,8 +3254,16 @@ RETURNS TABLE (
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pgfence, pg_temp
 AS $$
+#variable_conflict use_column
 DECLARE
-  v_sent bigint[] := '{}';
+  v_sent   bigint[] := '{}';
+  v_handed   integer := 0;
+  v_keyed    bigint[];
+  v_channels text[];
+  v_keys     text[];
+  v_receipts jsonb[];
+  r          record;
+  c_processing CONSTANT text := 'processing';  -- docs/query-plans.md#constants-instead-of-literals
 BEGIN
   -- Checked before anything is written, so that a bad batch never leaves a half-done call.
   IF p_batch IS NULL OR p_batch NOT BETWEEN 0 AND 10000 THEN
@@ -3047,16 +3272,58 @@ BEGIN
             DETAIL = 'batch is how many messages to claim after settling; 0 settles only.',
             HINT = 'Claim at most as many messages as you can deliver within one lease.';
   END IF;
-  -- The settle first: its errors (22004, 22023, P0002) abort the call before anything is claimed.
-  IF p_ids IS NULL OR p_attempts IS NULL OR cardinality(p_ids) > 0 OR cardinality(p_attempts) > 0
+  -- The hand-off (16_outbox_keys.sql): the keyed messages of this round whose keys' next
+  -- messages are due are settled together with the claim of those, for this worker; those rows
+  -- count against the batch. Only with room to claim and well-formed arrays (outbox_mark_sent_many
+  -- raises for the others), worker and lease checked first as outbox_claim checks them.
+  IF p_batch > 0 AND cardinality(p_ids) > 0 AND cardinality(p_ids) = cardinality(p_attempts)
+     AND (p_receipts IS NULL OR cardinality(p_receipts) = cardinality(p_ids)) THEN
+    PERFORM pgfence._outbox_check_claimer(p_worker, p_lease);
+    -- Lock every row to settle in id order, as outbox_mark_sent_many does (concurrent settles
+    -- wait for each other instead of deadlocking), noting the keyed ones this call may settle.
+    SELECT array_agg(l.id) FILTER (WHERE l.ordering_key IS NOT NULL) INTO v_keyed
+    FROM (SELECT o.id, o.ordering_key FROM pgfence.outbox o
+          WHERE o.id = ANY (p_ids) ORDER BY o.id FOR UPDATE) l;
+    IF v_keyed IS NOT NULL THEN
+      -- of those, the ones fenced as the settle fences them (processing under their attempt)
+      SELECT array_agg(o.id), array_agg(o.channel), array_agg(o.ordering_key), array_agg(u.receipt)
+        INTO v_keyed, v_channels, v_keys, v_receipts
+      FROM unnest(p_ids, p_attempts, p_receipts) AS u(id, attempt, receipt)
+      JOIN pgfence.outbox o ON o.id = u.id
+      WHERE u.id = ANY (v_keyed) AND o.attempts = u.attempt AND o.status = c_processing
+        AND (p_channels IS NULL OR o.channel = ANY (p_channels));
+    END IF;
+    IF v_keyed IS NOT NULL THEN
+      FOR r IN SELECT * FROM pgfence._outbox_keys_hand_off(v_keyed, v_channels, v_keys, v_receipts,
+                                                            p_worker, p_batch, p_lease) LOOP
+        IF r.handed THEN
+          id := r.id; channel := r.channel; recipient := r.recipient; payload := r.payload;
+          idempotency_key := r.idempotency_key; attempt := r.attempt; max_attempts := r.max_attempts;
+          lease := r.lease; lease_expires_at := r.lease_expires_at; created_at := r.created_at;
+          sent := NULL; next_due := NULL;
+          RETURN NEXT;
+          v_handed := v_handed + 1;
+        ELSE
+          v_sent := v_sent || r.id;
+        END IF;
+      END LOOP;
+    END IF;
+    -- The others, as outbox_mark_sent_many marks them (the rows are locked already). Its error
+    -- (P0002) aborts the whole call, hand-off included.
+    IF cardinality(v_sent) < cardinality(p_ids) THEN
+      v_sent := v_sent || ARRAY(SELECT s FROM pgfence._outbox_mark_sent_rows(p_ids, p_attempts, p_receipts,
+                                                                                cardinality(v_sent)) AS s);
+    END IF;
+  ELSIF p_ids IS NULL OR p_attempts IS NULL OR cardinality(p_ids) > 0 OR cardinality(p_attempts) > 0
      OR cardinality(p_receipts) > 0 THEN
+    -- The settle only: its errors (22004, 22023, P0002) abort the call before anything is claimed.
     v_sent := ARRAY(SELECT s FROM pgfence.outbox_mark_sent_many(p_ids, p_attempts, p_receipts) AS s);
   END IF;
-  IF p_batch > 0 THEN
+  IF p_batch > v_handed THEN
     RETURN QUERY
     SELECT c.id, c.channel, c.recipient, c.payload, c.idempotency_key, c.attempt, c.max_attempts,
            c.lease, c.lease_expires_at, c.created_at, NULL::bigint[], NULL::interval
-    FROM pgfence.outbox_claim(p_worker, p_batch, p_channels, p_lease) c;
+    FROM pgfence.outbox_claim(p_worker, p_batch - v_handed, p_channels, p_lease) c;
   END IF;
   -- Last, one row with the settlement: a statement of its own, so it sees the claim above.
   RETURN QUERY
@@ -3071,6 +3338,7 @@ GRANT EXECUTE ON FUNCTION pgfence.outbox_settle_and_claim(bigint[], integer[], j
 COMMENT ON FUNCTION pgfence.outbox_settle_and_claim(bigint[], integer[], jsonb[], text, integer, text[], interval) IS
   'Mark a batch of messages sent and claim the next batch in one statement and one durable commit.
 The executor''s hot path: outbox_mark_sent_many(p_ids, p_attempts, p_receipts), then outbox_claim(p_worker, p_batch, p_channels, p_lease), in one transaction, so a batch costs one round trip and one commit instead of two. Every mark is fenced exactly as in outbox_mark_sent_many (element i of ids/attempts/receipts is one message and its fence), and the claim locks with SKIP LOCKED exactly as outbox_claim; the claim is committed when the call returns, before any of its messages can be delivered. Empty ids and attempts settle nothing; p_batch 0 claims nothing (then p_worker and p_lease are not read).
+The hand-off: with p_batch 1 or more, a settled message with an ordering key whose key''s next messages are due now (and whose channel has no key_rate, and is in p_channels) is marked sent in the same UPDATE that claims those next messages for p_worker, waiting -> processing (attempt + 1, leased as by outbox_claim; a claim event when the channel logs events): they come first among the claimed rows and count against p_batch; order and key_max_in_flight hold as at any turn decision. The other keys'' next messages are promoted to pending as by outbox_mark_sent_many.
 Returns the claimed messages (the columns of outbox_claim, oldest due first; sent and next_due NULL), then always one last row whose claim columns are NULL: sent = the ids this call moved to sent (the others were stale claims, lost races), next_due = outbox_next_due(p_channels) after this claim (0: more is due now; NULL: nothing pending).
 Errors: 22004 (ids or attempts NULL), 22023 (batch outside 0..10000; ids, attempts and receipts of different lengths; with batch 1 or more: empty worker, lease not in (0, 1 day]), P0002 (an unknown id: nothing is marked or claimed).';
 
@@ -8716,6 +8984,8 @@ ALTER FUNCTION pgfence.outbox_settle_and_claim(bigint[], integer[], jsonb[], tex
 ALTER FUNCTION pgfence.outbox_reap(integer) SET jit = off;
 ALTER FUNCTION pgfence._outbox_key_decide(text, text) SET jit = off;  -- keys with a rate (16_outbox_keys.sql)
 ALTER FUNCTION pgfence._outbox_keys_decide(text[], text[]) SET jit = off;  -- every keyed enqueue and settle (16_outbox_keys.sql)
+ALTER FUNCTION pgfence._outbox_keys_hand_off(bigint[], text[], text[], jsonb[], text, integer, interval) SET jit = off;  -- outbox_settle_and_claim (16_outbox_keys.sql)
+ALTER FUNCTION pgfence._outbox_mark_sent_rows(bigint[], integer[], jsonb[], integer) SET jit = off;  -- every settle of many (13_outbox_settle.sql)
 
 -- plans
 ALTER FUNCTION pgfence.plan_claim(text, integer, boolean, interval) SET jit = off;

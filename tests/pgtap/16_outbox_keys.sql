@@ -4,10 +4,12 @@
 -- trigger: SET CONSTRAINTS ... IMMEDIATE makes it run at the end of each statement, since this
 -- file never commits), then eight dblink peers claiming and settling at once over committed
 -- keys (channels 'tap-k-peer*', deleted at the end). The races between an enqueue's commit and
--- a settle, and between a cancel and a claim: tests/isolation/specs/outbox-keys.spec.
+-- a settle, and between a cancel and a claim: tests/isolation/specs/outbox-keys.spec. The
+-- hand-off of outbox_settle_and_claim (the key's next message claimed by the settling worker):
+-- its section below, and its races in tests/isolation/specs/outbox-key-hand-off.spec.
 BEGIN;
 \ir helpers/setup.sql
-SELECT plan(127);
+SELECT plan(163);
 SET CONSTRAINTS pgfence.outbox_key_enqueued IMMEDIATE;
 
 -- =============================================================================================
@@ -291,6 +293,125 @@ CREATE TEMP TABLE he3 AS SELECT pgfence.outbox_enqueue('tap-k-host', 'https://a.
 SELECT is((SELECT status FROM pgfence.outbox WHERE id = (SELECT id FROM he3)), 'pending',
   'after which a keyless message to a busy host is not limited');
 SELECT throws_ok($$SELECT pgfence.outbox_configure_channel('tap-k-host', p_limit_key => 'ip')$$, '22023', NULL, 'an unknown limit key: 22023');
+
+-- =============================================================================================
+-- The hand-off: outbox_settle_and_claim gives the key's next message to the settling worker
+-- =============================================================================================
+SELECT pgfence.outbox_configure_channel('tap-k-hand', p_lease => interval '7 minutes', p_log_events => true) IS NOT NULL AS configured;
+CREATE TEMP TABLE ho AS
+SELECT pgfence.outbox_enqueue('tap-k-hand', 'r', '{"n": 1}', NULL, NULL, NULL, 'h') AS h1,
+       pgfence.outbox_enqueue('tap-k-hand', 'r', '{"n": 2}', NULL, NULL, NULL, 'h') AS h2,
+       pgfence.outbox_enqueue('tap-k-hand', 'r', '{"n": 3}', NULL, NULL, NULL, 'h') AS h3,
+       pgfence.outbox_enqueue('tap-k-hand', 'r', '{"n": 1}', NULL, NULL, NULL, 'g') AS g1,
+       pgfence.outbox_enqueue('tap-k-hand', 'r', '{"n": 2}', NULL, NULL, NULL, 'g') AS g2;
+SELECT results_eq($$SELECT id FROM pgfence.outbox_settle_and_claim('{}', '{}', NULL, 'tap-hw', 10, ARRAY['tap-k-hand']) WHERE id IS NOT NULL ORDER BY id$$,
+  $$SELECT h1 FROM ho UNION ALL SELECT g1 FROM ho$$, 'hand-off: a round with nothing to settle claims each key''s first message');
+CREATE TEMP TABLE hd AS SELECT decisions FROM pgfence.outbox_key WHERE channel = 'tap-k-hand' AND ordering_key = 'h';
+CREATE TEMP TABLE hr2 AS
+SELECT * FROM pgfence.outbox_settle_and_claim(ARRAY[(SELECT h1 FROM ho)], ARRAY[1], ARRAY['{"ok": 1}'::jsonb], 'tap-hw2', 10, ARRAY['tap-k-hand']);
+SELECT results_eq($$SELECT id, attempt, lease FROM hr2 WHERE id IS NOT NULL$$,
+  $$SELECT h2, 1, interval '7 minutes' FROM ho$$,
+  'settling h1 hands the key''s next message h2 to the settling worker: attempt 1, the channel''s lease');
+SELECT results_eq($$SELECT sent FROM hr2 WHERE id IS NULL$$, $$SELECT ARRAY[h1] FROM ho$$, 'and reports h1 sent');
+SELECT results_eq($$SELECT id, status, locked_by, receipt, claimed_at = now(), lease_expires_at = now() + interval '7 minutes'
+                    FROM pgfence.outbox WHERE ordering_key = 'h' ORDER BY id$$,
+  $$SELECT h1, 'sent'::text, NULL::text, '{"ok": 1}'::jsonb, true, NULL::boolean FROM ho
+    UNION ALL SELECT h2, 'processing', 'tap-hw2', NULL, true, true FROM ho
+    UNION ALL SELECT h3, 'waiting', NULL, NULL, NULL, NULL FROM ho$$,
+  'h1 sent with its receipt; h2 owned by the worker, fenced and leased from now(); h3 still waits (order)');
+SELECT results_eq($$SELECT event, from_status, to_status, fence::int, actor FROM pgfence.event
+                    WHERE module = 'outbox' AND item_id IN (SELECT h1 FROM ho UNION ALL SELECT h2 FROM ho) AND fence > 0 ORDER BY item_id, id$$,
+  $$VALUES ('claim'::text, 'pending'::text, 'processing'::text, 1, 'tap-hw'::text),
+           ('transition', 'processing', 'sent', 1, 'tap-hw'),
+           ('claim', 'waiting', 'processing', 1, 'tap-hw2')$$,
+  'events: h1''s claim and its delivery by its worker, h2''s claim from waiting by the new worker');
+SELECT is((SELECT decisions FROM pgfence.outbox_key WHERE channel = 'tap-k-hand' AND ordering_key = 'h'), (SELECT decisions + 1 FROM hd),
+  'the key was decided once (the hand-off), not again by the settle''s trigger');
+CREATE TEMP TABLE hr3 AS
+SELECT * FROM pgfence.outbox_settle_and_claim(ARRAY[(SELECT g1 FROM ho)], ARRAY[5], NULL, 'tap-hw2', 10, ARRAY['tap-k-hand']);
+SELECT results_eq($$SELECT count(id)::int, (SELECT sent FROM hr3 WHERE id IS NULL) FROM hr3$$, $$VALUES (0, '{}'::bigint[])$$,
+  'a stale attempt (fence) settles nothing and hands nothing off');
+SELECT results_eq($$SELECT status FROM pgfence.outbox WHERE ordering_key = 'g' ORDER BY id$$, $$VALUES ('processing'::text), ('waiting')$$,
+  '... g1 is still processing under its owner, g2 still waits');
+CREATE TEMP TABLE hr4 AS
+SELECT * FROM pgfence.outbox_settle_and_claim(ARRAY[(SELECT g1 FROM ho), (SELECT h2 FROM ho)], ARRAY[1, 1], NULL, 'tap-hw', 1, ARRAY['tap-k-hand']);
+SELECT results_eq($$SELECT id FROM hr4 WHERE id IS NOT NULL$$, $$SELECT h3 FROM ho$$,
+  'batch 1, two keys settled: one key (the earliest due, then oldest) is handed off');
+SELECT results_eq($$SELECT array_agg(s ORDER BY s) FROM hr4, unnest(hr4.sent) s$$, $$SELECT array_agg(x ORDER BY x) FROM ho, unnest(ARRAY[g1, h2]) x$$, 'both settled messages are sent');
+SELECT results_eq($$SELECT status, locked_by FROM pgfence.outbox WHERE id = (SELECT g2 FROM ho)$$, $$VALUES ('pending'::text, NULL::text)$$,
+  'the other key''s next message is promoted to pending, as without a hand-off');
+
+-- key_max_in_flight: one leaves, one enters; a failed message still holds its turn (block)
+SELECT pgfence.outbox_configure_channel('tap-k-hand2', p_key_max_in_flight => 2) IS NOT NULL AS configured;
+CREATE TEMP TABLE hm AS
+SELECT array_agg(id ORDER BY ord) AS m FROM pgfence.outbox_enqueue_many('tap-k-hand2', array_fill('r'::text, ARRAY[6]),
+  array_fill('{}'::jsonb, ARRAY[6]), NULL, NULL, NULL, array_fill('m'::text, ARRAY[6])) WITH ORDINALITY AS t(id, ord);
+SELECT results_eq($$SELECT id FROM pgfence.outbox_settle_and_claim('{}', '{}', NULL, 'tap-hw', 10, ARRAY['tap-k-hand2']) WHERE id IS NOT NULL ORDER BY id$$,
+  $$SELECT unnest(m[1:2]) FROM hm$$, 'max_in_flight 2: a round claims the key''s first two');
+SELECT is(pgfence.outbox_mark_failed((SELECT m[1] FROM hm), 1, 'refused', false), 'failed', 'the first fails for good (it holds its turn: block)');
+SELECT results_eq($$SELECT id FROM pgfence.outbox_settle_and_claim(ARRAY[(SELECT m[2] FROM hm)], ARRAY[1], NULL, 'tap-hw', 10, ARRAY['tap-k-hand2']) WHERE id IS NOT NULL$$,
+  $$SELECT m[3] FROM hm$$, 'settling the second hands off only the third: the failed one still counts');
+SELECT ok(pgfence.outbox_cancel((SELECT m[1] FROM hm), 'alice', 'given up'), 'the failed one is canceled: its turn is free');
+SELECT results_eq($$SELECT status FROM pgfence.outbox WHERE channel = 'tap-k-hand2' ORDER BY id$$,
+  $$VALUES ('canceled'::text), ('sent'), ('processing'), ('pending'), ('waiting'), ('waiting')$$,
+  '... and its decision promotes the fourth to pending: two in flight');
+SELECT results_eq($$SELECT id FROM pgfence.outbox_settle_and_claim(ARRAY[(SELECT m[3] FROM hm)], ARRAY[1], NULL, 'tap-hw', 10, ARRAY['tap-k-hand2']) WHERE id IS NOT NULL ORDER BY id$$,
+  $$SELECT unnest(ARRAY[m[4], m[5]]) FROM hm$$, 'settling the third hands off the fifth, and the pending fourth is claimed');
+SELECT is((SELECT count(*)::int FROM pgfence.outbox WHERE channel = 'tap-k-hand2' AND status IN ('pending', 'processing')), 2,
+  'never more than max_in_flight in flight');
+SELECT throws_ok(format($$SELECT * FROM pgfence.outbox_settle_and_claim(ARRAY[%s], ARRAY[1], NULL, '', 10, ARRAY['tap-k-hand2'])$$, (SELECT m[4] FROM hm)),
+  '22023', NULL, 'a hand-off checks the worker as a claim does: 22023');
+SELECT throws_ok(format($$SELECT * FROM pgfence.outbox_settle_and_claim(ARRAY[%s], ARRAY[1], NULL, 'tap-hw', 10, ARRAY['tap-k-hand2'], interval '2 days')$$, (SELECT m[4] FROM hm)),
+  '22023', NULL, '... and the lease: 22023');
+SELECT results_eq($$SELECT status FROM pgfence.outbox WHERE id IN (SELECT m[4] FROM hm UNION ALL SELECT m[6] FROM hm) ORDER BY id$$,
+  $$VALUES ('processing'::text), ('waiting')$$, '... and nothing was settled or handed off');
+SELECT throws_ok(format($$UPDATE pgfence.outbox SET status = 'processing', locked_by = 'x', lease_expires_at = now() + interval '1 minute' WHERE id = %s$$, (SELECT m[6] FROM hm)),
+  'PF001', NULL, 'waiting -> processing without a new attempt (fence token): PF001');
+
+-- the keyless path does not call the key decision's statement trigger; a client's setting of its
+-- hint cannot make a keyed settle skip its decision
+SET LOCAL track_functions = 'all';
+CREATE TEMP TABLE hz AS SELECT coalesce((SELECT calls FROM pg_stat_xact_user_functions
+  WHERE schemaname = 'pgfence' AND funcname = 'tg_outbox_keys_turns_ended'), 0) AS calls;
+SELECT pgfence.outbox_enqueue('tap-k-hand6', 'r', '{}') IS NOT NULL;
+SELECT is((SELECT count(*)::int FROM pgfence.outbox_settle_and_claim((SELECT array_agg(c.id) FROM pgfence.outbox_claim('tap-hw', 10, ARRAY['tap-k-hand6']) c),
+  ARRAY[1], NULL, 'tap-hw', 10, ARRAY['tap-k-hand6']) WHERE sent IS NOT NULL AND cardinality(sent) = 1), 1, 'a keyless claim and settle');
+SELECT is(coalesce((SELECT calls FROM pg_stat_xact_user_functions WHERE schemaname = 'pgfence' AND funcname = 'tg_outbox_keys_turns_ended'), 0),
+  (SELECT calls FROM hz), '... do not call tg_outbox_keys_turns_ended (its WHEN is false)');
+CREATE TEMP TABLE hy AS
+SELECT pgfence.outbox_enqueue('tap-k-hand6', 'r', '{}', NULL, NULL, NULL, 'y') AS y1,
+       pgfence.outbox_enqueue('tap-k-hand6', 'r', '{}', NULL, NULL, NULL, 'y') AS y2;
+SELECT is((SELECT count(*)::int FROM pgfence.outbox_claim('tap-hw', 10, ARRAY['tap-k-hand6'])), 1, 'a keyed message is claimed');
+SET LOCAL pgfence.outbox_keys_turns_ended = 'off';
+SELECT ok(pgfence.outbox_mark_sent((SELECT y1 FROM hy), 1), 'with the hint preset by the client, the message is delivered');
+SELECT is((SELECT status FROM pgfence.outbox WHERE id = (SELECT y2 FROM hy)), 'pending', '... and its key''s next message promoted all the same');
+
+-- no hand-off: a next message not yet due, a key with a rate, a round that does not route the channel
+CREATE TEMP TABLE hn AS
+SELECT pgfence.outbox_enqueue('tap-k-hand3', 'r', '{}', NULL, NULL, NULL, 'n') AS n1,
+       pgfence.outbox_enqueue('tap-k-hand3', 'r', '{}', NULL, now() + interval '1 hour', NULL, 'n') AS n2;
+SELECT is((SELECT count(*)::int FROM pgfence.outbox_claim('tap-hw', 10, ARRAY['tap-k-hand3'])), 1, 'the first of a key with a later message is claimed');
+SELECT results_eq($$SELECT count(id)::int FROM pgfence.outbox_settle_and_claim(ARRAY[(SELECT n1 FROM hn)], ARRAY[1], NULL, 'tap-hw', 10, ARRAY['tap-k-hand3'])$$,
+  $$VALUES (0)$$, 'a next message due in an hour is not handed off');
+SELECT results_eq($$SELECT status, next_attempt_at > now() FROM pgfence.outbox WHERE id = (SELECT n2 FROM hn)$$, $$VALUES ('pending'::text, true)$$,
+  '... it is promoted to pending, due when it was');
+SELECT pgfence.outbox_configure_channel('tap-k-hand4', p_key_rate => 1000) IS NOT NULL AS configured;
+CREATE TEMP TABLE hq AS
+SELECT pgfence.outbox_enqueue('tap-k-hand4', 'r', '{}', NULL, NULL, NULL, 'q') AS q1,
+       pgfence.outbox_enqueue('tap-k-hand4', 'r', '{}', NULL, NULL, NULL, 'q') AS q2;
+SELECT is((SELECT count(*)::int FROM pgfence.outbox_claim('tap-hw', 10, ARRAY['tap-k-hand4'])), 1, 'the first of a rate-limited key is claimed');
+SELECT results_eq($$SELECT count(id)::int FROM pgfence.outbox_settle_and_claim(ARRAY[(SELECT q1 FROM hq)], ARRAY[1], NULL, 'tap-hw', 10, ARRAY['tap-k-hand4'])$$,
+  $$VALUES (0)$$, 'a key with a rate is never handed off');
+SELECT results_eq($$SELECT status, next_attempt_at > now() FROM pgfence.outbox WHERE id = (SELECT q2 FROM hq)$$, $$VALUES ('pending'::text, true)$$,
+  '... its next message is promoted to pending, due when the token bucket allows');
+CREATE TEMP TABLE hch AS
+SELECT pgfence.outbox_enqueue('tap-k-hand5', 'r', '{}', NULL, NULL, NULL, 'c') AS c1,
+       pgfence.outbox_enqueue('tap-k-hand5', 'r', '{}', NULL, NULL, NULL, 'c') AS c2;
+SELECT is((SELECT count(*)::int FROM pgfence.outbox_claim('tap-hw', 10, ARRAY['tap-k-hand5'])), 1, 'the first of a key is claimed');
+SELECT results_eq($$SELECT count(id)::int, max(sent[1]) FROM pgfence.outbox_settle_and_claim(ARRAY[(SELECT c1 FROM hch)], ARRAY[1], NULL, 'tap-hw', 10, ARRAY['tap-k-other'])$$,
+  $$SELECT 0, c1 FROM hch$$, 'a round that does not route the key''s channel settles it but hands nothing off');
+SELECT results_eq($$SELECT status FROM pgfence.outbox WHERE id = (SELECT c2 FROM hch)$$, $$VALUES ('pending'::text)$$,
+  '... the key''s next message is promoted to pending');
 
 -- =============================================================================================
 -- Eight sessions at once over committed keys: never more than max_in_flight of a key in flight,
