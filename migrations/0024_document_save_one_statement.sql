@@ -17,7 +17,7 @@
 --   UPDATE trigger is skipped only for a row whose write_nonce changed to exactly the setting's
 --   value. No other writer changes write_nonce, and no client role may write the table, so a
 --   client that pre-sets the setting gains nothing: the next writer's row keeps its old nonce
---   and the trigger runs (docs/design.md, "Documents: the save path").
+--   and the trigger runs (docs/design.md, "The save path").
 ALTER TABLE pgfence.document_revision DROP CONSTRAINT IF EXISTS document_revision_document_id_fkey;
 ALTER TABLE pgfence.document ADD COLUMN write_nonce uuid;
 COMMENT ON COLUMN pgfence.document.write_nonce IS
