@@ -5,6 +5,7 @@
 -- private checks, 41 kinds, 42 reads, 43 create / save / delete, 44 the three-way merge.
 -- Here: tg_document_write (the one trigger on the write path: the next version, its revision and
 -- event), tg_document_created (revision 1), tg_document_revision_guard (revisions never change),
+-- tg_document_revision_insert (revisions are written only with their version),
 -- the private argument checks shared by the writes (_document_kind, _document_check_*,
 -- _document_version_unknown) and the tables' comments. No public functions.
 -- Errors: functions/ERRORS.md (PF301-PF304 are this module's).
@@ -94,11 +95,40 @@ $$;
 REVOKE ALL ON FUNCTION pgfence.tg_document_write() FROM PUBLIC;
 COMMENT ON FUNCTION pgfence.tg_document_write() IS
   'Trigger: every write to a document makes exactly the next version, kept as a revision.
-BEFORE INSERT/UPDATE/DELETE trigger on pgfence.document, for any writer (psql included): a document starts live at version 1; every update makes exactly the next version (PF002 otherwise); only live -> live and live -> deleted are allowed (PF001); identity columns never change (PF002); rows are never deleted (PF002: the tombstone stays). Stamps created_at/saved_at from now(). For an update it also keeps the new version as an immutable pgfence.document_revision row (the receipt of its save_id) and logs save (if the kind''s log_saves is on) and delete to pgfence.event (actor = saved_by, fence = version), in the same statement: one trigger on the hot path, not a guard plus an AFTER trigger.';
+BEFORE INSERT/UPDATE/DELETE trigger on pgfence.document, for any writer (psql included): a document starts live at version 1; every update makes exactly the next version (PF002 otherwise); only live -> live and live -> deleted are allowed (PF001); identity columns never change (PF002); rows are never deleted (PF002: the tombstone stays). Stamps created_at/saved_at from now(). For an update it also keeps the new version as an immutable pgfence.document_revision row (the receipt of its save_id) and logs save (if the kind''s log_saves is on) and delete to pgfence.event (actor = saved_by, fence = version), in the same statement. Not run for the one UPDATE that does all of this itself: document_save''s compare-and-swap, marked by a fresh write_nonce equal to the setting pgfence.document_writing (see the trigger document_write).';
 
-CREATE OR REPLACE TRIGGER document_write
-  BEFORE INSERT OR UPDATE OR DELETE ON pgfence.document
-  FOR EACH ROW EXECUTE FUNCTION pgfence.tg_document_write();
+-- Two triggers run it. document_write_new_or_gone, for every INSERT and DELETE. document_write,
+-- for every UPDATE but one kind: document_save's fast path (43_document_write.sql) does the
+-- trigger's work in its own statement (the checks in its WHERE and SET, the revision and the
+-- event in the same statement) and marks its row with write_nonce, a fresh gen_random_uuid()
+-- that it also puts in the transaction-local setting pgfence.document_writing for that one
+-- statement. The trigger is skipped only for a row whose write_nonce changed to exactly that
+-- value. No other function changes write_nonce (a catalog test in tests/pgtap/40_document.sql
+-- checks it), and no client role may write the table, so a client that pre-sets the setting
+-- before calling document_delete (or anything else) gains nothing: the row keeps its old nonce
+-- and the trigger runs. Only a login that may UPDATE the table itself (its owner) could do both
+-- on purpose; it can also disable triggers. The WHEN condition costs no function call.
+-- (Before migration 0024 the column does not exist: one unconditional trigger, as before.)
+DO $document_write$
+BEGIN
+  IF EXISTS (SELECT FROM pg_catalog.pg_attribute
+             WHERE attrelid = 'pgfence.document'::regclass AND attname = 'write_nonce' AND NOT attisdropped) THEN
+    CREATE OR REPLACE TRIGGER document_write
+      BEFORE UPDATE ON pgfence.document
+      FOR EACH ROW
+      WHEN (NEW.write_nonce IS NOT DISTINCT FROM OLD.write_nonce
+            OR NEW.write_nonce::text IS DISTINCT FROM pg_catalog.current_setting('pgfence.document_writing', true))
+      EXECUTE FUNCTION pgfence.tg_document_write();
+    CREATE OR REPLACE TRIGGER document_write_new_or_gone
+      BEFORE INSERT OR DELETE ON pgfence.document
+      FOR EACH ROW EXECUTE FUNCTION pgfence.tg_document_write();
+  ELSE
+    CREATE OR REPLACE TRIGGER document_write
+      BEFORE INSERT OR UPDATE OR DELETE ON pgfence.document
+      FOR EACH ROW EXECUTE FUNCTION pgfence.tg_document_write();
+  END IF;
+END
+$document_write$;
 
 -- Revision 1 is written AFTER the insert: a BEFORE INSERT trigger also fires for a row that
 -- ON CONFLICT (idempotency_key) DO NOTHING then skips, and the revision's foreign key needs
@@ -145,6 +175,34 @@ BEFORE UPDATE/DELETE trigger on pgfence.document_revision.';
 CREATE OR REPLACE TRIGGER document_revision_guard
   BEFORE UPDATE OR DELETE ON pgfence.document_revision
   FOR EACH ROW EXECUTE FUNCTION pgfence.tg_document_revision_guard();
+
+-- A revision is written only in the statement that writes its version: by the two triggers above
+-- or by document_save's fast path (so its document exists: migration 0024 dropped the foreign key
+-- that proved it on every save). A hand-written INSERT runs at trigger depth 0 without the
+-- setting pgfence.document_writing and is refused. Clients have no INSERT on the table at all;
+-- this stops the owner's mistakes. The WHEN condition costs the writers no function call.
+CREATE OR REPLACE FUNCTION pgfence.tg_document_revision_insert()
+RETURNS trigger
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pgfence, pg_temp
+AS $$
+BEGIN
+  RAISE EXCEPTION 'revision % of document % cannot be written by hand', NEW.version, NEW.document_id
+    USING ERRCODE = 'PF002', DETAIL = 'A revision is written with its version, by the document triggers, in the same statement.',
+          HINT = 'Use pgfence.document_save(), document_create() or document_delete().';
+END
+$$;
+REVOKE ALL ON FUNCTION pgfence.tg_document_revision_insert() FROM PUBLIC;
+COMMENT ON FUNCTION pgfence.tg_document_revision_insert() IS
+  'Trigger: a revision is written only with its version, by the document triggers (PF002 otherwise).
+BEFORE INSERT trigger on pgfence.document_revision, WHEN (pg_trigger_depth() = 0 and pgfence.document_writing unset): a hand-written INSERT (psql, the owner included; client roles have no INSERT privilege at all) is refused. It stands in for the foreign key to pgfence.document (dropped by migration 0024): tg_document_write, tg_document_created and document_save''s compare-and-swap write a revision only for the row they are writing in the same statement, and a document row is never deleted.';
+
+CREATE OR REPLACE TRIGGER document_revision_insert_guard
+  BEFORE INSERT ON pgfence.document_revision
+  FOR EACH ROW
+  WHEN (pg_catalog.pg_trigger_depth() = 0
+        AND COALESCE(pg_catalog.current_setting('pgfence.document_writing', true), '') = '')
+  EXECUTE FUNCTION pgfence.tg_document_revision_insert();
 
 -- ---------------------------------------------------------------------------------------------
 -- Private checks, shared by the writes (the hot path of document_save calls them only to

@@ -134,6 +134,7 @@ DECLARE
   v_max      integer;
   v_rev      pgfence.document_revision;
   v_saved_at timestamptz;
+  v_nonce    uuid;
 BEGIN
   -- The hot path calls no helper: the helpers run only to raise the precise error.
   IF p_id IS NULL OR p_expected_version IS NULL OR p_expected_version < 1
@@ -146,6 +147,55 @@ BEGIN
       USING ERRCODE = '22023', DETAIL = format('Got %s characters.', length(p_save_id)),
             HINT = 'Use a fresh random id (e.g. a UUID) per snapshot, and the same one when retrying it.';
   END IF;
+
+  -- The fast path: one statement writes the next version, its revision (the receipt of save_id)
+  -- and, if the kind logs saves, its event. Its WHERE holds every check of the slow path below:
+  -- the document is live at expected_version, the content fits its kind, and no receipt of
+  -- save_id exists yet (a retry, or a save_id reused on another base: the slow path answers
+  -- both). Its SET makes exactly the next version and leaves the identity columns alone, which is
+  -- what tg_document_write checks; so the row is marked with a fresh write_nonce, equal to the
+  -- setting pgfence.document_writing for this statement only, and the trigger skips it
+  -- (40_document_guards.sql explains why no other caller can get that). Anything else, a lost
+  -- race included, falls through to the slow path, which answers exactly as before. A concurrent
+  -- save of the same version makes this UPDATE wait for its commit, after which the row no longer
+  -- matches and nothing is written.
+  v_nonce := pg_catalog.gen_random_uuid();
+  PERFORM pg_catalog.set_config('pgfence.document_writing', v_nonce::text, true);
+  WITH saved AS (
+    UPDATE pgfence.document d
+    SET version = d.version + 1, content = p_content, save_id = p_save_id, saved_by = p_saved_by,
+        saved_at = now(), write_nonce = v_nonce
+    FROM pgfence.document_kind k
+    WHERE d.id = p_id AND d.version = p_expected_version AND d.status = 'live'
+      AND k.kind = d.kind
+      AND jsonb_typeof(p_content) <> 'null'
+      AND (k.content_type = 'any' OR jsonb_typeof(p_content) = k.content_type)
+      AND octet_length(p_content::text) <= k.max_bytes
+      AND (p_save_id IS NULL
+           OR NOT EXISTS (SELECT FROM pgfence.document_revision r
+                          WHERE r.document_id = p_id AND r.save_id = p_save_id))
+    RETURNING d.id, d.version, d.kind, d.saved_at, k.log_saves
+  ), revision AS (
+    INSERT INTO pgfence.document_revision (document_id, version, op, content, save_id, saved_by, saved_at)
+    SELECT s.id, s.version, 'save', p_content, p_save_id, p_saved_by, s.saved_at FROM saved s
+  ), logged AS (
+    INSERT INTO pgfence.event (module, item_id, event, from_status, to_status, actor, fence, detail)
+    SELECT 'document', s.id, 'save', 'live', 'live', p_saved_by, s.version,
+           jsonb_strip_nulls(jsonb_build_object('kind', s.kind, 'based_on', p_expected_version,
+                                                'save_id', p_save_id))
+    FROM saved s WHERE s.log_saves
+  )
+  SELECT s.version, s.saved_at INTO v_version, v_saved_at FROM saved s;
+  PERFORM pg_catalog.set_config('pgfence.document_writing', '', true);
+  IF v_version IS NOT NULL THEN
+    -- the answer from variables, not a query: the hot path runs no statement after the UPDATE
+    outcome := 'saved'; version := v_version; content := NULL; saved_by := p_saved_by;
+    saved_at := v_saved_at; deleted := false; replayed := false;
+    RETURN NEXT;
+    RETURN;
+  END IF;
+
+  -- The slow path: the precise error, a replay, a conflict, or a second try after a race.
   SELECT d.version, d.status, d.kind, k.content_type, k.max_bytes
   INTO v_version, v_status, v_kind, v_type, v_max
   FROM pgfence.document d JOIN pgfence.document_kind k ON k.kind = d.kind

@@ -323,7 +323,9 @@ def test_document_statements_use_their_index(db: str, conn: psycopg.Connection[A
         assert scans == {DOC_PK, KIND_PK, REV_SAVE_ID}
         rows, scans = plans.scans(save, (doc, version + 1, None))
         assert rows == [("saved", version + 2)]
-        assert scans == {DOC_PK, KIND_PK}
+        # the save's one statement (migration 0024) keeps its receipt probe in a generic plan as an
+        # InitPlan that a NULL save_id never runs (`save_id IS NULL OR NOT EXISTS ...`)
+        assert {DOC_PK, KIND_PK} <= scans <= {DOC_PK, KIND_PK, REV_SAVE_ID}
         _, scans = plans.scans("SELECT version FROM pgfence.document_get(%s)", (doc,))
         assert scans == {DOC_PK}
         _, scans = plans.scans("SELECT version FROM pgfence.document_revision(%s, 7)", (doc,))

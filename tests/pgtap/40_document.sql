@@ -3,7 +3,7 @@
 -- SQLSTATE. Cells that need two sessions at once are in 41_document_concurrency.sql.
 BEGIN;
 \ir helpers/setup.sql
-SELECT plan(206);
+SELECT plan(222);
 
 -- =============================================================================================
 -- Catalog: signatures, definer, volatility, privileges
@@ -428,6 +428,63 @@ SELECT results_eq($$SELECT log_saves FROM pgfence.document_register_kind('record
   $$VALUES (false)$$, 'log_saves: a built-in kind''s setting can change');
 SELECT results_eq($$SELECT log_saves FROM pgfence.document_register_kind('record', p_log_saves => true)$$,
   $$VALUES (true)$$, 'log_saves: and back');
+
+-- =============================================================================================
+-- The save's one-statement fast path (migration 0024): who may skip tg_document_write
+-- =============================================================================================
+SELECT is((SELECT array_agg(p.proname::text ORDER BY p.proname) FROM pg_proc p
+           WHERE p.pronamespace = 'pgfence'::regnamespace AND p.prosrc ~ '(write_nonce|document_writing)'),
+          ARRAY['document_save'],
+  'only document_save changes write_nonce or sets pgfence.document_writing (the trigger bypass)');
+SELECT is((SELECT array_agg(p.proname::text ORDER BY p.proname) FROM pg_proc p
+           WHERE p.pronamespace = 'pgfence'::regnamespace
+             AND p.prosrc ~* '(insert\s+into|update|delete\s+from)\s+pgfence\.document\M'),
+          ARRAY['document_create', 'document_delete', 'document_save'],
+  'the functions that write pgfence.document are create, save and delete');
+SELECT is((SELECT array_agg(p.proname::text ORDER BY p.proname) FROM pg_proc p
+           WHERE p.pronamespace = 'pgfence'::regnamespace
+             AND p.prosrc ~* 'insert\s+into\s+pgfence\.document_revision\M'),
+          ARRAY['document_save', 'tg_document_created', 'tg_document_write'],
+  'revisions are inserted only by the two document triggers and the save''s compare-and-swap');
+SELECT is((SELECT array_agg(r.rolname::text ORDER BY r.rolname) FROM pg_roles r
+           WHERE NOT r.rolsuper AND r.rolname NOT IN ('pgfence_definer', 'pg_write_all_data')
+             AND r.oid NOT IN (SELECT c.relowner FROM pg_class c
+                               WHERE c.oid IN ('pgfence.document'::regclass, 'pgfence.document_revision'::regclass))
+             AND (has_table_privilege(r.oid, 'pgfence.document', 'INSERT, UPDATE, DELETE, TRUNCATE')
+                  OR has_table_privilege(r.oid, 'pgfence.document_revision', 'INSERT, UPDATE, DELETE, TRUNCATE'))),
+          NULL,
+  'no role but the tables'' owner and pgfence_definer (and the superuser-granted pg_write_all_data) may write documents or revisions');
+SELECT is((SELECT count(*)::int FROM pg_trigger WHERE tgrelid = 'pgfence.document'::regclass AND tgname = 'document_write'
+           AND tgtype & 16 <> 0 AND pg_get_triggerdef(oid) ~ 'NOT \(new\.write_nonce IS DISTINCT FROM old\.write_nonce\)'), 1,
+  'document_write is skipped only for a row whose write_nonce changed (to the setting''s value)');
+INSERT INTO ids SELECT 'nonce', pgfence.document_create('record', '{"a": 1}', 'ann');
+SELECT results_eq($$SELECT outcome, version FROM pgfence.document_save((SELECT id FROM ids WHERE name = 'nonce'), 1, '{"a": 2}', 'ann', 'tap-nonce-1')$$,
+  $$VALUES ('saved'::text, 2::bigint)$$, 'fast path: a save');
+SELECT is(current_setting('pgfence.document_writing', true), '', 'fast path: the setting is cleared after the save (the nonce does not leak)');
+SELECT results_eq($$SELECT version, op, content, save_id, saved_by FROM pgfence.document_revision((SELECT id FROM ids WHERE name = 'nonce'), 2)$$,
+  $$VALUES (2::bigint, 'save'::text, '{"a": 2}'::jsonb, 'tap-nonce-1'::text, 'ann'::text)$$,
+  'fast path: the revision is written in the same statement');
+SELECT results_eq($$SELECT event, from_status, to_status, actor, fence, detail FROM pgfence.event WHERE module = 'document' AND item_id = (SELECT id FROM ids WHERE name = 'nonce') AND event = 'save'$$,
+  $$VALUES ('save'::text, 'live'::text, 'live'::text, 'ann'::text, 2::bigint, '{"kind": "record", "based_on": 1, "save_id": "tap-nonce-1"}'::jsonb)$$,
+  'fast path: the save event is what tg_document_write logs');
+-- A caller that knows the row's nonce and pre-sets the setting to it gains nothing: the delete does
+-- not change write_nonce, so the trigger runs (revision and event), and a hand UPDATE is guarded.
+SELECT set_config('pgfence.document_writing', (SELECT write_nonce::text FROM pgfence.document WHERE id = (SELECT id FROM ids WHERE name = 'nonce')), true);
+SELECT throws_ok($$UPDATE pgfence.document SET version = version + 2 WHERE id = (SELECT id FROM ids WHERE name = 'nonce')$$, 'PF002', NULL,
+  'a pre-set setting equal to the row''s nonce: a hand UPDATE is still guarded');
+SELECT throws_ok($$UPDATE pgfence.document SET version = version + 2, write_nonce = gen_random_uuid() WHERE id = (SELECT id FROM ids WHERE name = 'nonce')$$, 'PF002', NULL,
+  'a new nonce that is not the setting''s value: the hand UPDATE is still guarded');
+SELECT results_eq($$SELECT outcome, version FROM pgfence.document_delete((SELECT id FROM ids WHERE name = 'nonce'), 2, 'mallory')$$,
+  $$VALUES ('deleted'::text, 3::bigint)$$, 'a pre-set setting: document_delete works');
+SELECT results_eq($$SELECT op, saved_by FROM pgfence.document_revision((SELECT id FROM ids WHERE name = 'nonce'), 3)$$,
+  $$VALUES ('delete'::text, 'mallory'::text)$$, 'a pre-set setting: the delete still has its revision');
+SELECT results_eq($$SELECT count(*) FROM pgfence.event WHERE module = 'document' AND item_id = (SELECT id FROM ids WHERE name = 'nonce') AND event = 'delete'$$,
+  $$VALUES (1::bigint)$$, 'a pre-set setting: the delete is still logged');
+SELECT set_config('pgfence.document_writing', '', true);
+SELECT throws_ok($$INSERT INTO pgfence.document_revision (document_id, version, op, content, saved_by, saved_at) VALUES ((SELECT id FROM ids WHERE name = 'g'), 99, 'save', '{}', 'x', now())$$,
+  'PF002', NULL, 'a hand INSERT of a revision: PF002 (it stands in for the foreign key)');
+SELECT throws_ok($$INSERT INTO pgfence.document_revision (document_id, version, op, content, saved_by, saved_at) VALUES (-5, 2, 'save', '{}', 'x', now())$$,
+  'PF002', NULL, 'a hand INSERT of a revision of no document: PF002');
 
 SELECT * FROM finish();
 ROLLBACK;
