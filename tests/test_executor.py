@@ -251,3 +251,32 @@ def test_one_failing_module_does_not_stop_the_others(db: str, conn: psycopg.Conn
     finally:
         proc.terminate()
     assert "outbox claim failed" in proc.output()
+
+
+@pytest.mark.timeout(90)
+def test_bursts_of_notifies_are_all_claimed_without_the_sweep(db: str, conn: psycopg.Connection,
+                                                              webhook: WebhookReceiver,
+                                                              tmp_path: Path) -> None:
+    # A long poll interval: every message must go out on a NOTIFY. While the executor is idle a
+    # NOTIFY is claimed on the listener's own connection; NOTIFYs that arrive during that claim
+    # (or in the same read) must not be lost, or their messages would wait for the 60 s sweep.
+    proc = Proc(db, ["--route", "hooks=webhook", "--worker-id", "burst", "--poll-interval", "60",
+                     "--reap-interval", "60"], tmp_path / "exec.log")
+    try:
+        wait_for(lambda: scalar(db, "SELECT count(*) FROM pg_stat_activity"
+                                " WHERE application_name = 'pgfence-listener:burst'"), 20,
+                 "the listener connection")
+        started = time.monotonic()
+        ids: list[int] = []
+        for burst in range(6):
+            ids += [outbox.enqueue(conn, "hooks", f"{webhook.url}/ok", {"n": burst * 10 + i})
+                    for i in range(1 + burst * 2)]
+            time.sleep(0.1 * (burst % 3))  # idle gaps and back-to-back bursts
+        wait_for(lambda: scalar(db, "SELECT count(*) FROM pgfence.outbox WHERE status = 'sent'")
+                 == len(ids), 30, "every message delivered")
+        took = time.monotonic() - started
+        attempts = scalar(db, "SELECT max(attempts) FROM pgfence.outbox")
+    finally:
+        assert proc.terminate() == 0
+    assert took < 30, f"delivered in {took:.1f}s: some NOTIFY was lost (the sweep is 60 s away)"
+    assert attempts == 1, "each message claimed once"

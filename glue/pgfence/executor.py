@@ -10,7 +10,9 @@ which decide. What it does:
   capped, jittered backoff, re-LISTENs, and triggers a sweep. The listener's connection can
   be another DSN (``listen_dsn``: a direct or session-mode one, when ``dsn`` goes through a
   transaction-mode pooler, where LISTEN does not work); at start a NOTIFY sent through the main
-  connection must come back to it (a self-check that warns otherwise).
+  connection must come back to it (a self-check that warns otherwise). A NOTIFY for an idle
+  module is claimed right away on the listener's own connection (not with ``listen_dsn``): the
+  server session that passed the NOTIFY on is awake, a pooled one would have to be woken.
 - **Liveness**: every connection has a connect timeout and TCP keepalives (:class:`Liveness`);
   every database call is bounded on the client (``query_timeout``, and never past the lease
   of the work it records): a call without an answer in time closes its connection and counts
@@ -20,10 +22,11 @@ which decide. What it does:
   session no longer holds its LISTENs. The pool checks a connection that sat idle before
   handing it out, with the same bound.
 - **Start**: the schema version must match (SchemaMismatch) and the login must be allowed to
-  call what its modules call (MissingPrivilege, naming the GRANT). The check, the pool's
-  first connection and the listener's are made at the same time, so the first claim follows
-  the check at once; what the first claim does not need (the registry row, the NOTIFY
-  self-check) follows its first round.
+  call what its modules call (MissingPrivilege, naming the GRANT). The check's connection
+  then makes the first claim at once; what the first claim does not need follows its first
+  round, so that it does not compete with it for the CPU: the connection pool (psycopg_pool,
+  imported only then: ~10 ms), the listener's connection, the registry row, the NOTIFY
+  self-check. Until the pool is open, the check's connection serves every call, one at a time.
 - **Claim**: in rounds of up to ``batch``. Each round is its own short transaction, and its
   units are handed to the delivery slots before the next round is asked for: a round that
   fails (a connection lost mid-sweep, a pooler error, a restart) cannot strand what the
@@ -75,7 +78,6 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 from psycopg.rows import class_row
 from psycopg.types.json import Jsonb
-from psycopg_pool import AsyncConnectionPool
 
 from . import outbox as sql
 from .db import Liveness, aschema_version, check_version
@@ -85,6 +87,8 @@ from .outbox import Claimed
 from .transports import PermanentError, RetryableError, Transport
 
 if TYPE_CHECKING:
+    from psycopg_pool import AsyncConnectionPool
+
     from .tracing import Tracing
 
 SQL_UNTIL = "SELECT greatest(%s::timestamptz - now(), interval '0')"
@@ -359,7 +363,9 @@ class Executor:
         for s in self._served:
             for ch in s.module.notify_channels:
                 self._by_channel.setdefault(ch, []).append(s)
-        self.pool: AsyncConnectionPool | None = None
+        self.pool: AsyncConnectionPool | None = None  # opened after the first claim round
+        self._start_conn: psycopg.AsyncConnection[Any] | None = None  # the check's, until then
+        self._start_lock = asyncio.Lock()
         self._wake = asyncio.Event()
         self._stopping = asyncio.Event()
         self._started = asyncio.Event()  # the start-up check passed
@@ -373,6 +379,8 @@ class Executor:
         self._reserved = 0
         self._sweep_at = 0.0
         self._returned: weakref.WeakKeyDictionary[Any, float] = weakref.WeakKeyDictionary()
+        # (listener task, its connection) while that task makes a wake-up claim on it
+        self._via: tuple[asyncio.Task[Any], psycopg.AsyncConnection[Any]] | None = None
         self._check_token = os.urandom(16).hex()
         self._check_heard = asyncio.Event()
         self.listener_connects = 0  # observable for tests: how many times LISTEN was (re)issued
@@ -443,23 +451,17 @@ class Executor:
         MissingPrivilege (the login may not call what a module calls; the message names the
         GRANT), psycopg.OperationalError (the database is unreachable at start).
         """
-        self.pool = AsyncConnectionPool(
-            self.dsn, min_size=1, max_size=self.config.pool_size, open=False,
-            kwargs=self.connect_kwargs(self.dsn, "executor"), name="pgfence-executor",
-            timeout=self.config.query_timeout, check=self._check_idle,
-        )
-        # Start-up work side by side: the pool's first connection and the listener's are made
-        # while the check runs on a connection of its own, so the first claim follows the check.
         if self.config.metrics_port is not None:
             self._http = HttpServer(self, self.config.metrics_host, self.config.metrics_port,
                                     timeout=self.config.probe_timeout)
             await self._http.start()
-        await self.pool.open(wait=False)
         listener = asyncio.create_task(self._listen(), name="pgfence-listener")
         reaper: asyncio.Task[None] | None = None
         after: asyncio.Task[None] | None = None
+        pooling: asyncio.Task[None] | None = None
         try:
             await self._preflight()
+            pooling = asyncio.create_task(self._open_pool(), name="pgfence-pool-open")
             for module in self.modules:
                 module.bind(self)
             self._started.set()
@@ -473,7 +475,7 @@ class Executor:
                 # half done and the deregistration below finds its row.
                 with contextlib.suppress(Exception):
                     await asyncio.wait({after}, timeout=self.config.probe_timeout)
-            tasks = [t for t in (listener, reaper, after, *self._slots,
+            tasks = [t for t in (listener, pooling, reaper, after, *self._slots,
                                  *(t for s in self._served for t in s.sweeps)) if t is not None]
             for task in tasks:
                 task.cancel()
@@ -484,7 +486,10 @@ class Executor:
             await self._deregister()
             if self._http is not None:
                 await self._http.aclose()
-            await self.pool.close()
+            if self.pool is not None:
+                await self.pool.close()
+            if self._start_conn is not None:
+                await self._start_conn.close()
             logger.info("executor %s stopped", self.worker_id,
                         extra={"event": "executor.stopped", "worker": self.worker_id})
 
@@ -505,20 +510,83 @@ class Executor:
                        self.config.grace)
         self.stop()
 
+    async def _open_pool(self) -> None:
+        """Once the first claim round is back (or a second after the check): import
+        psycopg_pool, open the pool and, once it has its first connection, switch every call
+        to it and close the check's connection."""
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(1.0):
+                await self._first_round.wait()
+        from psycopg_pool import AsyncConnectionPool
+
+        pool: AsyncConnectionPool = AsyncConnectionPool(
+            self.dsn, min_size=1, max_size=self.config.pool_size, open=False,
+            kwargs=self.connect_kwargs(self.dsn, "executor"), name="pgfence-executor",
+            timeout=self.config.query_timeout, check=self._check_idle,
+        )
+        try:
+            await pool.open(wait=False)
+            with contextlib.suppress(Exception):
+                await pool.wait(timeout=self.config.query_timeout)  # its first connection
+        except BaseException:  # stopped meanwhile
+            await pool.close()
+            raise
+        self.pool = pool
+        async with self._start_lock:  # after the call in flight on it, if any
+            conn, self._start_conn = self._start_conn, None
+            if conn is not None:
+                await conn.close()
+
+    @contextlib.asynccontextmanager
+    async def _start_connection(self, timeout: float) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+        """The check's connection, for one call at a time, until the pool is open (then the
+        pool's). Raises psycopg.OperationalError if it was lost before: the caller's retry
+        finds the pool, opened at most a second after the check."""
+        async with asyncio.timeout(timeout):
+            await self._start_lock.acquire()
+        locked = True
+        try:
+            conn = self._start_conn
+            if conn is None or conn.closed or conn.broken:
+                if self.pool is None:
+                    raise psycopg.OperationalError("the start-up connection was lost; the pool "
+                                                   "is being opened")
+                self._start_lock.release()  # handed over to the pool meanwhile
+                locked = False
+                async with self.pool.connection(timeout=timeout) as pooled:
+                    yield pooled
+                return
+            yield conn
+        finally:
+            if locked:
+                self._start_lock.release()
+
+    def _connection(self, timeout: float) -> contextlib.AbstractAsyncContextManager[Any]:
+        """A connection for one call: the pool's, or before it is open the check's."""
+        if self.pool is not None:
+            return self.pool.connection(timeout=timeout)
+        return self._start_connection(timeout)
+
     async def _preflight(self) -> None:
-        """The schema version and the login's grants, on one short connection."""
-        async with await psycopg.AsyncConnection.connect(
-                self.dsn, **self.connect_kwargs(self.dsn, "executor")) as conn, \
-                bounded(conn, self.config.query_timeout, "start-up check"):
-            wanted = sorted({f for m in self.modules for f in m.functions})
-            try:
-                cur = await conn.execute(SQL_START_CHECK, (wanted,))
-            except (psycopg.errors.UndefinedFunction, psycopg.errors.InvalidSchemaName):
-                check_version(await aschema_version(conn))  # no pgfence.schema_version(): says so
-                raise
-            row = await cur.fetchone()
-            check_version(int(row[3]) if row and row[3] is not None else None)
-            missing: list[str] = list(row[1] or ()) if row else []
+        """The schema version and the login's grants, on a connection that then serves every
+        call (the first claim at once) until the pool is open (:meth:`_open_pool`)."""
+        conn = await psycopg.AsyncConnection.connect(
+            self.dsn, **self.connect_kwargs(self.dsn, "executor"))
+        try:
+            async with bounded(conn, self.config.query_timeout, "start-up check"):
+                wanted = sorted({f for m in self.modules for f in m.functions})
+                try:
+                    cur = await conn.execute(SQL_START_CHECK, (wanted,))
+                except (psycopg.errors.UndefinedFunction, psycopg.errors.InvalidSchemaName):
+                    check_version(await aschema_version(conn))  # no schema_version(): says so
+                    raise
+                row = await cur.fetchone()
+                check_version(int(row[3]) if row and row[3] is not None else None)
+                missing: list[str] = list(row[1] or ()) if row else []
+        except BaseException:
+            await conn.close()
+            raise
+        self._start_conn = conn
         absent: list[str] = list(row[0] or ()) if row else []
         login: str = str(row[2]) if row else "?"
         self.missing_functions = frozenset(absent)
@@ -556,7 +624,7 @@ class Executor:
         grants), listener (connected), database (a ``SELECT 1`` answered within ``timeout``
         seconds)."""
         database = False
-        if self.pool is not None:
+        if self._started.is_set():
             try:
                 database = bool(await self.fetch("SELECT 1", (), timeout=timeout))
             except Exception:
@@ -584,10 +652,9 @@ class Executor:
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(1.0):
                 await self._first_round.wait()
-        assert self.pool is not None
         try:
             self._registering = True
-            async with self.pool.connection(timeout=self.config.query_timeout) as conn, \
+            async with self._connection(self.config.query_timeout) as conn, \
                     bounded(conn, self.config.query_timeout, "executor registration"):
                 await self._register(conn)
         except Exception as exc:
@@ -627,15 +694,14 @@ class Executor:
             rows = await self.fetch(SQL_HEARTBEAT, (self.worker_id,))
             if rows and rows[0][0]:
                 return
-            assert self.pool is not None
-            async with self.pool.connection(timeout=self.config.query_timeout) as conn, \
+            async with self._connection(self.config.query_timeout) as conn, \
                     bounded(conn, self.config.query_timeout, "executor registration"):
                 await self._register(conn)
         except Exception as exc:
             logger.warning("executor registry heartbeat failed: %s", exc)
 
     async def _deregister(self) -> None:
-        if not (self.registered or self._registering) or self.pool is None:
+        if not (self.registered or self._registering):
             return
         with contextlib.suppress(Exception):
             await self.fetch(SQL_DEREGISTER, (self.worker_id,), timeout=self.config.probe_timeout)
@@ -665,10 +731,13 @@ class Executor:
         cfg = self.config
         failures = 0
         checking: asyncio.Task[None] | None = None
-        # Connected once the start-up check passed: until then nothing is claimed, and the
-        # check's connection and the pool's first one are made without a third beside them
-        # (the listener's connection sweeps every module anyway).
+        # Connected once the first claim sweep is back (or a second after the start-up check):
+        # until then its connection would only compete with the first claim for the CPU, and
+        # nothing is missed meanwhile (once listening, it sweeps every module).
         await self._started.wait()
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(1.0):
+                await self._first_round.wait()
         while not self._stopping.is_set():
             try:
                 async with await psycopg.AsyncConnection.connect(
@@ -705,21 +774,41 @@ class Executor:
     async def _hear(self, conn: psycopg.AsyncConnection[Any], channels: list[str]) -> None:
         """Wake the dispatcher on every NOTIFY; after ``probe_interval`` seconds of silence
         ask the session which channels it listens on, within ``probe_timeout``. Returns only by
-        raising (a lost or half-open connection: NoAnswer)."""
+        raising (a lost or half-open connection: NoAnswer).
+
+        A NOTIFY for an idle module is claimed on this connection itself, at once (see
+        :meth:`_wake_claim`); NOTIFYs arriving meanwhile are kept by psycopg for the next turn.
+        """
         cfg = self.config
         warned = False
         by_channel = self._by_channel
+        probe_at = time.monotonic() + cfg.probe_interval
         while not self._stopping.is_set():
-            async for note in conn.notifies(timeout=cfg.probe_interval):
-                served = by_channel.get(note.channel)
-                if served is not None:
-                    for s in served:
-                        s.nudge()
-                    if self._started.is_set() and not self._stopping.is_set():
-                        self._launch()  # the claim goes out now, not after the dispatcher's turn
-                    self._wake.set()
-                elif note.channel == SELF_CHECK_CHANNEL and note.payload == self._check_token:
-                    self._check_heard.set()
+            wake: list[_Served] | None = None
+            # One batch of NOTIFYs at a time (stop_after: what one read brought, all of it), so
+            # that a wake-up claim can use the connection right after it.
+            async with contextlib.aclosing(conn.notifies(
+                    timeout=max(probe_at - time.monotonic(), 0.0), stop_after=1)) as notes:
+                async for note in notes:
+                    probe_at = time.monotonic() + cfg.probe_interval
+                    served = by_channel.get(note.channel)
+                    if served is not None:
+                        for s in served:
+                            s.nudge()
+                        if self._started.is_set() and not self._stopping.is_set():
+                            if wake is None and self._inline_ok(served):
+                                wake = served  # claimed below, once notifies() let go of conn
+                            elif wake is None:
+                                self._launch()  # the claim goes out now, not after a loop turn
+                        self._wake.set()
+                    elif note.channel == SELF_CHECK_CHANNEL and note.payload == self._check_token:
+                        self._check_heard.set()
+            if wake is not None:
+                await self._wake_claim(conn, wake)
+                continue
+            if time.monotonic() < probe_at:
+                continue
+            probe_at = time.monotonic() + cfg.probe_interval
             async with bounded(conn, cfg.probe_timeout, "listener heartbeat"):
                 cur = await conn.execute("SELECT pg_catalog.pg_listening_channels()")
                 held = {str(r[0]) for r in await cur.fetchall()}
@@ -735,6 +824,35 @@ class Executor:
                     for ch in missing:
                         await conn.execute(f"LISTEN {ch}")
                     self._nudge_all()
+
+    def _inline_ok(self, served: list[_Served]) -> bool:
+        """True if a NOTIFY for ``served`` may be claimed on the listener's own connection: it
+        is the main DSN's (no ``listen_dsn``), and the first of them is idle (no claim sweep in
+        flight, no outcome waiting to be recorded, not backing off)."""
+        if self.config.listen_dsn is not None:
+            return False
+        s = served[0]
+        return not s.sweeps and not s.module.pending_outcomes() and s.retry_at <= time.monotonic()
+
+    async def _wake_claim(self, conn: psycopg.AsyncConnection[Any], served: list[_Served]) -> None:
+        """A wake-up claim of ``served[0]`` on the listener's connection, in the listener's
+        task: the session that just passed the NOTIFY on is awake, while a pooled one must be
+        woken first (on a busy 2-core machine, most of a wake-up's time). Otherwise the same
+        sweep as :meth:`_launch` starts (the same room, fairness and bounds); the other modules
+        of the channel get their sweeps as usual."""
+        s = served[0]
+        room = self._launch(inline=s)
+        self._wake.set()
+        if room is None:
+            return
+        task = asyncio.current_task()
+        assert task is not None
+        s.sweeps.add(task)
+        self._via = (task, conn)
+        try:
+            await self._sweep(s, room)
+        finally:
+            self._via = None
 
     async def _self_check(self) -> None:
         """Once, at start: a NOTIFY sent on a pooled connection must reach the listener."""
@@ -808,7 +926,7 @@ class Executor:
             limit += rounds if fits >= rounds else max(0, min(fits, cfg.batch))
         return limit - self._running - self._queued - self._reserved
 
-    def _launch(self) -> None:
+    def _launch(self, inline: _Served | None = None) -> int | None:
         """Start a claim sweep for each module that may have due work. A sweep claims in
         rounds of ``batch``, the next round asked for while the units of the last one run; one
         sweep per module at a time, except for a module whose units are quick (the outbox):
@@ -820,6 +938,9 @@ class Executor:
         fair share of the slots, so a backlog in one never holds the others off for longer than
         the next freed slot. Slots a module leaves unused go to the next one; a module capped
         by its share stays due and gets the rest once the others are served.
+
+        ``inline``: that module's sweep is not started but its room reserved and returned, for
+        the caller to run (:meth:`_wake_claim`); None if it gets no sweep now.
         """
         cfg = self.config
         stopping = self._stopping.is_set()
@@ -831,9 +952,10 @@ class Executor:
                              and not stopping))
             and (s.module.pending_outcomes() or (s.dirty and not stopping))]
         if not wanted:
-            return
+            return None
         wanted.sort(key=lambda s: (s.busy / s.share, s.index))
         active = sum(s.share for s in self._served if s.dirty or s.busy)
+        inline_room: int | None = None
         for pos, s in enumerate(wanted):
             room = 0
             if s.dirty and not stopping:
@@ -849,6 +971,9 @@ class Executor:
                 continue
             s.reserved += room
             self._reserved += room
+            if s is inline:
+                inline_room = room
+                continue
             task = asyncio.create_task(self._sweep(s, room), name=f"pgfence-{s.module.name}-claim")
             s.sweeps.add(task)
             # The second round side by side (with a backlog): it overlaps the two commits, and
@@ -861,6 +986,7 @@ class Executor:
                     task = asyncio.create_task(self._sweep(s, more),
                                                name=f"pgfence-{s.module.name}-claim")
                     s.sweeps.add(task)
+        return inline_room
 
     def _depth(self, s: _Served) -> int:
         """Claim sweeps ``s`` may have in flight: two (of one round each) for a module whose
@@ -902,6 +1028,7 @@ class Executor:
                 # asked for (another executor holds them) looks again a moment later.
                 s.dirty = False
                 with contextlib.suppress(Exception):
+                    await asyncio.sleep(0)  # the units just queued start first
                     due = await s.module.next_due()
                     s.due_at = None if due is None else time.monotonic() + max(due, 0.002)
         finally:
@@ -1049,14 +1176,22 @@ class Executor:
         errors are retried with capped backoff until then; SQL errors (a SQLSTATE from
         pgfence) are not retried.
         """
-        assert self.pool is not None
+        if self._via is not None and self._via[0] is asyncio.current_task():
+            conn = self._via[1]  # a wake-up claim on the listener's connection: one attempt
+            bound = self.config.query_timeout if timeout is None else timeout
+            async with bounded(conn, bound, "wake-up claim"):
+                cur = conn.cursor(row_factory=row_factory) if row_factory else conn.cursor()
+                async with cur:
+                    await cur.execute(query, params)
+                    res = cur.pgresult
+                    return await cur.fetchall() if res is not None and res.nfields else []
         attempt = 0
         while True:
             bound = self.config.query_timeout if timeout is None else timeout
             if retry_until is not None:
                 bound = min(bound, max(retry_until - time.monotonic(), 0.1))
             try:
-                async with self.pool.connection(timeout=bound) as conn:
+                async with self._connection(bound) as conn:
                     try:
                         async with bounded(conn, bound, "database call"):
                             cur = conn.cursor(row_factory=row_factory) if row_factory \
@@ -1121,8 +1256,9 @@ class OutboxModule(Module):
     Each claim round records the deliveries finished since the previous one and claims the
     next batch in one statement and one durable commit (``outbox_settle_and_claim``; on a
     database that lacks it, ``outbox_mark_sent_many`` then ``outbox_claim``). A round with
-    nothing to settle (a wake-up) is the same statement with empty arrays: it returns the next
-    due time too, so a short round needs no ``outbox_next_due`` round trip after it.
+    nothing to settle (a wake-up, the first claim) is ``outbox_claim`` alone, the quickest
+    answer; when it comes back short, ``outbox_next_due`` is asked after its messages were
+    handed to the slots, not before.
 
     Args:
         routes: channel → transport. The key ``"*"`` is the fallback for other channels.
@@ -1234,6 +1370,12 @@ class OutboxModule(Module):
         and is never held up here, so a stop or a NOTIFY is still heard.
         """
         try:
+            if not sent:
+                # A wake-up: nothing to settle. outbox_claim alone answers ~0.5 ms sooner than
+                # the combined call (no settlement, no next-due probe before the answer); the
+                # next due time, if the round comes back short, is asked for after its
+                # messages were handed to the slots (next_due).
+                return await self._claim_alone(n)
             if not self._combined:
                 if sent:
                     self._log_sent(sent, await self._mark_sent(sent))

@@ -35,7 +35,6 @@ import asyncio
 import contextlib
 import datetime as dt
 import email.utils
-import hashlib
 import importlib
 import inspect
 import json
@@ -281,6 +280,8 @@ class SmtpTransport:
         """Stable across attempts: derived from the idempotency key (see :func:`idempotency_key`),
         so every attempt of one message — or of one plan step — carries the same Message-ID."""
         key = idempotency_key(message)
+        import hashlib  # here: not needed to start an executor
+
         local = key if _SAFE_LOCAL.fullmatch(key) else "k-" + hashlib.sha256(key.encode()).hexdigest()[:40]
         return f"<{local}@{self.domain}>"
 
