@@ -106,13 +106,13 @@ WITH cleanup AS (  -- the oldest holder of cleanup (89_audit_cleanup.sql), one l
 )
 SELECT 'outbox'::text                                                                       AS module,
        o.channel                                                                            AS queue,
-       count(*) FILTER (WHERE o.status = 'pending' AND o.next_attempt_at <= now())           AS ready,
-       count(*) FILTER (WHERE o.status = 'pending' AND o.next_attempt_at > now())            AS deferred,
-       count(*) FILTER (WHERE o.status = 'pending' AND o.next_attempt_at > now() AND o.attempts > 0) AS in_backoff,
+       count(*) FILTER (WHERE o.status = 'pending' AND o.next_attempt_at <= clock_timestamp())           AS ready,
+       count(*) FILTER (WHERE o.status = 'pending' AND o.next_attempt_at > clock_timestamp())            AS deferred,
+       count(*) FILTER (WHERE o.status = 'pending' AND o.next_attempt_at > clock_timestamp() AND o.attempts > 0) AS in_backoff,
        count(*) FILTER (WHERE o.status = 'processing')                                       AS in_flight,
        count(*) FILTER (WHERE o.status = 'processing' AND o.lease_expires_at < now())        AS lapsed,
-       now() - min(o.next_attempt_at) FILTER (WHERE o.status = 'pending' AND o.next_attempt_at <= now()) AS oldest_ready_age,
-       min(o.next_attempt_at) FILTER (WHERE o.status = 'pending' AND o.next_attempt_at > now()) AS next_due_at,
+       clock_timestamp() - min(o.next_attempt_at) FILTER (WHERE o.status = 'pending' AND o.next_attempt_at <= clock_timestamp()) AS oldest_ready_age,
+       min(o.next_attempt_at) FILTER (WHERE o.status = 'pending' AND o.next_attempt_at > clock_timestamp()) AS next_due_at,
        count(*) FILTER (WHERE o.status = 'sent' AND o.finished_at >= now() - interval '5 minutes') AS done_5m,
        count(*) FILTER (WHERE o.status IN ('failed', 'dead') AND o.finished_at >= now() - interval '5 minutes') AS failed_5m,
        round(count(*) FILTER (WHERE o.finished_at >= now() - interval '5 minutes') / 300.0, 2) AS per_second_5m,
@@ -123,7 +123,7 @@ SELECT 'outbox'::text                                                           
        round(count(*) FILTER (WHERE o.finished_at >= now() - interval '1 minute') / 60.0, 2)  AS per_second_1m,
        round(count(*) FILTER (WHERE o.finished_at >= now() - interval '15 minutes') / 900.0, 2) AS per_second_15m,
        pgfence._executor_serving('outbox', o.channel)                                       AS executors,
-       count(*) FILTER (WHERE o.status = 'pending' AND o.next_attempt_at <= now()) > 0
+       count(*) FILTER (WHERE o.status = 'pending' AND o.next_attempt_at <= clock_timestamp()) > 0
          AND pgfence._executor_serving('outbox', o.channel) = 0                             AS unserved,
        count(*) FILTER (WHERE o.status IN ('sent', 'failed', 'dead'))                       AS finished
 FROM pgfence.outbox o

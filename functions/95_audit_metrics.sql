@@ -16,9 +16,9 @@ CREATE OR REPLACE VIEW pgfence.audit_metrics AS
 -- never the sent or finished history, however much of it is kept before a purge.
 WITH ob_pending AS (  -- outbox_channel_due_idx
   SELECT o.channel AS queue,
-         count(*) FILTER (WHERE o.next_attempt_at <= now()) AS ready,
-         count(*) FILTER (WHERE o.next_attempt_at > now())  AS deferred,
-         min(o.next_attempt_at) FILTER (WHERE o.next_attempt_at <= now()) AS oldest_ready_at
+         count(*) FILTER (WHERE o.next_attempt_at <= clock_timestamp()) AS ready,
+         count(*) FILTER (WHERE o.next_attempt_at > clock_timestamp())  AS deferred,
+         min(o.next_attempt_at) FILTER (WHERE o.next_attempt_at <= clock_timestamp()) AS oldest_ready_at
   FROM pgfence.outbox o WHERE o.status = 'pending' GROUP BY o.channel
 ), ob_flight AS (  -- outbox_lease_idx
   SELECT o.channel AS queue, count(*) AS in_flight,
@@ -32,7 +32,7 @@ WITH ob_pending AS (  -- outbox_channel_due_idx
   SELECT c.queue, coalesce(p.ready, 0) AS ready, coalesce(p.deferred, 0) AS deferred,
          coalesce(f.in_flight, 0) AS in_flight, coalesce(f.lapsed, 0) AS lapsed,
          coalesce(d.failed, 0) AS failed, coalesce(d.dead, 0) AS dead,
-         now() - p.oldest_ready_at AS oldest_ready_age
+         clock_timestamp() - p.oldest_ready_at AS oldest_ready_age  -- ready by the clock, as the claim decides
   FROM (SELECT queue FROM ob_pending UNION SELECT queue FROM ob_flight UNION SELECT queue FROM ob_failed
         UNION SELECT ch.channel FROM pgfence.outbox_channel ch WHERE ch.channel <> '*') c
   LEFT JOIN ob_pending p USING (queue) LEFT JOIN ob_flight f USING (queue) LEFT JOIN ob_failed d USING (queue)

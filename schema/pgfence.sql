@@ -2723,9 +2723,9 @@ SELECT o.channel,
        count(*)                                                         AS messages,
        min(o.created_at)                                                AS oldest_created_at,
        CASE WHEN o.status = 'pending' THEN
-         now() - min(o.next_attempt_at) FILTER (WHERE o.next_attempt_at <= now())
+         clock_timestamp() - min(o.next_attempt_at) FILTER (WHERE o.next_attempt_at <= clock_timestamp())
        END                                                              AS oldest_due_age,
-       count(*) FILTER (WHERE o.status = 'pending' AND o.next_attempt_at > now()) AS deferred,
+       count(*) FILTER (WHERE o.status = 'pending' AND o.next_attempt_at > clock_timestamp()) AS deferred,
        count(*) FILTER (WHERE o.status = 'processing' AND o.lease_expires_at < now()) AS lapsed_leases,
        max(o.attempts)                                                  AS max_attempts_used
 FROM pgfence.outbox o
@@ -7990,13 +7990,13 @@ WITH cleanup AS (  -- the oldest holder of cleanup (89_audit_cleanup.sql), one l
 )
 SELECT 'outbox'::text                                                                       AS module,
        o.channel                                                                            AS queue,
-       count(*) FILTER (WHERE o.status = 'pending' AND o.next_attempt_at <= now())           AS ready,
-       count(*) FILTER (WHERE o.status = 'pending' AND o.next_attempt_at > now())            AS deferred,
-       count(*) FILTER (WHERE o.status = 'pending' AND o.next_attempt_at > now() AND o.attempts > 0) AS in_backoff,
+       count(*) FILTER (WHERE o.status = 'pending' AND o.next_attempt_at <= clock_timestamp())           AS ready,
+       count(*) FILTER (WHERE o.status = 'pending' AND o.next_attempt_at > clock_timestamp())            AS deferred,
+       count(*) FILTER (WHERE o.status = 'pending' AND o.next_attempt_at > clock_timestamp() AND o.attempts > 0) AS in_backoff,
        count(*) FILTER (WHERE o.status = 'processing')                                       AS in_flight,
        count(*) FILTER (WHERE o.status = 'processing' AND o.lease_expires_at < now())        AS lapsed,
-       now() - min(o.next_attempt_at) FILTER (WHERE o.status = 'pending' AND o.next_attempt_at <= now()) AS oldest_ready_age,
-       min(o.next_attempt_at) FILTER (WHERE o.status = 'pending' AND o.next_attempt_at > now()) AS next_due_at,
+       clock_timestamp() - min(o.next_attempt_at) FILTER (WHERE o.status = 'pending' AND o.next_attempt_at <= clock_timestamp()) AS oldest_ready_age,
+       min(o.next_attempt_at) FILTER (WHERE o.status = 'pending' AND o.next_attempt_at > clock_timestamp()) AS next_due_at,
        count(*) FILTER (WHERE o.status = 'sent' AND o.finished_at >= now() - interval '5 minutes') AS done_5m,
        count(*) FILTER (WHERE o.status IN ('failed', 'dead') AND o.finished_at >= now() - interval '5 minutes') AS failed_5m,
        round(count(*) FILTER (WHERE o.finished_at >= now() - interval '5 minutes') / 300.0, 2) AS per_second_5m,
@@ -8007,7 +8007,7 @@ SELECT 'outbox'::text                                                           
        round(count(*) FILTER (WHERE o.finished_at >= now() - interval '1 minute') / 60.0, 2)  AS per_second_1m,
        round(count(*) FILTER (WHERE o.finished_at >= now() - interval '15 minutes') / 900.0, 2) AS per_second_15m,
        pgfence._executor_serving('outbox', o.channel)                                       AS executors,
-       count(*) FILTER (WHERE o.status = 'pending' AND o.next_attempt_at <= now()) > 0
+       count(*) FILTER (WHERE o.status = 'pending' AND o.next_attempt_at <= clock_timestamp()) > 0
          AND pgfence._executor_serving('outbox', o.channel) = 0                             AS unserved,
        count(*) FILTER (WHERE o.status IN ('sent', 'failed', 'dead'))                       AS finished
 FROM pgfence.outbox o
@@ -8688,9 +8688,9 @@ CREATE OR REPLACE VIEW pgfence.audit_metrics AS
 -- never the sent or finished history, however much of it is kept before a purge.
 WITH ob_pending AS (  -- outbox_channel_due_idx
   SELECT o.channel AS queue,
-         count(*) FILTER (WHERE o.next_attempt_at <= now()) AS ready,
-         count(*) FILTER (WHERE o.next_attempt_at > now())  AS deferred,
-         min(o.next_attempt_at) FILTER (WHERE o.next_attempt_at <= now()) AS oldest_ready_at
+         count(*) FILTER (WHERE o.next_attempt_at <= clock_timestamp()) AS ready,
+         count(*) FILTER (WHERE o.next_attempt_at > clock_timestamp())  AS deferred,
+         min(o.next_attempt_at) FILTER (WHERE o.next_attempt_at <= clock_timestamp()) AS oldest_ready_at
   FROM pgfence.outbox o WHERE o.status = 'pending' GROUP BY o.channel
 ), ob_flight AS (  -- outbox_lease_idx
   SELECT o.channel AS queue, count(*) AS in_flight,
@@ -8704,7 +8704,7 @@ WITH ob_pending AS (  -- outbox_channel_due_idx
   SELECT c.queue, coalesce(p.ready, 0) AS ready, coalesce(p.deferred, 0) AS deferred,
          coalesce(f.in_flight, 0) AS in_flight, coalesce(f.lapsed, 0) AS lapsed,
          coalesce(d.failed, 0) AS failed, coalesce(d.dead, 0) AS dead,
-         now() - p.oldest_ready_at AS oldest_ready_age
+         clock_timestamp() - p.oldest_ready_at AS oldest_ready_age  -- ready by the clock, as the claim decides
   FROM (SELECT queue FROM ob_pending UNION SELECT queue FROM ob_flight UNION SELECT queue FROM ob_failed
         UNION SELECT ch.channel FROM pgfence.outbox_channel ch WHERE ch.channel <> '*') c
   LEFT JOIN ob_pending p USING (queue) LEFT JOIN ob_flight f USING (queue) LEFT JOIN ob_failed d USING (queue)
