@@ -8,6 +8,10 @@
 -- database clock). Errors: functions/ERRORS.md.
 -- Plans: every walk here is chosen to match one index, and the status is compared with a
 -- constant: docs/query-plans.md#outbox (tests/test_query_plans_outbox.py checks them).
+-- The claim hint: a claim for all channels or one channel walks from its session's hint, not
+-- the front of the due index (dead entries stay there under a pinned snapshot), and from the
+-- front once per pgfence.claim_full_walk_ms: docs/design.md#claim-hint. Private:
+-- _outbox_claim_hint_name(channels), _outbox_claim_hint_state(setting name).
 
 CREATE OR REPLACE FUNCTION pgfence._outbox_claim_hint_name(p_channels text[])
 RETURNS text
@@ -279,7 +283,9 @@ Locks with FOR UPDATE SKIP LOCKED, so concurrent claimers never get the same row
 bumps attempts and returns it as attempt: the fence token for outbox_mark_sent /
 outbox_mark_failed. The lease runs from now() (database clock) for p_lease, or the channel''s
 lease when NULL. p_channels NULL = all channels; an array of any shape (lower bound, dimensions)
-means its elements. Order: due time, then id.
+means its elements. Order: due time, then id. Due: next_attempt_at <= the database clock.
+For all channels or one channel the walk starts at this session's claim hint, and at the front
+at least once per pgfence.claim_full_walk_ms (default 1000): docs/design.md#claim-hint.
 Errors: 22023 (empty worker, batch outside 1..10000, lease not in (0, 1 day]).';
 
 CREATE OR REPLACE FUNCTION pgfence.outbox_next_due(p_channels text[] DEFAULT NULL)
@@ -322,7 +328,8 @@ REVOKE ALL ON FUNCTION pgfence.outbox_next_due(text[]) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION pgfence.outbox_next_due(text[]) TO pgfence_executor, pgfence_admin;
 COMMENT ON FUNCTION pgfence.outbox_next_due(text[]) IS
   'How long until the earliest pending message of these channels is due (database clock).
-0 if one is due now, NULL if none is pending; p_channels NULL = all channels. Executors sleep
+0 if one is due now, NULL if none is pending; p_channels NULL = all channels. From the claim
+hint of this session, like outbox_claim (docs/design.md#claim-hint). Executors sleep
 min(this, poll interval), so delayed and backed-off messages go out on time without a NOTIFY.
 Errors: none.';
 
