@@ -2104,7 +2104,7 @@ bumps attempts and returns it as attempt: the fence token for outbox_mark_sent /
 outbox_mark_failed. The lease runs from now() (database clock) for p_lease, or the channel''s
 lease when NULL. p_channels NULL = all channels; an array of any shape (lower bound, dimensions)
 means its elements. Order: due time, then id. Due: next_attempt_at <= the database clock.
-For all channels or one channel the walk starts at this session's claim hint, and at the front
+For all channels or one channel the walk starts at this session''s claim hint, and at the front
 at least once per pgfence.claim_full_walk_ms (default 1000): docs/design.md#claim-hint.
 Errors: 22023 (empty worker, batch outside 1..10000, lease not in (0, 1 day]).';
 
