@@ -8,23 +8,33 @@
 -- database clock). Errors: functions/ERRORS.md.
 -- Plans: every walk here is chosen to match one index, and the status is compared with a
 -- constant: docs/query-plans.md#outbox (tests/test_query_plans_outbox.py checks them).
--- The claim hint: a claim for all channels or one channel walks from its session's hint, not
+-- The claim hint: a claim (for all channels, or a set of them) walks from its session's hint, not
 -- the front of the due index (dead entries stay there under a pinned snapshot), and from the
 -- front once per pgfence.claim_full_walk_ms: docs/design.md#claim-hint. Private:
 -- _outbox_claim_hint_name(channels), _outbox_claim_hint_state(setting name).
 
 CREATE OR REPLACE FUNCTION pgfence._outbox_claim_hint_name(p_channels text[])
 RETURNS text
-LANGUAGE sql IMMUTABLE
+LANGUAGE plpgsql IMMUTABLE
 SET search_path = pg_catalog, pgfence, pg_temp
 AS $$
-  SELECT CASE WHEN p_channels IS NULL THEN 'pgfence.claim_hint_all'
-              WHEN cardinality(p_channels) = 1 THEN 'pgfence.claim_hint_' || md5(p_channels[1]) END
+-- PL/pgSQL rather than SQL: an SQL function with SET is planned on every call.
+BEGIN
+  IF p_channels IS NULL THEN
+    RETURN 'pgfence.claim_hint_all';
+  ELSIF cardinality(p_channels) = 1 THEN
+    RETURN 'pgfence.claim_hint_' || md5(p_channels[1]);
+  END IF;
+  -- a set of channels: the same set in any order, with repeats, is the same scope
+  RETURN 'pgfence.claim_hint_' || md5(array_to_string(ARRAY(SELECT DISTINCT u.ch FROM unnest(p_channels) AS u(ch)
+                                                            WHERE u.ch IS NOT NULL ORDER BY 1), ','));
+END
 $$;
 REVOKE ALL ON FUNCTION pgfence._outbox_claim_hint_name(text[]) FROM PUBLIC;
 COMMENT ON FUNCTION pgfence._outbox_claim_hint_name(text[]) IS
-  'The session setting that holds the claim hint of a claim scope: all channels, or one channel.
-NULL for several channels (those claims walk from the front). docs/design.md#claim-hint.';
+  'The session setting that holds the claim hint of a claim scope: all channels, or a channel set.
+One channel, or a set of them in any order (channel names have no comma). NULL for a one-channel
+array whose element is NULL. docs/design.md#claim-hint.';
 
 CREATE OR REPLACE FUNCTION pgfence._outbox_claim_hint_state(p_name text)
 RETURNS bigint[]
@@ -129,8 +139,8 @@ BEGIN
     p_channels := ARRAY(SELECT u.ch FROM unnest(p_channels) AS u(ch));
   END IF;
 
-  -- The claim hint (docs/design.md#claim-hint): all channels and one channel walk their due
-  -- index from the session's hint instead of the front, and from the front once the last full
+  -- The claim hint (docs/design.md#claim-hint): each scope (all channels, a channel set) walks
+  -- its due index from the session's hint instead of the front, and from the front once the last full
   -- walk is older than pgfence.claim_full_walk_ms (default 1000, at most 60000; 0 = always).
   v_name := pgfence._outbox_claim_hint_name(p_channels);
   v_now_us := (extract(epoch FROM v_now) * 1000000)::bigint;
@@ -182,17 +192,19 @@ BEGIN
           LIMIT p_batch
           FOR UPDATE SKIP LOCKED) w;
   ELSE
-    v_ids := ARRAY(
-      SELECT b.id
-      FROM (SELECT DISTINCT u.ch FROM unnest(p_channels) AS u(ch)) chans
-      CROSS JOIN LATERAL (
-        SELECT d.id, d.next_attempt_at FROM pgfence.outbox d
-        WHERE d.channel = chans.ch AND d.status = 'pending' AND d.next_attempt_at <= v_now
-        ORDER BY d.next_attempt_at, d.id
-        LIMIT p_batch
-        FOR UPDATE SKIP LOCKED) b
-      ORDER BY b.next_attempt_at, b.id
-      LIMIT p_batch);
+    -- each channel's walk starts at the set's hint: the first p_batch of the union from there
+    SELECT array_agg(w.id ORDER BY w.due, w.id), array_agg(w.due ORDER BY w.due, w.id) INTO v_ids, v_dues
+    FROM (SELECT b.id, b.next_attempt_at AS due
+          FROM (SELECT DISTINCT u.ch FROM unnest(p_channels) AS u(ch)) chans
+          CROSS JOIN LATERAL (
+            SELECT d.id, d.next_attempt_at FROM pgfence.outbox d
+            WHERE d.channel = chans.ch AND d.status = 'pending' AND d.next_attempt_at <= v_now
+              AND (d.next_attempt_at, d.id) >= (v_from_at, v_from_id)
+            ORDER BY d.next_attempt_at, d.id
+            LIMIT p_batch
+            FOR UPDATE SKIP LOCKED) b
+          ORDER BY b.next_attempt_at, b.id
+          LIMIT p_batch) w;
   END IF;
   v_n := coalesce(cardinality(v_ids), 0);
 
@@ -284,7 +296,7 @@ bumps attempts and returns it as attempt: the fence token for outbox_mark_sent /
 outbox_mark_failed. The lease runs from now() (database clock) for p_lease, or the channel''s
 lease when NULL. p_channels NULL = all channels; an array of any shape (lower bound, dimensions)
 means its elements. Order: due time, then id. Due: next_attempt_at <= the database clock.
-For all channels or one channel the walk starts at this session''s claim hint, and at the front
+The walk starts at this session''s claim hint for these channels, and at the front
 at least once per pgfence.claim_full_walk_ms (default 1000): docs/design.md#claim-hint.
 Errors: 22023 (empty worker, batch outside 1..10000, lease not in (0, 1 day]).';
 
@@ -318,7 +330,9 @@ BEGIN
     FROM unnest(p_channels) AS c(ch)
     CROSS JOIN LATERAL (
       SELECT o.next_attempt_at AS at FROM pgfence.outbox o
-      WHERE o.channel = c.ch AND o.status = 'pending' ORDER BY o.next_attempt_at LIMIT 1) n;
+      WHERE o.channel = c.ch AND o.status = 'pending'
+        AND (o.next_attempt_at, o.id) >= (v_from_at, v_from_id)
+      ORDER BY o.next_attempt_at, o.id LIMIT 1) n;
   END IF;
   -- from the clock, as the claim decides what is due
   RETURN CASE WHEN v_due IS NOT NULL THEN greatest(v_due - clock_timestamp(), interval '0') END;

@@ -10,7 +10,7 @@
 -- one from its first statement. So each statement here commits on its own; what it leaves is
 -- in temporary tables and functions (pg_temp), and the peers' rows are deleted at the end.
 \ir helpers/setup.sql
-SELECT plan(37);
+SELECT plan(39);
 
 SELECT tap_helpers.peer('cl'), tap_helpers.peer('ad'), tap_helpers.peer('wr');
 -- the safety net out of the way, except where it is the subject
@@ -48,13 +48,21 @@ $f$;
 -- ---------------------------------------------------------------------------------------------
 SELECT is(pgfence._outbox_claim_hint_name(NULL), 'pgfence.claim_hint_all', 'all channels have one hint');
 SELECT is(pgfence._outbox_claim_hint_name(ARRAY['a']), 'pgfence.claim_hint_' || md5('a'), 'one channel has its own');
-SELECT is(pgfence._outbox_claim_hint_name(ARRAY['a', 'b']), NULL, 'several channels have none (they walk from the front)');
+SELECT is(pgfence._outbox_claim_hint_name(ARRAY['b', 'a', 'b']), pgfence._outbox_claim_hint_name(ARRAY['a', 'b']), 'a set of channels has one, whatever the order and repeats');
 CREATE TEMP TABLE mv AS SELECT pg_temp.henq('tap-h-move', 30) AS ids;
 SELECT pg_temp.hclaim('tap-h-move', 10)::text AS mvc1 \gset
 SELECT pg_temp.hclaim('tap-h-move', 10)::text AS mvc2 \gset
 SELECT pg_temp.hclaim('tap-h-move', 10)::text AS mvc3 \gset
 SELECT is(ARRAY[:'mvc1'::bigint[], :'mvc2'::bigint[], :'mvc3'::bigint[]], (SELECT array[ids[1:10], ids[11:20], ids[21:30]] FROM mv), 'three claims of 10 get the 30, each once, in due order');
 SELECT ok(pg_temp.hint_above('tap-h-move', (SELECT ids[10] FROM mv)), 'the hint is above the messages claimed two claims ago');
+-- a set of channels: the hint of the set moves, the union is claimed in due order
+CREATE TEMP TABLE ms AS SELECT pg_temp.henq('tap-h-set1', 10) || pg_temp.henq('tap-h-set2', 10) AS ids;
+SELECT x::bigint[] AS ms1 FROM dblink('cl', $$SELECT array_agg(id)::text FROM pgfence.outbox_claim('tap-h-cl', 8, ARRAY['tap-h-set2', 'tap-h-set1'])$$) AS t(x text) \gset
+SELECT x::bigint[] AS ms2 FROM dblink('cl', $$SELECT array_agg(id)::text FROM pgfence.outbox_claim('tap-h-cl', 8, ARRAY['tap-h-set1', 'tap-h-set2'])$$) AS t(x text) \gset
+SELECT x::bigint[] AS ms3 FROM dblink('cl', $$SELECT array_agg(id)::text FROM pgfence.outbox_claim('tap-h-cl', 8, ARRAY['tap-h-set1', 'tap-h-set2'])$$) AS t(x text) \gset
+SELECT is(:'ms1'::bigint[] || :'ms2'::bigint[] || :'ms3'::bigint[], (SELECT ids FROM ms), 'claims of a channel set get the union in due order, each once');
+SELECT is((SELECT x FROM dblink('cl', format($$SELECT split_part(current_setting(%L), ',', 2)$$, pgfence._outbox_claim_hint_name(ARRAY['tap-h-set1', 'tap-h-set2']))) AS t(x text)),
+  (SELECT ids[16]::text FROM ms), 'and the set''s hint moved behind them (to the second claim''s last: the third, short, saw all)');
 
 -- ---------------------------------------------------------------------------------------------
 -- A writer that had its xid before the hint and commits after: the hint waits for it
