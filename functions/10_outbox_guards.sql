@@ -61,6 +61,13 @@ BEGIN
             HINT = 'Use pgfence.outbox_enqueue().';
   END IF;
 
+  -- The claim hint (12_outbox_claim.sql): a message made pending, or due earlier, is stamped
+  -- no earlier than the clock after this transaction has its xid, so it lands above any hint a
+  -- claim may have promoted since (docs/design.md#claim-hint). The same for every writer, even
+  -- a hand-written UPDATE.
+  IF NEW.status = 'pending' AND (OLD.status <> 'pending' OR NEW.next_attempt_at < OLD.next_attempt_at) THEN
+    NEW.next_attempt_at := pgfence._outbox_pending_at(NEW.next_attempt_at);
+  END IF;
   IF NEW.attempts < OLD.attempts THEN
     RAISE EXCEPTION 'outbox message %: attempts is a fence token and never decreases (% -> %)', OLD.id, OLD.attempts, NEW.attempts
       USING ERRCODE = 'PF002',
@@ -203,6 +210,23 @@ CREATE OR REPLACE TRIGGER outbox_frozen
 -- ---------------------------------------------------------------------------------------------
 -- Private helpers
 -- ---------------------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION pgfence._outbox_pending_at(p_at timestamptz)
+RETURNS timestamptz
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pgfence, pg_temp
+AS $$
+BEGIN
+  PERFORM pg_current_xact_id();  -- the xid first: the stamp below is taken after it exists
+  RETURN greatest(coalesce(p_at, now()), clock_timestamp());
+END
+$$;
+REVOKE ALL ON FUNCTION pgfence._outbox_pending_at(timestamptz) FROM PUBLIC;
+COMMENT ON FUNCTION pgfence._outbox_pending_at(timestamptz) IS
+  'The due time of a message made pending now: greatest(p_at or now(), the clock after the xid).
+Assigns this transaction its xid first, then reads clock_timestamp(): a message a transaction
+makes pending is never due below a claim hint promoted while that transaction was in flight
+(docs/design.md#claim-hint). Used by the enqueue functions and tg_outbox_guard.';
+
 CREATE OR REPLACE FUNCTION pgfence._outbox_settings(p_channel text)
 RETURNS pgfence.outbox_channel
 LANGUAGE plpgsql STABLE

@@ -35,6 +35,7 @@ DECLARE
   v_recipient text;
   v_set       pgfence.outbox_channel;
   v_key       text := p_ordering_key;
+  v_at        timestamptz;  -- the due time: pgfence._outbox_pending_at
 BEGIN
   PERFORM pgfence._outbox_check_message(p_channel, p_recipient, p_payload, p_idempotency_key, p_max_attempts);
   IF p_deliver_at IS NOT NULL AND NOT isfinite(p_deliver_at) THEN
@@ -59,10 +60,11 @@ BEGIN
   IF v_key IS NOT NULL THEN
     PERFORM pgfence._outbox_keys_note(p_channel, ARRAY[v_key]);  -- decided at commit
   END IF;
+  v_at := pgfence._outbox_pending_at(p_deliver_at);  -- a past deliver_at is due now
   INSERT INTO pgfence.outbox AS o (channel, recipient, payload, idempotency_key, max_attempts,
                                    next_attempt_at, log_events, ordering_key, status)
   VALUES (p_channel, p_recipient, p_payload, p_idempotency_key,
-          coalesce(p_max_attempts, v_set.max_attempts), coalesce(p_deliver_at, now()),
+          coalesce(p_max_attempts, v_set.max_attempts), v_at,
           v_set.log_events, v_key, CASE WHEN v_key IS NULL THEN 'pending' ELSE 'waiting' END)
   ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
   RETURNING o.id INTO v_id;
@@ -136,6 +138,7 @@ DECLARE
   v_unseen   bigint;
   v_clash    bigint;
   v_okeys    text[];   -- the ordering keys, with the derived host keys (limit_key host)
+  v_at       timestamptz;  -- the due time: pgfence._outbox_pending_at
 BEGIN
   IF p_channel IS NULL OR p_recipients IS NULL OR p_payloads IS NULL THEN
     RAISE EXCEPTION 'outbox_enqueue_many: channel, recipients and payloads are required'
@@ -195,6 +198,7 @@ BEGIN
   IF v_okeys IS NOT NULL THEN
     PERFORM pgfence._outbox_keys_note(p_channel, v_okeys);  -- decided at commit
   END IF;
+  v_at := pgfence._outbox_pending_at(p_deliver_at);  -- a past deliver_at is due now
   IF p_idempotency_keys IS NULL THEN
     -- No keys: a plain INSERT (no conflict handling, no key to check); identity values follow
     -- the input order.
@@ -202,7 +206,7 @@ BEGIN
     WITH ins AS (
       INSERT INTO pgfence.outbox AS o (channel, recipient, payload, max_attempts, next_attempt_at, log_events,
                                        ordering_key, status)
-      SELECT p_channel, u.r, u.p, v_max, coalesce(p_deliver_at, now()), v_set.log_events,
+      SELECT p_channel, u.r, u.p, v_max, v_at, v_set.log_events,
              u.ok, CASE WHEN u.ok IS NULL THEN 'pending' ELSE 'waiting' END
       FROM unnest(p_recipients, p_payloads, coalesce(v_okeys, array_fill(NULL::text, ARRAY[v_n])))
              WITH ORDINALITY AS u(r, p, ok, i)
@@ -241,7 +245,7 @@ BEGIN
     INSERT INTO pgfence.outbox AS o (id, channel, recipient, payload, idempotency_key, max_attempts,
                                      next_attempt_at, log_events, ordering_key, status)
     OVERRIDING SYSTEM VALUE
-    SELECT v_ids[u.i], p_channel, u.r, u.p, u.k, v_max, coalesce(p_deliver_at, now()), v_set.log_events,
+    SELECT v_ids[u.i], p_channel, u.r, u.p, u.k, v_max, v_at, v_set.log_events,
            u.ok, CASE WHEN u.ok IS NULL THEN 'pending' ELSE 'waiting' END
     FROM unnest(p_recipients, p_payloads, p_idempotency_keys,
                 coalesce(v_okeys, array_fill(NULL::text, ARRAY[v_n]))) WITH ORDINALITY AS u(r, p, k, ok, i)

@@ -8,6 +8,64 @@
 -- database clock). Errors: functions/ERRORS.md.
 -- Plans: every walk here is chosen to match one index, and the status is compared with a
 -- constant: docs/query-plans.md#outbox (tests/test_query_plans_outbox.py checks them).
+-- The claim hint: a claim (for all channels, or a set of them) walks from its session's hint, not
+-- the front of the due index (dead entries stay there under a pinned snapshot), and from the
+-- front once per pgfence.claim_full_walk_ms: docs/design.md#claim-hint. Private:
+-- _outbox_claim_hint_name(channels), _outbox_claim_hint_state(setting name).
+
+CREATE OR REPLACE FUNCTION pgfence._outbox_claim_hint_name(p_channels text[])
+RETURNS text
+LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, pgfence, pg_temp
+AS $$
+-- PL/pgSQL rather than SQL: an SQL function with SET is planned on every call.
+BEGIN
+  IF p_channels IS NULL THEN
+    RETURN 'pgfence.claim_hint_all';
+  ELSIF cardinality(p_channels) = 1 THEN
+    RETURN 'pgfence.claim_hint_' || md5(p_channels[1]);
+  END IF;
+  -- a set of channels: the same set in any order, with repeats, is the same scope
+  RETURN 'pgfence.claim_hint_' || md5(array_to_string(ARRAY(SELECT DISTINCT u.ch FROM unnest(p_channels) AS u(ch)
+                                                            WHERE u.ch IS NOT NULL ORDER BY 1), ','));
+END
+$$;
+REVOKE ALL ON FUNCTION pgfence._outbox_claim_hint_name(text[]) FROM PUBLIC;
+COMMENT ON FUNCTION pgfence._outbox_claim_hint_name(text[]) IS
+  'The session setting that holds the claim hint of a claim scope: all channels, or a channel set.
+One channel, or a set of them in any order (channel names have no comma). NULL for a one-channel
+array whose element is NULL. docs/design.md#claim-hint.';
+
+CREATE OR REPLACE FUNCTION pgfence._outbox_claim_hint_state(p_name text)
+RETURNS bigint[]
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pgfence, pg_temp
+AS $$
+-- The hint's state as 8 numbers (NULL = none): hint due (µs since epoch), hint id, candidate
+-- due, candidate id, candidate xid bound, candidate's transaction, passed (0/1), last full walk
+-- (µs). Anything malformed, or a time after the clock (forged, or the clock stepped back),
+-- reads as no state: a claim then walks from the front.
+DECLARE
+  v_raw text := current_setting(p_name, true);
+  v_s   bigint[];
+  v_now bigint := (extract(epoch FROM clock_timestamp()) * 1000000)::bigint;
+BEGIN
+  IF v_raw IS NULL OR v_raw !~ '^(-?[0-9]{1,18})?(,(-?[0-9]{1,18})?){7}$' THEN
+    RETURN NULL;
+  END IF;
+  v_s := string_to_array(v_raw, ',', '')::bigint[];
+  IF v_s[1] > v_now OR v_s[3] > v_now OR v_s[8] > v_now THEN
+    RETURN NULL;
+  END IF;
+  RETURN v_s;
+END
+$$;
+REVOKE ALL ON FUNCTION pgfence._outbox_claim_hint_state(text) FROM PUBLIC;
+COMMENT ON FUNCTION pgfence._outbox_claim_hint_state(text) IS
+  'Reads a claim scope''s hint state from its session setting (NULL if absent or malformed).
+Elements: hint due (µs since epoch), hint id, candidate due, candidate id, candidate xid bound,
+candidate''s own xid, passed (1 once every writer older than the bound has ended), last full walk
+(µs). docs/design.md#claim-hint.';
 
 CREATE OR REPLACE FUNCTION pgfence.outbox_claim(
   p_worker   text,
@@ -37,6 +95,26 @@ AS $$
 DECLARE
   v_lease interval;
   c_pending CONSTANT text := 'pending';
+  c_epoch   CONSTANT timestamptz := 'epoch';
+  c_us      CONSTANT interval := interval '1 microsecond';
+  -- due means next_attempt_at <= the clock as this call starts (a message made pending is
+  -- stamped with the clock, pgfence._outbox_pending_at, so now() would miss it in the same
+  -- transaction); taken before the walk's snapshot: docs/design.md#claim-hint
+  v_now     timestamptz := clock_timestamp();
+  v_name    text;
+  v_st      bigint[];     -- pgfence._outbox_claim_hint_state
+  v_full    boolean;      -- this walk starts at the front
+  v_from_at timestamptz := '-infinity';
+  v_from_id bigint := -9223372036854775808;
+  v_own     bigint;
+  v_had_xid boolean;
+  v_ids     bigint[];
+  v_dues    timestamptz[];
+  v_n       integer;
+  v_l_us    bigint;       -- the last claimed key: due (µs), id
+  v_l_id    bigint;
+  v_bound   bigint;       -- pgfence.claim_full_walk_ms, in µs
+  v_now_us  bigint;
 BEGIN
   IF p_worker IS NULL OR p_worker = '' OR length(p_worker) > 200 THEN
     RAISE EXCEPTION 'outbox: worker must be a non-empty name of at most 200 characters'
@@ -60,12 +138,117 @@ BEGIN
   IF array_ndims(p_channels) > 1 OR array_lower(p_channels, 1) <> 1 THEN
     p_channels := ARRAY(SELECT u.ch FROM unnest(p_channels) AS u(ch));
   END IF;
-  -- One statement: the ARRAY(...) sub-select locks the due rows, the UPDATE claims them by
-  -- primary key. Each shape walks an index in due order and stops after p_batch rows: all
-  -- channels -> outbox_due_idx; some channels -> outbox_channel_due_idx once per channel (at
-  -- most p_batch locked per channel; the earliest p_batch are claimed, the others are released
-  -- when this transaction ends a moment later). Plans: docs/query-plans.md#outbox.
+
+  -- The claim hint (docs/design.md#claim-hint): each scope (all channels, a channel set) walks
+  -- its due index from the session's hint instead of the front, and from the front once the last full
+  -- walk is older than pgfence.claim_full_walk_ms (default 1000, at most 60000; 0 = always).
+  v_name := pgfence._outbox_claim_hint_name(p_channels);
+  v_now_us := (extract(epoch FROM v_now) * 1000000)::bigint;
+  IF v_name IS NOT NULL THEN
+    v_st := coalesce(pgfence._outbox_claim_hint_state(v_name), array_fill(NULL::bigint, ARRAY[8]));
+    v_bound := CASE WHEN current_setting('pgfence.claim_full_walk_ms', true) ~ '^[0-9]{1,5}$'
+                    THEN least(current_setting('pgfence.claim_full_walk_ms', true)::bigint, 60000)
+                    ELSE 1000 END * 1000;
+    v_full := v_st[1] IS NULL OR v_st[8] IS NULL OR v_now_us - v_st[8] >= v_bound;
+    IF NOT v_full THEN
+      v_from_at := c_epoch + c_us * v_st[1];
+      v_from_id := v_st[2];
+    END IF;
+    v_own := pg_current_xact_id_if_assigned()::text::bigint;
+    v_had_xid := v_own IS NOT NULL;
+    -- A candidate taken in a transaction that already had its xid gets its bound from the xid
+    -- of a later transaction of this session (assigned after the candidate's walk).
+    IF v_st[4] IS NOT NULL AND v_st[5] IS NULL AND v_own IS DISTINCT FROM v_st[6] THEN
+      v_st[5] := v_own;
+    END IF;
+    -- Passed: every transaction that had an xid when the candidate's walk took its snapshot
+    -- has ended (all of them are below the bound), so all their writes are visible now.
+    IF v_st[5] IS NOT NULL AND v_st[7] IS DISTINCT FROM 1
+       AND pg_snapshot_xmin(pg_current_snapshot())::text::bigint >= v_st[5] THEN
+      v_st[7] := 1;
+    END IF;
+  END IF;
+
+  -- The walk locks the due rows (index order, p_batch, SKIP LOCKED); the UPDATE claims them by
+  -- primary key. All channels -> outbox_due_idx; some channels -> outbox_channel_due_idx once
+  -- per channel (at most p_batch locked per channel; the earliest p_batch are claimed, the
+  -- others are released when this transaction ends a moment later). Plans:
+  -- docs/query-plans.md#outbox.
   IF p_channels IS NULL THEN
+    SELECT array_agg(w.id ORDER BY w.due, w.id), array_agg(w.due ORDER BY w.due, w.id) INTO v_ids, v_dues
+    FROM (SELECT d.id, d.next_attempt_at AS due FROM pgfence.outbox d
+          -- attempts < max_attempts: true of every pending message; matches outbox_due_idx
+          WHERE d.status = 'pending' AND d.attempts < d.max_attempts AND d.next_attempt_at <= v_now
+            AND (d.next_attempt_at, d.id) >= (v_from_at, v_from_id)
+          ORDER BY d.next_attempt_at, d.id
+          LIMIT p_batch
+          FOR UPDATE SKIP LOCKED) w;
+  ELSIF cardinality(p_channels) = 1 THEN
+    SELECT array_agg(w.id ORDER BY w.due, w.id), array_agg(w.due ORDER BY w.due, w.id) INTO v_ids, v_dues
+    FROM (SELECT d.id, d.next_attempt_at AS due FROM pgfence.outbox d
+          WHERE d.channel = p_channels[1] AND d.status = 'pending' AND d.next_attempt_at <= v_now
+            AND (d.next_attempt_at, d.id) >= (v_from_at, v_from_id)
+          ORDER BY d.next_attempt_at, d.id
+          LIMIT p_batch
+          FOR UPDATE SKIP LOCKED) w;
+  ELSE
+    -- each channel's walk starts at the set's hint: the first p_batch of the union from there
+    SELECT array_agg(w.id ORDER BY w.due, w.id), array_agg(w.due ORDER BY w.due, w.id) INTO v_ids, v_dues
+    FROM (SELECT b.id, b.next_attempt_at AS due
+          FROM (SELECT DISTINCT u.ch FROM unnest(p_channels) AS u(ch)) chans
+          CROSS JOIN LATERAL (
+            SELECT d.id, d.next_attempt_at FROM pgfence.outbox d
+            WHERE d.channel = chans.ch AND d.status = 'pending' AND d.next_attempt_at <= v_now
+              AND (d.next_attempt_at, d.id) >= (v_from_at, v_from_id)
+            ORDER BY d.next_attempt_at, d.id
+            LIMIT p_batch
+            FOR UPDATE SKIP LOCKED) b
+          ORDER BY b.next_attempt_at, b.id
+          LIMIT p_batch) w;
+  END IF;
+  v_n := coalesce(cardinality(v_ids), 0);
+
+  IF v_name IS NOT NULL THEN
+    IF v_n > 0 THEN
+      v_l_us := (extract(epoch FROM v_dues[v_n]) * 1000000)::bigint;
+      v_l_id := v_ids[v_n];
+    END IF;
+    IF v_full THEN
+      v_st[8] := v_now_us;
+    END IF;
+    IF v_st[7] = 1 THEN
+      -- The candidate's bound has passed: no writer can make a message pending below it any
+      -- more, and this walk saw every one that did. Everything this walk passed is done: the
+      -- hint moves to the candidate (all due rows claimed) or to the last claimed key.
+      IF v_n < p_batch OR (v_st[3], v_st[4]) <= (v_l_us, v_l_id) THEN
+        v_st[1] := v_st[3]; v_st[2] := v_st[4];
+        v_st[3] := NULL; v_st[4] := NULL; v_st[5] := NULL; v_st[6] := NULL; v_st[7] := NULL;
+      ELSE
+        v_st[1] := v_l_us; v_st[2] := v_l_id;
+      END IF;
+    ELSIF v_full AND v_n = p_batch AND v_st[1] IS NOT NULL AND (v_l_us, v_l_id) < (v_st[1], v_st[2]) THEN
+      -- A full walk that ended below the hint found messages the hint skipped (a locked row):
+      -- walk from here next time.
+      v_st[1] := v_l_us; v_st[2] := v_l_id;
+    END IF;
+    IF v_st[3] IS NULL AND v_n > 0 THEN
+      -- The next candidate: this walk's last key (not below the hint), bounded by an xid
+      -- assigned after this walk's snapshot: this transaction's, when the walk assigned it.
+      IF v_st[1] IS NOT NULL AND (v_l_us, v_l_id) < (v_st[1], v_st[2]) THEN
+        v_l_us := v_st[1]; v_l_id := v_st[2];
+      END IF;
+      v_st[3] := v_l_us; v_st[4] := v_l_id;
+      v_st[6] := pg_current_xact_id_if_assigned()::text::bigint;
+      v_st[5] := CASE WHEN v_had_xid THEN NULL ELSE v_st[6] END;
+      v_st[7] := 0;
+    END IF;
+    PERFORM set_config(v_name, array_to_string(v_st, ',', ''), false);
+  END IF;
+
+  IF v_n = 0 THEN
+    RETURN;
+  END IF;
+  IF p_channels IS NULL OR cardinality(p_channels) > 1 THEN
     RETURN QUERY
     WITH claimed AS (
       UPDATE pgfence.outbox o
@@ -75,36 +258,7 @@ BEGIN
             p_lease,
             (SELECT c.lease FROM pgfence.outbox_channel c WHERE c.channel = o.channel),
             (SELECT c.lease FROM pgfence.outbox_channel c WHERE c.channel = '*'))
-      WHERE o.id = ANY (ARRAY(
-              SELECT d.id FROM pgfence.outbox d
-              -- attempts < max_attempts: true of every pending message; matches outbox_due_idx
-              WHERE d.status = 'pending' AND d.attempts < d.max_attempts AND d.next_attempt_at <= now()
-              ORDER BY d.next_attempt_at, d.id
-              LIMIT p_batch
-              FOR UPDATE SKIP LOCKED))
-        AND o.status = c_pending  -- a constant: docs/query-plans.md#constants-instead-of-literals
-      RETURNING o.id, o.channel, o.recipient, o.payload, o.idempotency_key, o.attempts,
-                o.max_attempts, o.lease_expires_at - now() AS lease, o.lease_expires_at,
-                o.created_at, o.next_attempt_at AS due_at)
-    SELECT c.id, c.channel, c.recipient, c.payload, c.idempotency_key, c.attempts, c.max_attempts,
-           c.lease, c.lease_expires_at, c.created_at
-    FROM claimed c ORDER BY c.due_at, c.id;
-  ELSIF cardinality(p_channels) = 1 THEN
-    -- The common case (an executor routing one channel): one index walk, the lease looked up once.
-    v_lease := coalesce(p_lease,
-                        (SELECT c.lease FROM pgfence.outbox_channel c WHERE c.channel = p_channels[1]),
-                        (SELECT c.lease FROM pgfence.outbox_channel c WHERE c.channel = '*'));
-    RETURN QUERY
-    WITH claimed AS (
-      UPDATE pgfence.outbox o
-      SET status = 'processing', attempts = o.attempts + 1, locked_by = p_worker,
-          claimed_at = now(), updated_at = now(), lease_expires_at = now() + v_lease
-      WHERE o.id = ANY (ARRAY(
-              SELECT d.id FROM pgfence.outbox d
-              WHERE d.channel = p_channels[1] AND d.status = 'pending' AND d.next_attempt_at <= now()
-              ORDER BY d.next_attempt_at, d.id
-              LIMIT p_batch
-              FOR UPDATE SKIP LOCKED))
+      WHERE o.id = ANY (v_ids)
         AND o.status = c_pending  -- a constant: docs/query-plans.md#constants-instead-of-literals
       RETURNING o.id, o.channel, o.recipient, o.payload, o.idempotency_key, o.attempts,
                 o.max_attempts, o.lease_expires_at - now() AS lease, o.lease_expires_at,
@@ -113,26 +267,16 @@ BEGIN
            c.lease, c.lease_expires_at, c.created_at
     FROM claimed c ORDER BY c.due_at, c.id;
   ELSE
+    -- The common case (an executor routing one channel): the lease looked up once.
+    v_lease := coalesce(p_lease,
+                        (SELECT c.lease FROM pgfence.outbox_channel c WHERE c.channel = p_channels[1]),
+                        (SELECT c.lease FROM pgfence.outbox_channel c WHERE c.channel = '*'));
     RETURN QUERY
     WITH claimed AS (
       UPDATE pgfence.outbox o
       SET status = 'processing', attempts = o.attempts + 1, locked_by = p_worker,
-          claimed_at = now(), updated_at = now(),
-          lease_expires_at = now() + coalesce(
-            p_lease,
-            (SELECT c.lease FROM pgfence.outbox_channel c WHERE c.channel = o.channel),
-            (SELECT c.lease FROM pgfence.outbox_channel c WHERE c.channel = '*'))
-      WHERE o.id = ANY (ARRAY(
-              SELECT b.id
-              FROM (SELECT DISTINCT u.ch FROM unnest(p_channels) AS u(ch)) chans
-              CROSS JOIN LATERAL (
-                SELECT d.id, d.next_attempt_at FROM pgfence.outbox d
-                WHERE d.channel = chans.ch AND d.status = 'pending' AND d.next_attempt_at <= now()
-                ORDER BY d.next_attempt_at, d.id
-                LIMIT p_batch
-                FOR UPDATE SKIP LOCKED) b
-              ORDER BY b.next_attempt_at, b.id
-              LIMIT p_batch))
+          claimed_at = now(), updated_at = now(), lease_expires_at = now() + v_lease
+      WHERE o.id = ANY (v_ids)
         AND o.status = c_pending  -- a constant: docs/query-plans.md#constants-instead-of-literals
       RETURNING o.id, o.channel, o.recipient, o.payload, o.idempotency_key, o.attempts,
                 o.max_attempts, o.lease_expires_at - now() AS lease, o.lease_expires_at,
@@ -151,7 +295,9 @@ Locks with FOR UPDATE SKIP LOCKED, so concurrent claimers never get the same row
 bumps attempts and returns it as attempt: the fence token for outbox_mark_sent /
 outbox_mark_failed. The lease runs from now() (database clock) for p_lease, or the channel''s
 lease when NULL. p_channels NULL = all channels; an array of any shape (lower bound, dimensions)
-means its elements. Order: due time, then id.
+means its elements. Order: due time, then id. Due: next_attempt_at <= the database clock.
+The walk starts at this session''s claim hint for these channels, and at the front
+at least once per pgfence.claim_full_walk_ms (default 1000): docs/design.md#claim-hint.
 Errors: 22023 (empty worker, batch outside 1..10000, lease not in (0, 1 day]).';
 
 CREATE OR REPLACE FUNCTION pgfence.outbox_next_due(p_channels text[] DEFAULT NULL)
@@ -163,27 +309,41 @@ SET enable_seqscan = off
 SET enable_bitmapscan = off
 AS $$
 DECLARE
-  v_due timestamptz;
+  v_due     timestamptz;
+  v_st      bigint[] := pgfence._outbox_claim_hint_state(pgfence._outbox_claim_hint_name(p_channels));
+  -- from the claim hint, as the claim walks (docs/design.md#claim-hint)
+  v_from_at timestamptz := coalesce('epoch'::timestamptz + interval '1 microsecond' * v_st[1], '-infinity');
+  v_from_id bigint := coalesce(v_st[2], -9223372036854775808);
 BEGIN
   IF p_channels IS NULL THEN
     SELECT o.next_attempt_at INTO v_due FROM pgfence.outbox o
     WHERE o.status = 'pending' AND o.attempts < o.max_attempts  -- matches outbox_due_idx
-    ORDER BY o.next_attempt_at LIMIT 1;
+      AND (o.next_attempt_at, o.id) >= (v_from_at, v_from_id)
+    ORDER BY o.next_attempt_at, o.id LIMIT 1;
+  ELSIF cardinality(p_channels) = 1 THEN
+    SELECT o.next_attempt_at INTO v_due FROM pgfence.outbox o
+    WHERE o.channel = p_channels[1] AND o.status = 'pending'
+      AND (o.next_attempt_at, o.id) >= (v_from_at, v_from_id)
+    ORDER BY o.next_attempt_at, o.id LIMIT 1;
   ELSE
     SELECT min(n.at) INTO v_due
     FROM unnest(p_channels) AS c(ch)
     CROSS JOIN LATERAL (
       SELECT o.next_attempt_at AS at FROM pgfence.outbox o
-      WHERE o.channel = c.ch AND o.status = 'pending' ORDER BY o.next_attempt_at LIMIT 1) n;
+      WHERE o.channel = c.ch AND o.status = 'pending'
+        AND (o.next_attempt_at, o.id) >= (v_from_at, v_from_id)
+      ORDER BY o.next_attempt_at, o.id LIMIT 1) n;
   END IF;
-  RETURN CASE WHEN v_due IS NOT NULL THEN greatest(v_due - now(), interval '0') END;
+  -- from the clock, as the claim decides what is due
+  RETURN CASE WHEN v_due IS NOT NULL THEN greatest(v_due - clock_timestamp(), interval '0') END;
 END
 $$;
 REVOKE ALL ON FUNCTION pgfence.outbox_next_due(text[]) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION pgfence.outbox_next_due(text[]) TO pgfence_executor, pgfence_admin;
 COMMENT ON FUNCTION pgfence.outbox_next_due(text[]) IS
   'How long until the earliest pending message of these channels is due (database clock).
-0 if one is due now, NULL if none is pending; p_channels NULL = all channels. Executors sleep
+0 if one is due now, NULL if none is pending; p_channels NULL = all channels. From the claim
+hint of this session, like outbox_claim (docs/design.md#claim-hint). Executors sleep
 min(this, poll interval), so delayed and backed-off messages go out on time without a NOTIFY.
 Errors: none.';
 

@@ -232,9 +232,9 @@ SELECT o.channel,
        count(*)                                                         AS messages,
        min(o.created_at)                                                AS oldest_created_at,
        CASE WHEN o.status = 'pending' THEN
-         now() - min(o.next_attempt_at) FILTER (WHERE o.next_attempt_at <= now())
+         clock_timestamp() - min(o.next_attempt_at) FILTER (WHERE o.next_attempt_at <= clock_timestamp())
        END                                                              AS oldest_due_age,
-       count(*) FILTER (WHERE o.status = 'pending' AND o.next_attempt_at > now()) AS deferred,
+       count(*) FILTER (WHERE o.status = 'pending' AND o.next_attempt_at > clock_timestamp()) AS deferred,
        count(*) FILTER (WHERE o.status = 'processing' AND o.lease_expires_at < now()) AS lapsed_leases,
        max(o.attempts)                                                  AS max_attempts_used
 FROM pgfence.outbox o

@@ -100,14 +100,17 @@ COMMENT ON COLUMN pgfence.audit_duplicates.check_downstream IS
 -- (migration 0021), never the sent or finished history. One definition of "ready", "lapsed" and
 -- "unserved" for audit_queue_health (below) and audit_metrics (95_audit_metrics.sql).
 CREATE OR REPLACE VIEW pgfence.audit_queue_depth AS
-WITH ob_pending AS (  -- outbox_channel_due_idx
+WITH clock AS (  -- read once: an outbox message is due by the clock, as the claim decides
+  SELECT clock_timestamp() AS t  -- (docs/design.md#claim-hint: due times are stamped at the clock)
+), ob_pending AS (  -- outbox_channel_due_idx
   SELECT o.channel AS queue,
-         count(*) FILTER (WHERE o.next_attempt_at <= now()) AS ready,
-         count(*) FILTER (WHERE o.next_attempt_at > now())  AS deferred,
-         count(*) FILTER (WHERE o.next_attempt_at > now() AND o.attempts > 0) AS in_backoff,
-         min(o.next_attempt_at) FILTER (WHERE o.next_attempt_at <= now()) AS oldest_ready_at,
-         min(o.next_attempt_at) FILTER (WHERE o.next_attempt_at > now())  AS next_due_at
-  FROM pgfence.outbox o WHERE o.status = 'pending' GROUP BY o.channel
+         count(*) FILTER (WHERE o.next_attempt_at <= k.t) AS ready,
+         count(*) FILTER (WHERE o.next_attempt_at > k.t)  AS deferred,
+         count(*) FILTER (WHERE o.next_attempt_at > k.t AND o.attempts > 0) AS in_backoff,
+         min(o.next_attempt_at) FILTER (WHERE o.next_attempt_at <= k.t) AS oldest_ready_at,
+         min(o.next_attempt_at) FILTER (WHERE o.next_attempt_at > k.t)  AS next_due_at,
+         min(k.t) AS at
+  FROM pgfence.outbox o CROSS JOIN clock k WHERE o.status = 'pending' GROUP BY o.channel
 ), ob_flight AS (  -- outbox_lease_idx
   SELECT o.channel AS queue, count(*) AS in_flight,
          count(*) FILTER (WHERE o.lease_expires_at < now()) AS lapsed
@@ -121,7 +124,7 @@ WITH ob_pending AS (  -- outbox_channel_due_idx
          coalesce(p.in_backoff, 0) AS in_backoff,
          coalesce(f.in_flight, 0) AS in_flight, coalesce(f.lapsed, 0) AS lapsed,
          coalesce(d.failed, 0) AS failed, coalesce(d.dead, 0) AS dead,
-         now() - p.oldest_ready_at AS oldest_ready_age, p.next_due_at,
+         p.at - p.oldest_ready_at AS oldest_ready_age, p.next_due_at,
          pgfence._executor_serving('outbox', c.queue) AS executors
   FROM (SELECT queue FROM ob_pending UNION SELECT queue FROM ob_flight UNION SELECT queue FROM ob_failed
         UNION SELECT ch.channel FROM pgfence.outbox_channel ch WHERE ch.channel <> '*') c

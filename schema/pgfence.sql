@@ -1253,6 +1253,13 @@ BEGIN
             HINT = 'Use pgfence.outbox_enqueue().';
   END IF;
 
+  -- The claim hint (12_outbox_claim.sql): a message made pending, or due earlier, is stamped
+  -- no earlier than the clock after this transaction has its xid, so it lands above any hint a
+  -- claim may have promoted since (docs/design.md#claim-hint). The same for every writer, even
+  -- a hand-written UPDATE.
+  IF NEW.status = 'pending' AND (OLD.status <> 'pending' OR NEW.next_attempt_at < OLD.next_attempt_at) THEN
+    NEW.next_attempt_at := pgfence._outbox_pending_at(NEW.next_attempt_at);
+  END IF;
   IF NEW.attempts < OLD.attempts THEN
     RAISE EXCEPTION 'outbox message %: attempts is a fence token and never decreases (% -> %)', OLD.id, OLD.attempts, NEW.attempts
       USING ERRCODE = 'PF002',
@@ -1395,6 +1402,23 @@ CREATE OR REPLACE TRIGGER outbox_frozen
 -- ---------------------------------------------------------------------------------------------
 -- Private helpers
 -- ---------------------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION pgfence._outbox_pending_at(p_at timestamptz)
+RETURNS timestamptz
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pgfence, pg_temp
+AS $$
+BEGIN
+  PERFORM pg_current_xact_id();  -- the xid first: the stamp below is taken after it exists
+  RETURN greatest(coalesce(p_at, now()), clock_timestamp());
+END
+$$;
+REVOKE ALL ON FUNCTION pgfence._outbox_pending_at(timestamptz) FROM PUBLIC;
+COMMENT ON FUNCTION pgfence._outbox_pending_at(timestamptz) IS
+  'The due time of a message made pending now: greatest(p_at or now(), the clock after the xid).
+Assigns this transaction its xid first, then reads clock_timestamp(): a message a transaction
+makes pending is never due below a claim hint promoted while that transaction was in flight
+(docs/design.md#claim-hint). Used by the enqueue functions and tg_outbox_guard.';
+
 CREATE OR REPLACE FUNCTION pgfence._outbox_settings(p_channel text)
 RETURNS pgfence.outbox_channel
 LANGUAGE plpgsql STABLE
@@ -1544,6 +1568,7 @@ DECLARE
   v_recipient text;
   v_set       pgfence.outbox_channel;
   v_key       text := p_ordering_key;
+  v_at        timestamptz;  -- the due time: pgfence._outbox_pending_at
 BEGIN
   PERFORM pgfence._outbox_check_message(p_channel, p_recipient, p_payload, p_idempotency_key, p_max_attempts);
   IF p_deliver_at IS NOT NULL AND NOT isfinite(p_deliver_at) THEN
@@ -1568,10 +1593,11 @@ BEGIN
   IF v_key IS NOT NULL THEN
     PERFORM pgfence._outbox_keys_note(p_channel, ARRAY[v_key]);  -- decided at commit
   END IF;
+  v_at := pgfence._outbox_pending_at(p_deliver_at);  -- a past deliver_at is due now
   INSERT INTO pgfence.outbox AS o (channel, recipient, payload, idempotency_key, max_attempts,
                                    next_attempt_at, log_events, ordering_key, status)
   VALUES (p_channel, p_recipient, p_payload, p_idempotency_key,
-          coalesce(p_max_attempts, v_set.max_attempts), coalesce(p_deliver_at, now()),
+          coalesce(p_max_attempts, v_set.max_attempts), v_at,
           v_set.log_events, v_key, CASE WHEN v_key IS NULL THEN 'pending' ELSE 'waiting' END)
   ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
   RETURNING o.id INTO v_id;
@@ -1645,6 +1671,7 @@ DECLARE
   v_unseen   bigint;
   v_clash    bigint;
   v_okeys    text[];   -- the ordering keys, with the derived host keys (limit_key host)
+  v_at       timestamptz;  -- the due time: pgfence._outbox_pending_at
 BEGIN
   IF p_channel IS NULL OR p_recipients IS NULL OR p_payloads IS NULL THEN
     RAISE EXCEPTION 'outbox_enqueue_many: channel, recipients and payloads are required'
@@ -1704,6 +1731,7 @@ BEGIN
   IF v_okeys IS NOT NULL THEN
     PERFORM pgfence._outbox_keys_note(p_channel, v_okeys);  -- decided at commit
   END IF;
+  v_at := pgfence._outbox_pending_at(p_deliver_at);  -- a past deliver_at is due now
   IF p_idempotency_keys IS NULL THEN
     -- No keys: a plain INSERT (no conflict handling, no key to check); identity values follow
     -- the input order.
@@ -1711,7 +1739,7 @@ BEGIN
     WITH ins AS (
       INSERT INTO pgfence.outbox AS o (channel, recipient, payload, max_attempts, next_attempt_at, log_events,
                                        ordering_key, status)
-      SELECT p_channel, u.r, u.p, v_max, coalesce(p_deliver_at, now()), v_set.log_events,
+      SELECT p_channel, u.r, u.p, v_max, v_at, v_set.log_events,
              u.ok, CASE WHEN u.ok IS NULL THEN 'pending' ELSE 'waiting' END
       FROM unnest(p_recipients, p_payloads, coalesce(v_okeys, array_fill(NULL::text, ARRAY[v_n])))
              WITH ORDINALITY AS u(r, p, ok, i)
@@ -1750,7 +1778,7 @@ BEGIN
     INSERT INTO pgfence.outbox AS o (id, channel, recipient, payload, idempotency_key, max_attempts,
                                      next_attempt_at, log_events, ordering_key, status)
     OVERRIDING SYSTEM VALUE
-    SELECT v_ids[u.i], p_channel, u.r, u.p, u.k, v_max, coalesce(p_deliver_at, now()), v_set.log_events,
+    SELECT v_ids[u.i], p_channel, u.r, u.p, u.k, v_max, v_at, v_set.log_events,
            u.ok, CASE WHEN u.ok IS NULL THEN 'pending' ELSE 'waiting' END
     FROM unnest(p_recipients, p_payloads, p_idempotency_keys,
                 coalesce(v_okeys, array_fill(NULL::text, ARRAY[v_n]))) WITH ORDINALITY AS u(r, p, k, ok, i)
@@ -1813,6 +1841,64 @@ retry; or a concurrent decision on an ordering key).';
 -- database clock). Errors: functions/ERRORS.md.
 -- Plans: every walk here is chosen to match one index, and the status is compared with a
 -- constant: docs/query-plans.md#outbox (tests/test_query_plans_outbox.py checks them).
+-- The claim hint: a claim (for all channels, or a set of them) walks from its session's hint, not
+-- the front of the due index (dead entries stay there under a pinned snapshot), and from the
+-- front once per pgfence.claim_full_walk_ms: docs/design.md#claim-hint. Private:
+-- _outbox_claim_hint_name(channels), _outbox_claim_hint_state(setting name).
+
+CREATE OR REPLACE FUNCTION pgfence._outbox_claim_hint_name(p_channels text[])
+RETURNS text
+LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, pgfence, pg_temp
+AS $$
+-- PL/pgSQL rather than SQL: an SQL function with SET is planned on every call.
+BEGIN
+  IF p_channels IS NULL THEN
+    RETURN 'pgfence.claim_hint_all';
+  ELSIF cardinality(p_channels) = 1 THEN
+    RETURN 'pgfence.claim_hint_' || md5(p_channels[1]);
+  END IF;
+  -- a set of channels: the same set in any order, with repeats, is the same scope
+  RETURN 'pgfence.claim_hint_' || md5(array_to_string(ARRAY(SELECT DISTINCT u.ch FROM unnest(p_channels) AS u(ch)
+                                                            WHERE u.ch IS NOT NULL ORDER BY 1), ','));
+END
+$$;
+REVOKE ALL ON FUNCTION pgfence._outbox_claim_hint_name(text[]) FROM PUBLIC;
+COMMENT ON FUNCTION pgfence._outbox_claim_hint_name(text[]) IS
+  'The session setting that holds the claim hint of a claim scope: all channels, or a channel set.
+One channel, or a set of them in any order (channel names have no comma). NULL for a one-channel
+array whose element is NULL. docs/design.md#claim-hint.';
+
+CREATE OR REPLACE FUNCTION pgfence._outbox_claim_hint_state(p_name text)
+RETURNS bigint[]
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pgfence, pg_temp
+AS $$
+-- The hint's state as 8 numbers (NULL = none): hint due (µs since epoch), hint id, candidate
+-- due, candidate id, candidate xid bound, candidate's transaction, passed (0/1), last full walk
+-- (µs). Anything malformed, or a time after the clock (forged, or the clock stepped back),
+-- reads as no state: a claim then walks from the front.
+DECLARE
+  v_raw text := current_setting(p_name, true);
+  v_s   bigint[];
+  v_now bigint := (extract(epoch FROM clock_timestamp()) * 1000000)::bigint;
+BEGIN
+  IF v_raw IS NULL OR v_raw !~ '^(-?[0-9]{1,18})?(,(-?[0-9]{1,18})?){7}$' THEN
+    RETURN NULL;
+  END IF;
+  v_s := string_to_array(v_raw, ',', '')::bigint[];
+  IF v_s[1] > v_now OR v_s[3] > v_now OR v_s[8] > v_now THEN
+    RETURN NULL;
+  END IF;
+  RETURN v_s;
+END
+$$;
+REVOKE ALL ON FUNCTION pgfence._outbox_claim_hint_state(text) FROM PUBLIC;
+COMMENT ON FUNCTION pgfence._outbox_claim_hint_state(text) IS
+  'Reads a claim scope''s hint state from its session setting (NULL if absent or malformed).
+Elements: hint due (µs since epoch), hint id, candidate due, candidate id, candidate xid bound,
+candidate''s own xid, passed (1 once every writer older than the bound has ended), last full walk
+(µs). docs/design.md#claim-hint.';
 
 CREATE OR REPLACE FUNCTION pgfence.outbox_claim(
   p_worker   text,
@@ -1842,6 +1928,26 @@ AS $$
 DECLARE
   v_lease interval;
   c_pending CONSTANT text := 'pending';
+  c_epoch   CONSTANT timestamptz := 'epoch';
+  c_us      CONSTANT interval := interval '1 microsecond';
+  -- due means next_attempt_at <= the clock as this call starts (a message made pending is
+  -- stamped with the clock, pgfence._outbox_pending_at, so now() would miss it in the same
+  -- transaction); taken before the walk's snapshot: docs/design.md#claim-hint
+  v_now     timestamptz := clock_timestamp();
+  v_name    text;
+  v_st      bigint[];     -- pgfence._outbox_claim_hint_state
+  v_full    boolean;      -- this walk starts at the front
+  v_from_at timestamptz := '-infinity';
+  v_from_id bigint := -9223372036854775808;
+  v_own     bigint;
+  v_had_xid boolean;
+  v_ids     bigint[];
+  v_dues    timestamptz[];
+  v_n       integer;
+  v_l_us    bigint;       -- the last claimed key: due (µs), id
+  v_l_id    bigint;
+  v_bound   bigint;       -- pgfence.claim_full_walk_ms, in µs
+  v_now_us  bigint;
 BEGIN
   IF p_worker IS NULL OR p_worker = '' OR length(p_worker) > 200 THEN
     RAISE EXCEPTION 'outbox: worker must be a non-empty name of at most 200 characters'
@@ -1865,12 +1971,117 @@ BEGIN
   IF array_ndims(p_channels) > 1 OR array_lower(p_channels, 1) <> 1 THEN
     p_channels := ARRAY(SELECT u.ch FROM unnest(p_channels) AS u(ch));
   END IF;
-  -- One statement: the ARRAY(...) sub-select locks the due rows, the UPDATE claims them by
-  -- primary key. Each shape walks an index in due order and stops after p_batch rows: all
-  -- channels -> outbox_due_idx; some channels -> outbox_channel_due_idx once per channel (at
-  -- most p_batch locked per channel; the earliest p_batch are claimed, the others are released
-  -- when this transaction ends a moment later). Plans: docs/query-plans.md#outbox.
+
+  -- The claim hint (docs/design.md#claim-hint): each scope (all channels, a channel set) walks
+  -- its due index from the session's hint instead of the front, and from the front once the last full
+  -- walk is older than pgfence.claim_full_walk_ms (default 1000, at most 60000; 0 = always).
+  v_name := pgfence._outbox_claim_hint_name(p_channels);
+  v_now_us := (extract(epoch FROM v_now) * 1000000)::bigint;
+  IF v_name IS NOT NULL THEN
+    v_st := coalesce(pgfence._outbox_claim_hint_state(v_name), array_fill(NULL::bigint, ARRAY[8]));
+    v_bound := CASE WHEN current_setting('pgfence.claim_full_walk_ms', true) ~ '^[0-9]{1,5}$'
+                    THEN least(current_setting('pgfence.claim_full_walk_ms', true)::bigint, 60000)
+                    ELSE 1000 END * 1000;
+    v_full := v_st[1] IS NULL OR v_st[8] IS NULL OR v_now_us - v_st[8] >= v_bound;
+    IF NOT v_full THEN
+      v_from_at := c_epoch + c_us * v_st[1];
+      v_from_id := v_st[2];
+    END IF;
+    v_own := pg_current_xact_id_if_assigned()::text::bigint;
+    v_had_xid := v_own IS NOT NULL;
+    -- A candidate taken in a transaction that already had its xid gets its bound from the xid
+    -- of a later transaction of this session (assigned after the candidate's walk).
+    IF v_st[4] IS NOT NULL AND v_st[5] IS NULL AND v_own IS DISTINCT FROM v_st[6] THEN
+      v_st[5] := v_own;
+    END IF;
+    -- Passed: every transaction that had an xid when the candidate's walk took its snapshot
+    -- has ended (all of them are below the bound), so all their writes are visible now.
+    IF v_st[5] IS NOT NULL AND v_st[7] IS DISTINCT FROM 1
+       AND pg_snapshot_xmin(pg_current_snapshot())::text::bigint >= v_st[5] THEN
+      v_st[7] := 1;
+    END IF;
+  END IF;
+
+  -- The walk locks the due rows (index order, p_batch, SKIP LOCKED); the UPDATE claims them by
+  -- primary key. All channels -> outbox_due_idx; some channels -> outbox_channel_due_idx once
+  -- per channel (at most p_batch locked per channel; the earliest p_batch are claimed, the
+  -- others are released when this transaction ends a moment later). Plans:
+  -- docs/query-plans.md#outbox.
   IF p_channels IS NULL THEN
+    SELECT array_agg(w.id ORDER BY w.due, w.id), array_agg(w.due ORDER BY w.due, w.id) INTO v_ids, v_dues
+    FROM (SELECT d.id, d.next_attempt_at AS due FROM pgfence.outbox d
+          -- attempts < max_attempts: true of every pending message; matches outbox_due_idx
+          WHERE d.status = 'pending' AND d.attempts < d.max_attempts AND d.next_attempt_at <= v_now
+            AND (d.next_attempt_at, d.id) >= (v_from_at, v_from_id)
+          ORDER BY d.next_attempt_at, d.id
+          LIMIT p_batch
+          FOR UPDATE SKIP LOCKED) w;
+  ELSIF cardinality(p_channels) = 1 THEN
+    SELECT array_agg(w.id ORDER BY w.due, w.id), array_agg(w.due ORDER BY w.due, w.id) INTO v_ids, v_dues
+    FROM (SELECT d.id, d.next_attempt_at AS due FROM pgfence.outbox d
+          WHERE d.channel = p_channels[1] AND d.status = 'pending' AND d.next_attempt_at <= v_now
+            AND (d.next_attempt_at, d.id) >= (v_from_at, v_from_id)
+          ORDER BY d.next_attempt_at, d.id
+          LIMIT p_batch
+          FOR UPDATE SKIP LOCKED) w;
+  ELSE
+    -- each channel's walk starts at the set's hint: the first p_batch of the union from there
+    SELECT array_agg(w.id ORDER BY w.due, w.id), array_agg(w.due ORDER BY w.due, w.id) INTO v_ids, v_dues
+    FROM (SELECT b.id, b.next_attempt_at AS due
+          FROM (SELECT DISTINCT u.ch FROM unnest(p_channels) AS u(ch)) chans
+          CROSS JOIN LATERAL (
+            SELECT d.id, d.next_attempt_at FROM pgfence.outbox d
+            WHERE d.channel = chans.ch AND d.status = 'pending' AND d.next_attempt_at <= v_now
+              AND (d.next_attempt_at, d.id) >= (v_from_at, v_from_id)
+            ORDER BY d.next_attempt_at, d.id
+            LIMIT p_batch
+            FOR UPDATE SKIP LOCKED) b
+          ORDER BY b.next_attempt_at, b.id
+          LIMIT p_batch) w;
+  END IF;
+  v_n := coalesce(cardinality(v_ids), 0);
+
+  IF v_name IS NOT NULL THEN
+    IF v_n > 0 THEN
+      v_l_us := (extract(epoch FROM v_dues[v_n]) * 1000000)::bigint;
+      v_l_id := v_ids[v_n];
+    END IF;
+    IF v_full THEN
+      v_st[8] := v_now_us;
+    END IF;
+    IF v_st[7] = 1 THEN
+      -- The candidate's bound has passed: no writer can make a message pending below it any
+      -- more, and this walk saw every one that did. Everything this walk passed is done: the
+      -- hint moves to the candidate (all due rows claimed) or to the last claimed key.
+      IF v_n < p_batch OR (v_st[3], v_st[4]) <= (v_l_us, v_l_id) THEN
+        v_st[1] := v_st[3]; v_st[2] := v_st[4];
+        v_st[3] := NULL; v_st[4] := NULL; v_st[5] := NULL; v_st[6] := NULL; v_st[7] := NULL;
+      ELSE
+        v_st[1] := v_l_us; v_st[2] := v_l_id;
+      END IF;
+    ELSIF v_full AND v_n = p_batch AND v_st[1] IS NOT NULL AND (v_l_us, v_l_id) < (v_st[1], v_st[2]) THEN
+      -- A full walk that ended below the hint found messages the hint skipped (a locked row):
+      -- walk from here next time.
+      v_st[1] := v_l_us; v_st[2] := v_l_id;
+    END IF;
+    IF v_st[3] IS NULL AND v_n > 0 THEN
+      -- The next candidate: this walk's last key (not below the hint), bounded by an xid
+      -- assigned after this walk's snapshot: this transaction's, when the walk assigned it.
+      IF v_st[1] IS NOT NULL AND (v_l_us, v_l_id) < (v_st[1], v_st[2]) THEN
+        v_l_us := v_st[1]; v_l_id := v_st[2];
+      END IF;
+      v_st[3] := v_l_us; v_st[4] := v_l_id;
+      v_st[6] := pg_current_xact_id_if_assigned()::text::bigint;
+      v_st[5] := CASE WHEN v_had_xid THEN NULL ELSE v_st[6] END;
+      v_st[7] := 0;
+    END IF;
+    PERFORM set_config(v_name, array_to_string(v_st, ',', ''), false);
+  END IF;
+
+  IF v_n = 0 THEN
+    RETURN;
+  END IF;
+  IF p_channels IS NULL OR cardinality(p_channels) > 1 THEN
     RETURN QUERY
     WITH claimed AS (
       UPDATE pgfence.outbox o
@@ -1880,36 +2091,7 @@ BEGIN
             p_lease,
             (SELECT c.lease FROM pgfence.outbox_channel c WHERE c.channel = o.channel),
             (SELECT c.lease FROM pgfence.outbox_channel c WHERE c.channel = '*'))
-      WHERE o.id = ANY (ARRAY(
-              SELECT d.id FROM pgfence.outbox d
-              -- attempts < max_attempts: true of every pending message; matches outbox_due_idx
-              WHERE d.status = 'pending' AND d.attempts < d.max_attempts AND d.next_attempt_at <= now()
-              ORDER BY d.next_attempt_at, d.id
-              LIMIT p_batch
-              FOR UPDATE SKIP LOCKED))
-        AND o.status = c_pending  -- a constant: docs/query-plans.md#constants-instead-of-literals
-      RETURNING o.id, o.channel, o.recipient, o.payload, o.idempotency_key, o.attempts,
-                o.max_attempts, o.lease_expires_at - now() AS lease, o.lease_expires_at,
-                o.created_at, o.next_attempt_at AS due_at)
-    SELECT c.id, c.channel, c.recipient, c.payload, c.idempotency_key, c.attempts, c.max_attempts,
-           c.lease, c.lease_expires_at, c.created_at
-    FROM claimed c ORDER BY c.due_at, c.id;
-  ELSIF cardinality(p_channels) = 1 THEN
-    -- The common case (an executor routing one channel): one index walk, the lease looked up once.
-    v_lease := coalesce(p_lease,
-                        (SELECT c.lease FROM pgfence.outbox_channel c WHERE c.channel = p_channels[1]),
-                        (SELECT c.lease FROM pgfence.outbox_channel c WHERE c.channel = '*'));
-    RETURN QUERY
-    WITH claimed AS (
-      UPDATE pgfence.outbox o
-      SET status = 'processing', attempts = o.attempts + 1, locked_by = p_worker,
-          claimed_at = now(), updated_at = now(), lease_expires_at = now() + v_lease
-      WHERE o.id = ANY (ARRAY(
-              SELECT d.id FROM pgfence.outbox d
-              WHERE d.channel = p_channels[1] AND d.status = 'pending' AND d.next_attempt_at <= now()
-              ORDER BY d.next_attempt_at, d.id
-              LIMIT p_batch
-              FOR UPDATE SKIP LOCKED))
+      WHERE o.id = ANY (v_ids)
         AND o.status = c_pending  -- a constant: docs/query-plans.md#constants-instead-of-literals
       RETURNING o.id, o.channel, o.recipient, o.payload, o.idempotency_key, o.attempts,
                 o.max_attempts, o.lease_expires_at - now() AS lease, o.lease_expires_at,
@@ -1918,26 +2100,16 @@ BEGIN
            c.lease, c.lease_expires_at, c.created_at
     FROM claimed c ORDER BY c.due_at, c.id;
   ELSE
+    -- The common case (an executor routing one channel): the lease looked up once.
+    v_lease := coalesce(p_lease,
+                        (SELECT c.lease FROM pgfence.outbox_channel c WHERE c.channel = p_channels[1]),
+                        (SELECT c.lease FROM pgfence.outbox_channel c WHERE c.channel = '*'));
     RETURN QUERY
     WITH claimed AS (
       UPDATE pgfence.outbox o
       SET status = 'processing', attempts = o.attempts + 1, locked_by = p_worker,
-          claimed_at = now(), updated_at = now(),
-          lease_expires_at = now() + coalesce(
-            p_lease,
-            (SELECT c.lease FROM pgfence.outbox_channel c WHERE c.channel = o.channel),
-            (SELECT c.lease FROM pgfence.outbox_channel c WHERE c.channel = '*'))
-      WHERE o.id = ANY (ARRAY(
-              SELECT b.id
-              FROM (SELECT DISTINCT u.ch FROM unnest(p_channels) AS u(ch)) chans
-              CROSS JOIN LATERAL (
-                SELECT d.id, d.next_attempt_at FROM pgfence.outbox d
-                WHERE d.channel = chans.ch AND d.status = 'pending' AND d.next_attempt_at <= now()
-                ORDER BY d.next_attempt_at, d.id
-                LIMIT p_batch
-                FOR UPDATE SKIP LOCKED) b
-              ORDER BY b.next_attempt_at, b.id
-              LIMIT p_batch))
+          claimed_at = now(), updated_at = now(), lease_expires_at = now() + v_lease
+      WHERE o.id = ANY (v_ids)
         AND o.status = c_pending  -- a constant: docs/query-plans.md#constants-instead-of-literals
       RETURNING o.id, o.channel, o.recipient, o.payload, o.idempotency_key, o.attempts,
                 o.max_attempts, o.lease_expires_at - now() AS lease, o.lease_expires_at,
@@ -1956,7 +2128,9 @@ Locks with FOR UPDATE SKIP LOCKED, so concurrent claimers never get the same row
 bumps attempts and returns it as attempt: the fence token for outbox_mark_sent /
 outbox_mark_failed. The lease runs from now() (database clock) for p_lease, or the channel''s
 lease when NULL. p_channels NULL = all channels; an array of any shape (lower bound, dimensions)
-means its elements. Order: due time, then id.
+means its elements. Order: due time, then id. Due: next_attempt_at <= the database clock.
+The walk starts at this session''s claim hint for these channels, and at the front
+at least once per pgfence.claim_full_walk_ms (default 1000): docs/design.md#claim-hint.
 Errors: 22023 (empty worker, batch outside 1..10000, lease not in (0, 1 day]).';
 
 CREATE OR REPLACE FUNCTION pgfence.outbox_next_due(p_channels text[] DEFAULT NULL)
@@ -1968,27 +2142,41 @@ SET enable_seqscan = off
 SET enable_bitmapscan = off
 AS $$
 DECLARE
-  v_due timestamptz;
+  v_due     timestamptz;
+  v_st      bigint[] := pgfence._outbox_claim_hint_state(pgfence._outbox_claim_hint_name(p_channels));
+  -- from the claim hint, as the claim walks (docs/design.md#claim-hint)
+  v_from_at timestamptz := coalesce('epoch'::timestamptz + interval '1 microsecond' * v_st[1], '-infinity');
+  v_from_id bigint := coalesce(v_st[2], -9223372036854775808);
 BEGIN
   IF p_channels IS NULL THEN
     SELECT o.next_attempt_at INTO v_due FROM pgfence.outbox o
     WHERE o.status = 'pending' AND o.attempts < o.max_attempts  -- matches outbox_due_idx
-    ORDER BY o.next_attempt_at LIMIT 1;
+      AND (o.next_attempt_at, o.id) >= (v_from_at, v_from_id)
+    ORDER BY o.next_attempt_at, o.id LIMIT 1;
+  ELSIF cardinality(p_channels) = 1 THEN
+    SELECT o.next_attempt_at INTO v_due FROM pgfence.outbox o
+    WHERE o.channel = p_channels[1] AND o.status = 'pending'
+      AND (o.next_attempt_at, o.id) >= (v_from_at, v_from_id)
+    ORDER BY o.next_attempt_at, o.id LIMIT 1;
   ELSE
     SELECT min(n.at) INTO v_due
     FROM unnest(p_channels) AS c(ch)
     CROSS JOIN LATERAL (
       SELECT o.next_attempt_at AS at FROM pgfence.outbox o
-      WHERE o.channel = c.ch AND o.status = 'pending' ORDER BY o.next_attempt_at LIMIT 1) n;
+      WHERE o.channel = c.ch AND o.status = 'pending'
+        AND (o.next_attempt_at, o.id) >= (v_from_at, v_from_id)
+      ORDER BY o.next_attempt_at, o.id LIMIT 1) n;
   END IF;
-  RETURN CASE WHEN v_due IS NOT NULL THEN greatest(v_due - now(), interval '0') END;
+  -- from the clock, as the claim decides what is due
+  RETURN CASE WHEN v_due IS NOT NULL THEN greatest(v_due - clock_timestamp(), interval '0') END;
 END
 $$;
 REVOKE ALL ON FUNCTION pgfence.outbox_next_due(text[]) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION pgfence.outbox_next_due(text[]) TO pgfence_executor, pgfence_admin;
 COMMENT ON FUNCTION pgfence.outbox_next_due(text[]) IS
   'How long until the earliest pending message of these channels is due (database clock).
-0 if one is due now, NULL if none is pending; p_channels NULL = all channels. Executors sleep
+0 if one is due now, NULL if none is pending; p_channels NULL = all channels. From the claim
+hint of this session, like outbox_claim (docs/design.md#claim-hint). Executors sleep
 min(this, poll interval), so delayed and backed-off messages go out on time without a NOTIFY.
 Errors: none.';
 
@@ -2596,9 +2784,9 @@ SELECT o.channel,
        count(*)                                                         AS messages,
        min(o.created_at)                                                AS oldest_created_at,
        CASE WHEN o.status = 'pending' THEN
-         now() - min(o.next_attempt_at) FILTER (WHERE o.next_attempt_at <= now())
+         clock_timestamp() - min(o.next_attempt_at) FILTER (WHERE o.next_attempt_at <= clock_timestamp())
        END                                                              AS oldest_due_age,
-       count(*) FILTER (WHERE o.status = 'pending' AND o.next_attempt_at > now()) AS deferred,
+       count(*) FILTER (WHERE o.status = 'pending' AND o.next_attempt_at > clock_timestamp()) AS deferred,
        count(*) FILTER (WHERE o.status = 'processing' AND o.lease_expires_at < now()) AS lapsed_leases,
        max(o.attempts)                                                  AS max_attempts_used
 FROM pgfence.outbox o
@@ -8195,14 +8383,17 @@ COMMENT ON COLUMN pgfence.audit_duplicates.check_downstream IS
 -- (migration 0021), never the sent or finished history. One definition of "ready", "lapsed" and
 -- "unserved" for audit_queue_health (below) and audit_metrics (95_audit_metrics.sql).
 CREATE OR REPLACE VIEW pgfence.audit_queue_depth AS
-WITH ob_pending AS (  -- outbox_channel_due_idx
+WITH clock AS (  -- read once: an outbox message is due by the clock, as the claim decides
+  SELECT clock_timestamp() AS t  -- (docs/design.md#claim-hint: due times are stamped at the clock)
+), ob_pending AS (  -- outbox_channel_due_idx
   SELECT o.channel AS queue,
-         count(*) FILTER (WHERE o.next_attempt_at <= now()) AS ready,
-         count(*) FILTER (WHERE o.next_attempt_at > now())  AS deferred,
-         count(*) FILTER (WHERE o.next_attempt_at > now() AND o.attempts > 0) AS in_backoff,
-         min(o.next_attempt_at) FILTER (WHERE o.next_attempt_at <= now()) AS oldest_ready_at,
-         min(o.next_attempt_at) FILTER (WHERE o.next_attempt_at > now())  AS next_due_at
-  FROM pgfence.outbox o WHERE o.status = 'pending' GROUP BY o.channel
+         count(*) FILTER (WHERE o.next_attempt_at <= k.t) AS ready,
+         count(*) FILTER (WHERE o.next_attempt_at > k.t)  AS deferred,
+         count(*) FILTER (WHERE o.next_attempt_at > k.t AND o.attempts > 0) AS in_backoff,
+         min(o.next_attempt_at) FILTER (WHERE o.next_attempt_at <= k.t) AS oldest_ready_at,
+         min(o.next_attempt_at) FILTER (WHERE o.next_attempt_at > k.t)  AS next_due_at,
+         min(k.t) AS at
+  FROM pgfence.outbox o CROSS JOIN clock k WHERE o.status = 'pending' GROUP BY o.channel
 ), ob_flight AS (  -- outbox_lease_idx
   SELECT o.channel AS queue, count(*) AS in_flight,
          count(*) FILTER (WHERE o.lease_expires_at < now()) AS lapsed
@@ -8216,7 +8407,7 @@ WITH ob_pending AS (  -- outbox_channel_due_idx
          coalesce(p.in_backoff, 0) AS in_backoff,
          coalesce(f.in_flight, 0) AS in_flight, coalesce(f.lapsed, 0) AS lapsed,
          coalesce(d.failed, 0) AS failed, coalesce(d.dead, 0) AS dead,
-         now() - p.oldest_ready_at AS oldest_ready_age, p.next_due_at,
+         p.at - p.oldest_ready_at AS oldest_ready_age, p.next_due_at,
          pgfence._executor_serving('outbox', c.queue) AS executors
   FROM (SELECT queue FROM ob_pending UNION SELECT queue FROM ob_flight UNION SELECT queue FROM ob_failed
         UNION SELECT ch.channel FROM pgfence.outbox_channel ch WHERE ch.channel <> '*') c

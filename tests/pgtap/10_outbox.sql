@@ -61,9 +61,9 @@ SELECT lives_ok($$SELECT pgfence.outbox_configure_channel('tap-a', 3, '1 second'
 CREATE TEMP TABLE ids (name text PRIMARY KEY, id bigint);
 INSERT INTO ids SELECT 'm1', pgfence.outbox_enqueue('tap-a', 'https://example.test/hook', '{"n": 1}');
 SELECT results_eq(
-  $$SELECT status, attempts, max_attempts, next_attempt_at = now(), locked_by IS NULL FROM pgfence.outbox WHERE id = (SELECT id FROM ids WHERE name = 'm1')$$,
+  $$SELECT status, attempts, max_attempts, next_attempt_at BETWEEN now() AND clock_timestamp(), locked_by IS NULL FROM pgfence.outbox WHERE id = (SELECT id FROM ids WHERE name = 'm1')$$,
   $$VALUES ('pending'::text, 0, 3, true, true)$$,
-  'enqueue: pending, 0 attempts, channel max_attempts, due now');
+  'enqueue: pending, 0 attempts, channel max_attempts, due now (the clock after its xid: docs/design.md#claim-hint)');
 INSERT INTO ids SELECT 'other', pgfence.outbox_enqueue('tap-other', 'r', '{}');
 SELECT is((SELECT max_attempts FROM pgfence.outbox WHERE id = (SELECT id FROM ids WHERE name = 'other')), 10,
   'a channel without settings uses the ''*'' defaults (10 attempts)');
@@ -103,11 +103,14 @@ SELECT throws_ok($$SELECT pgfence.outbox_enqueue_many('tap-many', ARRAY['a','b']
 -- =============================================================================================
 -- Claim: ordering, lease from the database clock, attempts bumped
 -- =============================================================================================
-INSERT INTO ids SELECT 'o3', pgfence.outbox_enqueue('tap-order', 'r', '{"o":3}', NULL, now() - interval '1 minute');
-INSERT INTO ids SELECT 'o1', pgfence.outbox_enqueue('tap-order', 'r', '{"o":1}', NULL, now() - interval '3 minutes');
-INSERT INTO ids SELECT 'o2a', pgfence.outbox_enqueue('tap-order', 'r', '{"o":2}', NULL, now() - interval '2 minutes');
-INSERT INTO ids SELECT 'o2b', pgfence.outbox_enqueue('tap-order', 'r', '{"o":2}', NULL, now() - interval '2 minutes');
+-- due times a few ms ahead (a past deliver_at is due when enqueued: docs/design.md#claim-hint)
+CREATE TEMP TABLE t0 AS SELECT clock_timestamp() + interval '40 ms' AS t;
+INSERT INTO ids SELECT 'o3', pgfence.outbox_enqueue('tap-order', 'r', '{"o":3}', NULL, (SELECT t FROM t0) + interval '30 ms');
+INSERT INTO ids SELECT 'o1', pgfence.outbox_enqueue('tap-order', 'r', '{"o":1}', NULL, (SELECT t FROM t0) + interval '10 ms');
+INSERT INTO ids SELECT 'o2a', pgfence.outbox_enqueue('tap-order', 'r', '{"o":2}', NULL, (SELECT t FROM t0) + interval '20 ms');
+INSERT INTO ids SELECT 'o2b', pgfence.outbox_enqueue('tap-order', 'r', '{"o":2}', NULL, (SELECT t FROM t0) + interval '20 ms');
 INSERT INTO ids SELECT 'future', pgfence.outbox_enqueue('tap-order', 'r', '{"o":9}', NULL, now() + interval '1 hour');
+SELECT pg_sleep(greatest(extract(epoch FROM (SELECT t FROM t0) + interval '40 ms' - clock_timestamp()), 0)::float8);
 SELECT results_eq(
   $$SELECT id FROM pgfence.outbox_claim('tap-w1', 10, ARRAY['tap-order'])$$,
   $$SELECT id FROM ids WHERE name IN ('o1','o2a','o2b','o3') ORDER BY CASE name WHEN 'o1' THEN 1 WHEN 'o2a' THEN 2 WHEN 'o2b' THEN 3 ELSE 4 END$$,
@@ -120,8 +123,10 @@ SELECT is((SELECT count(*)::int FROM pgfence.outbox_claim('tap-w2', 10, ARRAY['t
 SELECT is((SELECT attempt FROM pgfence.outbox_claim('tap-w1', 1, ARRAY['tap-a'], interval '30 seconds') WHERE id = (SELECT id FROM ids WHERE name = 'm1')), 1,
   'claim returns the attempt number (fence token)');
 SELECT is((SELECT lease_expires_at FROM pgfence.outbox WHERE id = (SELECT id FROM ids WHERE name = 'm1')), now() + interval '30 seconds', 'an explicit lease overrides the channel''s');
-SELECT is(pgfence.outbox_next_due(ARRAY['tap-order']), interval '0' + ((SELECT next_attempt_at FROM pgfence.outbox WHERE id = (SELECT id FROM ids WHERE name = 'future')) - now()),
-  'outbox_next_due = time until the earliest pending message');
+CREATE TEMP TABLE nd AS SELECT clock_timestamp() AS before, pgfence.outbox_next_due(ARRAY['tap-order']) AS due, clock_timestamp() AS after;
+SELECT ok((SELECT nd.due BETWEEN o.next_attempt_at - nd.after AND o.next_attempt_at - nd.before
+           FROM nd, pgfence.outbox o WHERE o.id = (SELECT id FROM ids WHERE name = 'future')),
+  'outbox_next_due = time until the earliest pending message (from the clock)');
 SELECT is(pgfence.outbox_next_due(ARRAY['tap-nothing']), NULL, 'outbox_next_due is NULL with nothing pending');
 
 SELECT throws_ok($$SELECT * FROM pgfence.outbox_claim('', 1)$$, '22023', NULL, 'claim: empty worker is 22023');
@@ -171,7 +176,9 @@ DECLARE v_id bigint := (SELECT id FROM ids WHERE name = 'crashy'); v_round int; 
 BEGIN
   FOR v_round IN 1..5 LOOP  -- more rounds than max_attempts: must stop at 3
     UPDATE pgfence.outbox SET next_attempt_at = now() - interval '1 second' WHERE id = v_id AND status = 'pending';
-    SELECT count(*) INTO v_claimed FROM pgfence.outbox_claim('tap-crash', 1, ARRAY['tap-a']) c WHERE c.id = v_id;
+    -- batch 10: back-dating does not move a message ahead of the others due (it is made due at
+    -- the clock: docs/design.md#claim-hint); the others stay claimed (their leases run)
+    SELECT count(*) INTO v_claimed FROM pgfence.outbox_claim('tap-crash', 10, ARRAY['tap-a']) c WHERE c.id = v_id;
     -- the worker "dies": its lease lapses (back-dated: the clock is never faked)
     UPDATE pgfence.outbox SET lease_expires_at = now() - interval '1 second' WHERE id = v_id AND status = 'processing';
     v_reclaimed := pgfence.outbox_reap();
@@ -353,7 +360,7 @@ SELECT throws_ok($$UPDATE pgfence.outbox SET status = 'pending', finished_at = N
   'a dead message with no attempt left cannot be put back to pending by hand (it would poison every claim)');
 INSERT INTO ids SELECT 'extra', pgfence.outbox_enqueue('tap-a', 'r', '{}', NULL, now() + interval '1 hour', 2);
 SELECT is(pgfence.outbox_requeue((SELECT id FROM ids WHERE name = 'extra'), 3), true, 'requeue a pending message with extra attempts');
-SELECT results_eq($$SELECT max_attempts, next_attempt_at <= now() FROM pgfence.outbox WHERE id = (SELECT id FROM ids WHERE name = 'extra')$$,
+SELECT results_eq($$SELECT max_attempts, next_attempt_at <= clock_timestamp() FROM pgfence.outbox WHERE id = (SELECT id FROM ids WHERE name = 'extra')$$,
   $$VALUES (5, true)$$, '... it gets them and is due now');
 SELECT throws_ok($$SELECT pgfence.outbox_configure_channel('tap-a', p_lease => interval '300000 years')$$, '22023', NULL, 'configure: a lease beyond 1 day is 22023');
 SELECT throws_ok($$SELECT pgfence.outbox_configure_channel('tap-a', p_backoff_cap => interval '1 year')$$, '22023', NULL, 'configure: a backoff cap beyond 30 days is 22023');
