@@ -3295,6 +3295,9 @@ AS $$
 DECLARE
   c_waiting  CONSTANT text := 'waiting';     -- docs/query-plans.md#constants-instead-of-literals
   c_processing CONSTANT text := 'processing';
+  -- Due by the clock, as a claim decides (docs/design.md#claim-hint: due times are stamped at the
+  -- clock, so a message enqueued since this transaction began is due after now()).
+  v_due_by   CONSTANT timestamptz := clock_timestamp();
 BEGIN
   -- The keys' locks, in the global order of every decision (_outbox_keys_decide).
   INSERT INTO pgfence.outbox_key AS k (channel, ordering_key)
@@ -3335,7 +3338,7 @@ BEGIN
     SELECT next.channel, next.ordering_key, count(*) AS n,
            sum(count(*)) OVER (ORDER BY min(next.next_attempt_at), min(next.id)) AS upto
     FROM next GROUP BY next.channel, next.ordering_key
-    HAVING bool_and(next.next_attempt_at <= now())
+    HAVING bool_and(next.next_attempt_at <= v_due_by)
   ), moves AS (  -- the handed keys, whole, within the batch: their next messages and their settled ones
     SELECT next.id, true AS handed, next.lease, NULL::jsonb AS receipt
     FROM next JOIN ready USING (channel, ordering_key) WHERE ready.upto <= p_batch

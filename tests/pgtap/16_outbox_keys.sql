@@ -407,7 +407,7 @@ SELECT results_eq($$SELECT count(id)::int FROM pgfence.outbox_settle_and_claim(A
   $$VALUES (0)$$, 'a next message due in an hour is not handed off');
 SELECT results_eq($$SELECT status, next_attempt_at > now() FROM pgfence.outbox WHERE id = (SELECT n2 FROM hn)$$, $$VALUES ('pending'::text, true)$$,
   '... it is promoted to pending, due when it was');
-SELECT pgfence.outbox_configure_channel('tap-k-hand4', p_key_rate => 1000) IS NOT NULL AS configured;
+SELECT pgfence.outbox_configure_channel('tap-k-hand4', p_key_rate => 0.01) IS NOT NULL AS configured;
 CREATE TEMP TABLE hq AS
 SELECT pgfence.outbox_enqueue('tap-k-hand4', 'r', '{}', NULL, NULL, NULL, 'q') AS q1,
        pgfence.outbox_enqueue('tap-k-hand4', 'r', '{}', NULL, NULL, NULL, 'q') AS q2;
