@@ -23,7 +23,6 @@ from click.core import ParameterSource
 from ..db import Liveness, resolve_dsn
 from ..executor import Executor, ExecutorConfig, Module, OutboxModule
 from ..logjson import JsonFormatter
-from ..plan.module import PlanModule
 from ..transports import Transport, parse_route
 from ._common import CliState, pass_state
 
@@ -326,6 +325,8 @@ def executor_cmd(ctx: click.Context, state: CliState, /, routes: tuple[str, ...]
         modules.append(OutboxModule(
             transports, lease=dt.timedelta(seconds=lease) if lease else None))
     if v["plans"] != "off":
+        from ..plan.module import PlanModule
+
         hb = v["plan_heartbeat"]
         modules.append(PlanModule(transports, external_only=v["plans"] == "external",
                                   heartbeat=dt.timedelta(seconds=hb) if hb else None))
