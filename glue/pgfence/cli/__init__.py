@@ -49,7 +49,7 @@ def _plain_errors() -> tuple[type[BaseException], ...]:
 def _lock_timeout() -> type[BaseException] | None:
     """yoyo's LockTimeout if yoyo is loaded (only `pgfence migrate` and `db` load it)."""
     loaded = sys.modules.get("yoyo.exceptions")
-    return None if loaded is None else loaded.LockTimeout  # type: ignore[no-any-return]
+    return None if loaded is None else loaded.LockTimeout
 
 _ROLE_HINT = ("this database login lacks the pgfence role for that command (pgfence_client, "
               "pgfence_executor or pgfence_admin)")

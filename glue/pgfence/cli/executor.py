@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-import tomllib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -134,6 +133,8 @@ def _settings_options(f: Callable[..., Any]) -> Callable[..., Any]:
 def _load_config(path: Path | None) -> dict[str, Any]:
     if path is None:
         return {}
+    import tomllib  # only with --config
+
     try:
         with open(path, "rb") as fh:
             return tomllib.load(fh)
