@@ -268,3 +268,29 @@ def test_out_of_range_input_is_a_usage_error(db: str) -> None:
     assert "not in the range" in run(db, "outbox", "show", "99999999999999999999", code=2)
     assert "not in the range" in run(db, "outbox", "enqueue", "--channel", "c", "--recipient", "r",
                                      "--delay", "1e20", "{}", code=2)
+
+
+def test_executor_command_imports_only_what_it_runs() -> None:
+    """`pgfence executor` loads its own command, not the others' libraries (its first claim
+    does not wait for them); `pgfence --help` still lists every command."""
+    import subprocess
+    import sys
+
+    probe = (
+        "import sys\n"
+        "from click.testing import CliRunner\n"
+        "from pgfence.cli import main\n"
+        "r = CliRunner().invoke(main, ['executor', '--help'])\n"
+        "assert r.exit_code == 0, r.output\n"
+        "heavy = ['yoyo', 'tabulate', 'prometheus_client', 'starlette', 'uvicorn', 'tomllib',\n"
+        "         'psycopg_pool', 'pgfence.documents', 'pgfence.plan.module', 'pgfence.migrate',\n"
+        "         'pgfence.embedded', 'pgfence.cli.status', 'pgfence.cli.serve']\n"
+        "print([m for m in heavy if m in sys.modules])\n"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                         timeout=60, check=True).stdout
+    assert out.strip() == "[]", out
+    listed = CliRunner().invoke(main, ["--help"]).output
+    for name in ("db", "demo", "doc", "executor", "inspect", "metrics", "migrate", "op",
+                 "outbox", "plan", "purge", "serve", "status", "token"):
+        assert f"\n  {name} " in listed, name

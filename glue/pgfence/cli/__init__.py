@@ -2,25 +2,54 @@
 
 Every command talks to the database chosen by ``--dsn``, else ``$DATABASE_URL``, else the dev
 cluster of ``pgfence db start`` (see :mod:`pgfence.db`). Read commands take ``--json``.
-Each module adds its group here: ``outbox``, ``plan``, ``op``, ``doc``.
+Each module adds its group to :data:`COMMANDS`: ``outbox``, ``plan``, ``op``, ``doc``.
 """
 
 from __future__ import annotations
 
+import importlib
 import logging
 import sys
 
 import click
 import psycopg
-from yoyo.exceptions import LockTimeout
 
 from .. import SCHEMA_VERSION, __version__
 from ..db import NoDatabase
-from ..embedded import PostgresNotFound
 from ..errors import PgfenceError
-from ..migrate import FunctionsError, InstallPrivilegeError
 from ..paths import SqlNotFound
 from ._common import CliState, DemoNotInstalled
+
+#: Each command's module and attribute, imported only when the command runs (or --help lists
+#: it): `pgfence executor` does not wait for yoyo, tabulate, prometheus-client, the web stack.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "db": ("db", "db"), "demo": ("demo", "demo"), "migrate": ("migrate", "migrate_cmd"),
+    "executor": ("executor", "executor_cmd"), "outbox": ("outbox", "outbox"),
+    "plan": ("plan", "plan"), "op": ("operation", "op"), "doc": ("document", "doc"),
+    "status": ("status", "status"), "metrics": ("metrics", "metrics_cmd"),
+    "inspect": ("inspect", "inspect"), "purge": ("inspect", "purge"),
+    "serve": ("serve", "serve_cmd"), "token": ("serve", "token_cmd"),
+}
+#: Errors a user can act on, printed as one line, from modules the commands import lazily: a
+#: class of a module that was never imported cannot have been raised (:func:`_plain_errors`).
+_LAZY_ERRORS = (("pgfence.embedded", "PostgresNotFound"), ("pgfence.migrate", "FunctionsError"),
+                ("pgfence.migrate", "InstallPrivilegeError"))
+
+
+def _plain_errors() -> tuple[type[BaseException], ...]:
+    """The one-line errors: NoDatabase, SqlNotFound, DemoNotInstalled and those of
+    :data:`_LAZY_ERRORS` whose module is loaded."""
+    found: list[type[BaseException]] = [NoDatabase, SqlNotFound, DemoNotInstalled]
+    for module, name in _LAZY_ERRORS:
+        if (loaded := sys.modules.get(module)) is not None:
+            found.append(getattr(loaded, name))
+    return tuple(found)
+
+
+def _lock_timeout() -> type[BaseException] | None:
+    """yoyo's LockTimeout if yoyo is loaded (only `pgfence migrate` and `db` load it)."""
+    loaded = sys.modules.get("yoyo.exceptions")
+    return None if loaded is None else loaded.LockTimeout
 
 _ROLE_HINT = ("this database login lacks the pgfence role for that command (pgfence_client, "
               "pgfence_executor or pgfence_admin)")
@@ -41,15 +70,25 @@ def _fail(message: str, sqlstate: str | None, detail: str | None, hint: str | No
 
 
 class _Group(click.Group):
-    """Turns the errors a user can act on into one clear line and exit code 1 (2 for usage)."""
+    """Turns the errors a user can act on into one clear line and exit code 1 (2 for usage).
+
+    Its commands are imported when used (:data:`COMMANDS`; click's lazy-loading pattern).
+    """
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*self.commands, *COMMANDS})
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name not in self.commands and cmd_name in COMMANDS:
+            module, attr = COMMANDS[cmd_name]
+            cmd = getattr(importlib.import_module(f"{__name__}.{module}"), attr)
+            assert isinstance(cmd, click.Command) and cmd.name == cmd_name, cmd_name
+            self.add_command(cmd)
+        return self.commands.get(cmd_name)
 
     def invoke(self, ctx: click.Context) -> object:
         try:
             return super().invoke(ctx)
-        except (NoDatabase, PostgresNotFound, SqlNotFound, InstallPrivilegeError, FunctionsError,
-                DemoNotInstalled) as exc:
-            click.echo(f"pgfence: {exc}", err=True)
-            sys.exit(1)
         except PgfenceError as exc:
             _fail(str(exc), exc.sqlstate, exc.detail, exc.hint)
         except psycopg.OperationalError as exc:
@@ -59,10 +98,15 @@ class _Group(click.Group):
         except psycopg.Error as exc:
             _fail(exc.diag.message_primary or str(exc).strip(), exc.sqlstate,
                   exc.diag.message_detail, exc.diag.message_hint)
-        except LockTimeout as exc:
-            click.echo(f"pgfence: {exc}\n  hint: if no `pgfence migrate` is running, remove the "
-                       "stale lock with `pgfence migrate --break-lock`", err=True)
-            sys.exit(1)
+        except Exception as exc:
+            if isinstance(exc, _plain_errors()):
+                click.echo(f"pgfence: {exc}", err=True)
+                sys.exit(1)
+            if (lock_timeout := _lock_timeout()) is not None and isinstance(exc, lock_timeout):
+                click.echo(f"pgfence: {exc}\n  hint: if no `pgfence migrate` is running, remove "
+                           "the stale lock with `pgfence migrate --break-lock`", err=True)
+                sys.exit(1)
+            raise
         return None
 
 
@@ -94,25 +138,3 @@ def main(ctx: click.Context, dsn: str | None, connect_timeout: float, verbose: i
     logging.basicConfig(level=max(level, logging.DEBUG),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     ctx.obj = CliState(dsn=dsn, connect_timeout=connect_timeout)
-
-
-def _register() -> None:
-    from .db import db
-    from .demo import demo
-    from .document import doc
-    from .executor import executor_cmd
-    from .inspect import inspect, purge
-    from .metrics import metrics_cmd
-    from .migrate import migrate_cmd
-    from .operation import op
-    from .outbox import outbox
-    from .plan import plan
-    from .serve import serve_cmd, token_cmd
-    from .status import status
-
-    for cmd in (db, demo, migrate_cmd, executor_cmd, outbox, plan, op, doc, status, metrics_cmd,
-                inspect, purge, serve_cmd, token_cmd):
-        main.add_command(cmd)
-
-
-_register()

@@ -15,7 +15,6 @@ from typing import Any
 
 import click
 import psycopg
-from tabulate import tabulate
 
 from ..db import Liveness, connect
 from ..errors import translate
@@ -141,6 +140,8 @@ def emit(rows: Sequence[dict[str, Any]], as_json: bool, columns: Sequence[str] |
     if not rows:
         click.echo(empty)
         return
+    from tabulate import tabulate  # only for a table (~10 ms of import)
+
     click.echo(tabulate([[fmt_value(r.get(c)) for c in cols] for r in rows], headers=cols))
 
 

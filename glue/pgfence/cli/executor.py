@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-import tomllib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +22,6 @@ from click.core import ParameterSource
 from ..db import Liveness, resolve_dsn
 from ..executor import Executor, ExecutorConfig, Module, OutboxModule
 from ..logjson import JsonFormatter
-from ..plan.module import PlanModule
 from ..transports import Transport, parse_route
 from ._common import CliState, pass_state
 
@@ -135,6 +133,8 @@ def _settings_options(f: Callable[..., Any]) -> Callable[..., Any]:
 def _load_config(path: Path | None) -> dict[str, Any]:
     if path is None:
         return {}
+    import tomllib  # only with --config
+
     try:
         with open(path, "rb") as fh:
             return tomllib.load(fh)
@@ -326,6 +326,8 @@ def executor_cmd(ctx: click.Context, state: CliState, /, routes: tuple[str, ...]
         modules.append(OutboxModule(
             transports, lease=dt.timedelta(seconds=lease) if lease else None))
     if v["plans"] != "off":
+        from ..plan.module import PlanModule
+
         hb = v["plan_heartbeat"]
         modules.append(PlanModule(transports, external_only=v["plans"] == "external",
                                   heartbeat=dt.timedelta(seconds=hb) if hb else None))
