@@ -3,7 +3,7 @@
 -- commits) are in 21_plan_concurrency.sql.
 BEGIN;
 \ir helpers/setup.sql
-SELECT plan(369);
+SELECT plan(379);
 
 -- Fixtures: a small table, SQL actions on it, an external action (rolled back at the end).
 CREATE TABLE public.tap_plan_t (k text PRIMARY KEY, v integer NOT NULL CHECK (v >= 0));
@@ -360,6 +360,37 @@ SELECT is((SELECT heartbeat_expires_at FROM pgfence.plan WHERE id = pg_temp.pid(
 SELECT is(pgfence.plan_heartbeat(pg_temp.pid('hb'), 'tap-w2', pg_temp.tok('hb')), false, 'another worker''s heartbeat is refused');
 SELECT is((SELECT outcome FROM pgfence.plan_run_step(pg_temp.pid('hb'), 'tap-w1', pg_temp.tok('hb'))), 'ok', 'step 1 ok');
 SELECT ok((SELECT heartbeat_expires_at >= now() + interval '30 seconds' FROM pgfence.plan WHERE id = pg_temp.pid('hb')), 'a receipt stamps the heartbeat too');
+-- A receipt keeps a deadline within the slack (a tenth of the interval, at most 1 s) below a
+-- fresh one, so that the step's update of the plan row changes no indexed column (HOT); it is
+-- never later than a fresh deadline. The clock is not faked: the deadline is moved by hand and
+-- compared with clock_timestamp() around the step.
+INSERT INTO ids SELECT 'hs', pgfence.plan_propose(
+  '[{"action": "tap-put", "args": {"k": "s1", "v": 1}}, {"action": "tap-put", "args": {"k": "s2", "v": 1}}, {"action": "tap-put", "args": {"k": "s3", "v": 1}}, {"action": "tap-put", "args": {"k": "s4", "v": 1}}]', 'tap-agent');
+SELECT is(pgfence.plan_approve(pg_temp.pid('hs'), 'tap-alice'), 'approved', 'approve a plan for the deadline slack');
+SELECT isnt(pgfence.plan_start(pg_temp.pid('hs'), 'tap-w1', interval '30 seconds'), NULL, 'start it with a 30 s heartbeat (slack 1 s)');
+CREATE TEMP TABLE hs_t (what text PRIMARY KEY, at timestamptz);
+UPDATE pgfence.plan SET heartbeat_expires_at = clock_timestamp() + interval '29.7 seconds' WHERE id = pg_temp.pid('hs')
+  RETURNING heartbeat_expires_at AS kept \gset
+SELECT is((SELECT outcome FROM pgfence.plan_run_step(pg_temp.pid('hs'), 'tap-w1', pg_temp.tok('hs'))), 'ok', 'a step with the deadline 0.3 s below a fresh one');
+SELECT is((SELECT heartbeat_expires_at FROM pgfence.plan WHERE id = pg_temp.pid('hs')), :'kept'::timestamptz, '... keeps the deadline (within the slack)');
+SELECT ok((SELECT heartbeat_at >= :'kept'::timestamptz - interval '29.7 seconds' FROM pgfence.plan WHERE id = pg_temp.pid('hs')), '... and still stamps heartbeat_at');
+UPDATE pgfence.plan SET heartbeat_expires_at = clock_timestamp() + interval '25 seconds' WHERE id = pg_temp.pid('hs');
+INSERT INTO hs_t VALUES ('before', clock_timestamp());
+SELECT is((SELECT outcome FROM pgfence.plan_run_step(pg_temp.pid('hs'), 'tap-w1', pg_temp.tok('hs'))), 'ok', 'a step with the deadline 5 s below a fresh one');
+INSERT INTO hs_t VALUES ('after', clock_timestamp());
+SELECT ok((SELECT p.heartbeat_expires_at >= b.at + interval '30 seconds' AND p.heartbeat_expires_at <= a.at + interval '30 seconds'
+           FROM pgfence.plan p, hs_t b, hs_t a WHERE p.id = pg_temp.pid('hs') AND b.what = 'before' AND a.what = 'after'),
+  '... renews it from the moment the step ended (outside the slack)');
+UPDATE pgfence.plan SET heartbeat_expires_at = clock_timestamp() + interval '60 seconds' WHERE id = pg_temp.pid('hs');
+DELETE FROM hs_t;
+INSERT INTO hs_t VALUES ('before', clock_timestamp());
+SELECT is((SELECT outcome FROM pgfence.plan_run_step(pg_temp.pid('hs'), 'tap-w1', pg_temp.tok('hs'))), 'ok', 'a step with a deadline later than a fresh one');
+INSERT INTO hs_t VALUES ('after', clock_timestamp());
+SELECT ok((SELECT p.heartbeat_expires_at >= b.at + interval '30 seconds' AND p.heartbeat_expires_at <= a.at + interval '30 seconds'
+           FROM pgfence.plan p, hs_t b, hs_t a WHERE p.id = pg_temp.pid('hs') AND b.what = 'before' AND a.what = 'after'),
+  '... brings it back to a fresh one: a receipt never keeps a run alive longer than its interval');
+SELECT is((SELECT array_agg(reloptions::text ORDER BY relname) FROM pg_class WHERE relnamespace = 'pgfence'::regnamespace AND relname IN ('plan', 'plan_step')),
+  ARRAY['{fillfactor=90}', '{fillfactor=70}'], 'plan and plan_step pages leave room for HOT step updates (migration 0027)');
 -- the worker dies: back-date its heartbeat (the clock is never faked)
 UPDATE pgfence.plan SET heartbeat_expires_at = now() - interval '1 second' WHERE id = pg_temp.pid('hb');
 SELECT results_eq($$SELECT status, failure, next_step FROM pgfence.plan_get(pg_temp.pid('hb'))$$,
