@@ -334,6 +334,7 @@ CREATE TABLE pgfence.plan (
   run_token            bigint NOT NULL DEFAULT 0,
   traceparent          text,
   tracestate           text,
+  receipt_nonce        uuid,
   CONSTRAINT plan_pkey PRIMARY KEY (id),
   CONSTRAINT plan_idempotency_key_key UNIQUE (idempotency_key),
   CONSTRAINT plan_compensates_fkey FOREIGN KEY (compensates) REFERENCES pgfence.plan(id),
@@ -378,6 +379,8 @@ COMMENT ON COLUMN pgfence.plan.traceparent IS
   'W3C traceparent of the proposing transaction (its setting pgfence.traceparent), NULL if none: the executor''s run and step spans are its children.';
 COMMENT ON COLUMN pgfence.plan.tracestate IS
   'W3C tracestate of the proposing transaction (setting pgfence.tracestate), kept only with a traceparent; NULL if none.';
+COMMENT ON COLUMN pgfence.plan.receipt_nonce IS
+  'Set by _plan_commit_step only: a fresh random value per step commit, so that tg_plan_guard is skipped for that statement alone (see the trigger plan_guard). Not data.';
 CREATE INDEX plan_approved_idx ON pgfence.plan USING btree (id) WHERE (status = 'approved'::text);
 COMMENT ON INDEX pgfence.plan_approved_idx IS
   'Approved plans waiting for an executor, oldest first: the walk of plan_claim.';
@@ -391,20 +394,21 @@ CREATE INDEX plan_status_idx ON pgfence.plan USING btree (status, id);
 
 -- pgfence.plan_step (changed later by 0027_plan_hot_steps)
 CREATE TABLE pgfence.plan_step (
-  plan_id      bigint NOT NULL,
-  step_index   integer NOT NULL,
-  action       text NOT NULL,
-  kind         text NOT NULL,
-  function     text,
-  function_md5 text,
-  args         jsonb NOT NULL,
-  note         text,
-  outcome      text,
-  output       jsonb,
-  error        jsonb,
-  worker       text,
-  started_at   timestamp with time zone,
-  finished_at  timestamp with time zone,
+  plan_id       bigint NOT NULL,
+  step_index    integer NOT NULL,
+  action        text NOT NULL,
+  kind          text NOT NULL,
+  function      text,
+  function_md5  text,
+  args          jsonb NOT NULL,
+  note          text,
+  outcome       text,
+  output        jsonb,
+  error         jsonb,
+  worker        text,
+  started_at    timestamp with time zone,
+  finished_at   timestamp with time zone,
+  receipt_nonce uuid,
   CONSTRAINT plan_step_pkey PRIMARY KEY (plan_id, step_index),
   CONSTRAINT plan_step_plan_id_fkey FOREIGN KEY (plan_id) REFERENCES pgfence.plan(id) ON DELETE CASCADE,
   CONSTRAINT plan_step_args_check CHECK ((jsonb_typeof(args) = 'object'::text)),
@@ -428,6 +432,8 @@ COMMENT ON COLUMN pgfence.plan_step.function_md5 IS
   'For a sql step: md5 of pg_get_functiondef() of the action''s function when the plan was proposed. A step whose function''s definition differs when it is about to run (CREATE OR REPLACE since) is not run: its receipt is an error PF108 and the plan fails. What was approved is what runs.';
 COMMENT ON COLUMN pgfence.plan_step.error IS
   'For outcome error: {"sqlstate", "message", "detail", "hint", "context"} of the action''s exception (sql), or {"message"} reported by the executor (external).';
+COMMENT ON COLUMN pgfence.plan_step.receipt_nonce IS
+  'Set by _plan_commit_step only: a fresh random value per receipt, so that tg_plan_step_guard and tg_plan_step_event are skipped for that statement alone (see the triggers plan_step_guard and plan_step_event). Not data.';
 
 -- ==== migrations/0004_operation.sql
 -- pgfence 0004 — operation: long external operations (reset a branch, provision, export),
@@ -3470,9 +3476,33 @@ COMMENT ON FUNCTION pgfence.tg_plan_guard() IS
   'Trigger: holds the plan state machine and the frozen fields of pgfence.plan, for any writer.
 BEFORE UPDATE trigger on pgfence.plan: refuses any transition outside the plan machine, a step advancing without its ok receipt, and a hand-over between two owners without a release (PF001); refuses changes to the frozen plan (step count, proposer name and login, expiry, key, compensated plan, approver, start), next_step or the run token going back (PF002) — even from a hand-written UPDATE. Also BEFORE INSERT, filtered by a WHEN condition: a new row that is not a fresh proposal (pending, step 1, proposed by session_user, no approval / rejection / owner / heartbeat / failure / finish) is refused (PF001).';
 
-CREATE OR REPLACE TRIGGER plan_guard
-  BEFORE UPDATE ON pgfence.plan
-  FOR EACH ROW EXECUTE FUNCTION pgfence.tg_plan_guard();
+-- plan_guard runs for every UPDATE but one kind: a step's commit (_plan_commit_step,
+-- 24_plan_steps.sql) does the guard's work in its own statement and marks the row with
+-- receipt_nonce, a fresh gen_random_uuid() that it also puts in the transaction-local setting
+-- pgfence.plan_writing for that one statement. The guard is skipped only for a row whose
+-- receipt_nonce changed to exactly that value. No other function changes receipt_nonce (a
+-- catalog test in tests/pgtap/20_plan.sql checks it), and no client role may write the table,
+-- so a client that pre-sets the setting before calling any plan function gains nothing: the row
+-- keeps its old nonce and the guard runs. Only a login that may UPDATE the table itself (its
+-- owner) could do both on purpose; it can also disable triggers. The WHEN costs no function call.
+-- (Before migration 0027 the column does not exist: the triggers without the WHEN, as before.)
+DO $plan_guard$
+BEGIN
+  IF EXISTS (SELECT FROM pg_catalog.pg_attribute
+             WHERE attrelid = 'pgfence.plan'::regclass AND attname = 'receipt_nonce' AND NOT attisdropped) THEN
+    CREATE OR REPLACE TRIGGER plan_guard
+      BEFORE UPDATE ON pgfence.plan
+      FOR EACH ROW
+      WHEN (NEW.receipt_nonce IS NOT DISTINCT FROM OLD.receipt_nonce
+            OR NEW.receipt_nonce::text IS DISTINCT FROM pg_catalog.current_setting('pgfence.plan_writing', true))
+      EXECUTE FUNCTION pgfence.tg_plan_guard();
+  ELSE
+    CREATE OR REPLACE TRIGGER plan_guard
+      BEFORE UPDATE ON pgfence.plan
+      FOR EACH ROW EXECUTE FUNCTION pgfence.tg_plan_guard();
+  END IF;
+END
+$plan_guard$;
 -- A hand-written INSERT must be a fresh proposal. The WHEN condition is evaluated without a
 -- function call, so plan_propose's insert runs no PL/pgSQL here.
 CREATE OR REPLACE TRIGGER plan_insert_guard
@@ -3541,9 +3571,28 @@ COMMENT ON FUNCTION pgfence.tg_plan_step_guard() IS
   'Trigger: plan steps are written with their proposal, receipts once, by the run''s owner.
 BEFORE INSERT / UPDATE trigger on pgfence.plan_step: steps are inserted only with their pending plan, without a receipt (PF001), and never change (PF002); a receipt is written once, only for the next step of an executing plan, by its owner (PF001), and never changes (PF002). Deletes: see plan_step_purge_only (tg_purge_only: only in a purge, with the plan).';
 
-CREATE OR REPLACE TRIGGER plan_step_guard
-  BEFORE INSERT OR UPDATE ON pgfence.plan_step
-  FOR EACH ROW EXECUTE FUNCTION pgfence.tg_plan_step_guard();
+-- plan_step_guard (UPDATE) is skipped for the receipt of a step's commit alone, as plan_guard is
+-- (see there); plan_step_new_guard checks every INSERT.
+DO $plan_step_guard$
+BEGIN
+  IF EXISTS (SELECT FROM pg_catalog.pg_attribute
+             WHERE attrelid = 'pgfence.plan_step'::regclass AND attname = 'receipt_nonce' AND NOT attisdropped) THEN
+    CREATE OR REPLACE TRIGGER plan_step_guard
+      BEFORE UPDATE ON pgfence.plan_step
+      FOR EACH ROW
+      WHEN (NEW.receipt_nonce IS NOT DISTINCT FROM OLD.receipt_nonce
+            OR NEW.receipt_nonce::text IS DISTINCT FROM pg_catalog.current_setting('pgfence.plan_writing', true))
+      EXECUTE FUNCTION pgfence.tg_plan_step_guard();
+    CREATE OR REPLACE TRIGGER plan_step_new_guard
+      BEFORE INSERT ON pgfence.plan_step
+      FOR EACH ROW EXECUTE FUNCTION pgfence.tg_plan_step_guard();
+  ELSE
+    CREATE OR REPLACE TRIGGER plan_step_guard
+      BEFORE INSERT OR UPDATE ON pgfence.plan_step
+      FOR EACH ROW EXECUTE FUNCTION pgfence.tg_plan_step_guard();
+  END IF;
+END
+$plan_step_guard$;
 -- A statement trigger, so that the purge's cascade from plan to its (up to 10000) steps pays
 -- nothing per row: its WHEN condition is false while pgfence.purging is on.
 CREATE OR REPLACE TRIGGER plan_step_purge_only
@@ -3645,10 +3694,27 @@ COMMENT ON FUNCTION pgfence.tg_plan_step_event() IS
   'Trigger: logs each plan step receipt to pgfence.event when it is written.
 AFTER UPDATE trigger on pgfence.plan_step: logs each receipt when it is written (step, action, outcome, error with SQLSTATE, small outputs) to pgfence.event in the step''s own transaction; fence = the step index.';
 
-CREATE OR REPLACE TRIGGER plan_step_event
-  AFTER UPDATE OF outcome ON pgfence.plan_step
-  FOR EACH ROW WHEN (OLD.outcome IS NULL AND NEW.outcome IS NOT NULL)
-  EXECUTE FUNCTION pgfence.tg_plan_step_event();
+-- Skipped for the receipt of a step's commit alone, which logs the same event in its own
+-- statement (see plan_guard).
+DO $plan_step_event$
+BEGIN
+  IF EXISTS (SELECT FROM pg_catalog.pg_attribute
+             WHERE attrelid = 'pgfence.plan_step'::regclass AND attname = 'receipt_nonce' AND NOT attisdropped) THEN
+    CREATE OR REPLACE TRIGGER plan_step_event
+      AFTER UPDATE OF outcome ON pgfence.plan_step
+      FOR EACH ROW
+      WHEN (OLD.outcome IS NULL AND NEW.outcome IS NOT NULL
+            AND (NEW.receipt_nonce IS NOT DISTINCT FROM OLD.receipt_nonce
+                 OR NEW.receipt_nonce::text IS DISTINCT FROM pg_catalog.current_setting('pgfence.plan_writing', true)))
+      EXECUTE FUNCTION pgfence.tg_plan_step_event();
+  ELSE
+    CREATE OR REPLACE TRIGGER plan_step_event
+      AFTER UPDATE OF outcome ON pgfence.plan_step
+      FOR EACH ROW WHEN (OLD.outcome IS NULL AND NEW.outcome IS NOT NULL)
+      EXECUTE FUNCTION pgfence.tg_plan_step_event();
+  END IF;
+END
+$plan_step_event$;
 
 
 -- ==== functions/21_plan_helpers.sql
@@ -4696,6 +4762,21 @@ COMMENT ON FUNCTION pgfence._plan_check_approved(text, boolean, text, text, text
 Raises PF101 (p_retired), 42883 (p_md5_now NULL: the function was dropped) or PF108 (the md5 of the function''s definition differs from the one recorded at proposal; p_function names it in the DETAIL). Called by plan_run_step before the action runs (the error becomes the step''s receipt) and by _plan_step_finish before an ok receipt. Executable by the roles that run steps, since plan_run_step runs with the caller''s privileges.';
 
 -- Write a step's receipt and move the plan on, on a row the caller has locked and checked.
+-- One statement writes the receipt, moves the plan on and logs the receipt event. It does what
+-- the row triggers tg_plan_step_guard, tg_plan_guard and tg_plan_step_event would (the checks in
+-- its WHERE and SET, the event in the same statement), so both rows are marked with receipt_nonce,
+-- a fresh gen_random_uuid() that is also the transaction-local setting pgfence.plan_writing for
+-- this statement only, and those triggers skip exactly these rows (20_plan_guards.sql explains
+-- why no other writer can get that). What the statement itself guarantees:
+--   * the receipt is written once (outcome IS NULL in its WHERE), for the plan's next step, by
+--     the run's owner (p_plan is the row the caller locked and checked: executing, its worker);
+--     the frozen step columns are not in its SET;
+--   * the plan moves only over this receipt (the plan's UPDATE joins the receipt's RETURNING):
+--     one step on over an ok receipt, failed (step_error) at an error receipt, executed after the
+--     last ok step; the frozen plan columns and the run token are not in its SET; updated_at is
+--     stamped as tg_plan_guard does;
+--   * the receipt event is what tg_plan_step_event logs. plan_event_update (finish, fail) is not
+--     skipped: it is an AFTER trigger on a status change and runs as before.
 CREATE OR REPLACE FUNCTION pgfence._plan_commit_step(
   p_plan    pgfence.plan,
   p_ok      boolean,
@@ -4709,15 +4790,13 @@ AS $$
 DECLARE
   v_status text;
   v_fresh  timestamptz;
+  v_nonce  uuid;
 BEGIN
-  UPDATE pgfence.plan_step s
-  SET outcome = CASE WHEN p_ok THEN 'ok' ELSE 'error' END,
-      output = CASE WHEN p_ok THEN p_output END,
-      error = CASE WHEN NOT p_ok THEN p_error END,
-      worker = p_plan.worker,
-      started_at = CASE WHEN s.kind = 'external' THEN coalesce(p_plan.external_started_at, now()) ELSE now() END,
-      finished_at = clock_timestamp()
-  WHERE s.plan_id = p_plan.id AND s.step_index = p_plan.next_step;
+  IF p_plan.status IS DISTINCT FROM 'executing' OR p_plan.worker IS NULL THEN
+    RAISE EXCEPTION '_plan_commit_step: plan % is not executing by an owner', p_plan.id
+      USING ERRCODE = 'PF001', DETAIL = 'A receipt is the outcome of the next step of an executing plan, written by its owner.',
+            HINT = 'Receipts are written only by plan_run_step / plan_record_step.';
+  END IF;
   -- The heartbeat is stamped with clock_timestamp(): a long step's transaction started (now())
   -- long ago, and the next deadline must count from the moment the step ended. The deadline
   -- (heartbeat_expires_at, indexed by plan_heartbeat_idx for the reaper) is kept as it is while
@@ -4727,22 +4806,60 @@ BEGIN
   -- then never later than a fresh one, and at most the slack earlier: a run is never kept alive
   -- longer than its interval, only possibly declared lapsed up to the slack sooner.
   v_fresh := clock_timestamp() + p_plan.heartbeat_interval;
-  UPDATE pgfence.plan p
-  SET status = CASE WHEN NOT p_ok THEN 'failed'
-                    WHEN p.next_step = p.step_count THEN 'executed'
-                    ELSE 'executing' END,
-      failure = CASE WHEN NOT p_ok THEN 'step_error' END,
-      next_step = CASE WHEN p_ok THEN p.next_step + 1 ELSE p.next_step END,
-      external_started_at = NULL,
-      step_begun = NULL, step_begun_xact = NULL,
-      heartbeat_at = clock_timestamp(),
-      heartbeat_expires_at = CASE
-        WHEN p.heartbeat_expires_at <= v_fresh
-             AND p.heartbeat_expires_at >= v_fresh - least(p.heartbeat_interval / 10, interval '1 second')
-        THEN p.heartbeat_expires_at ELSE v_fresh END,
-      finished_at = CASE WHEN NOT p_ok OR p.next_step = p.step_count THEN clock_timestamp() END
-  WHERE p.id = p_plan.id
-  RETURNING p.status INTO v_status;
+  v_nonce := pg_catalog.gen_random_uuid();
+  PERFORM pg_catalog.set_config('pgfence.plan_writing', v_nonce::text, true);
+  WITH receipt AS (
+    UPDATE pgfence.plan_step s
+    SET outcome = CASE WHEN p_ok THEN 'ok' ELSE 'error' END,
+        output = CASE WHEN p_ok THEN p_output END,
+        error = CASE WHEN NOT p_ok THEN p_error END,
+        worker = p_plan.worker,
+        started_at = CASE WHEN s.kind = 'external' THEN coalesce(p_plan.external_started_at, now()) ELSE now() END,
+        finished_at = clock_timestamp(),
+        receipt_nonce = v_nonce
+    WHERE s.plan_id = p_plan.id AND s.step_index = p_plan.next_step AND s.outcome IS NULL
+    RETURNING s.plan_id, s.step_index, s.action, s.kind, s.outcome, s.output, s.error, s.worker
+  ), moved AS (
+    UPDATE pgfence.plan p
+    SET status = CASE WHEN NOT p_ok THEN 'failed'
+                      WHEN p.next_step = p.step_count THEN 'executed'
+                      ELSE 'executing' END,
+        failure = CASE WHEN NOT p_ok THEN 'step_error' END,
+        next_step = CASE WHEN p_ok THEN p.next_step + 1 ELSE p.next_step END,
+        external_started_at = NULL,
+        step_begun = NULL, step_begun_xact = NULL,
+        heartbeat_at = clock_timestamp(),
+        heartbeat_expires_at = CASE
+          WHEN p.heartbeat_expires_at <= v_fresh
+               AND p.heartbeat_expires_at >= v_fresh - least(p.heartbeat_interval / 10, interval '1 second')
+          THEN p.heartbeat_expires_at ELSE v_fresh END,
+        finished_at = CASE WHEN NOT p_ok OR p.next_step = p.step_count THEN clock_timestamp() END,
+        updated_at = now(),
+        receipt_nonce = v_nonce
+    FROM receipt r
+    WHERE p.id = p_plan.id AND r.step_index = p.next_step AND p.status = 'executing'
+      AND r.worker IS NOT DISTINCT FROM p.worker
+    RETURNING p.status
+  ), logged AS (
+    INSERT INTO pgfence.event (module, item_id, event, from_status, to_status, actor, fence, detail)
+    SELECT 'plan', r.plan_id, 'receipt', NULL, NULL,
+           coalesce(nullif(current_setting('pgfence.actor', true), ''), r.worker, session_user::text),
+           r.step_index,
+           jsonb_strip_nulls(jsonb_build_object(
+             'step', r.step_index, 'action', r.action, 'kind', r.kind, 'outcome', r.outcome,
+             'error', r.error,
+             'output', CASE WHEN pg_column_size(r.output) <= 2048 THEN r.output END))
+    FROM receipt r
+  )
+  SELECT m.status INTO v_status FROM moved m;
+  PERFORM pg_catalog.set_config('pgfence.plan_writing', '', true);
+  IF v_status IS NULL THEN
+    -- Not reached through the callers (they lock and check the run first): refuse rather than
+    -- write half of it. The raise rolls the statement back.
+    RAISE EXCEPTION '_plan_commit_step: step % of plan % cannot take a receipt now', p_plan.next_step, p_plan.id
+      USING ERRCODE = 'PF001', DETAIL = 'A receipt is written once, for the next step of an executing plan, by its owner.',
+            HINT = 'Receipts are written only by plan_run_step / plan_record_step.';
+  END IF;
   RETURN v_status;
 END
 $$;
