@@ -4699,9 +4699,11 @@ E.g. every third of the heartbeat interval while an external step runs: the dead
 --        transaction or a subtransaction of it: _plan_locked_here); refused unless it is
 --        the next step and a SQL one; for an ok receipt check 2 again. Then _plan_commit_step
 --        writes the receipt and moves the plan on: next step, executed, or failed (step_error).
---   Under every writer: tg_plan_step_guard (a receipt only for the next step of an executing
---   plan, by its owner, written once) and tg_plan_guard (next_step moves only over an ok
---   receipt; step_error needs the error receipt; the run token never goes back).
+--   Under every other writer: tg_plan_step_guard (a receipt only for the next step of an
+--   executing plan, by its owner, written once) and tg_plan_guard (next_step moves only over an
+--   ok receipt; step_error needs the error receipt; the run token never goes back).
+--   _plan_commit_step's one statement holds the same rules in its WHERE and SET and is the one
+--   writer those triggers skip (its rows' fresh receipt_nonce, see there).
 --
 -- What each check prevents:
 --   * owner, token, heartbeat (1 and 4): an owner fenced out by a newer take (even under its own
@@ -4712,8 +4714,10 @@ E.g. every third of the heartbeat interval while an external step runs: the dead
 --   * begun in this transaction (4, PF107): no receipt outside the transaction that began the
 --     step, and none for another step than the one begun.
 --   * the guards: hand-written SQL (psql, the owner role) cannot skip a step or forge a receipt.
---     They run for every statement: a bypass by a session setting was tried and dropped, since
---     a client could set it before calling any definer function that writes these tables.
+--     They run for every statement but _plan_commit_step's own. A bypass by a session setting
+--     alone was tried and dropped, since a client could set it before calling any definer
+--     function that writes these tables; the skip now also needs the row's receipt_nonce to
+--     change to the setting's fresh value, which only _plan_commit_step writes.
 -- Who may call what: plan_run_step, _plan_step_begin and _plan_step_finish are granted to
 -- pgfence_executor and pgfence_admin; the tables to nobody. External steps' receipts are written
 -- by plan_record_step (PF105 for a SQL step); plan_execute calls plan_run_step in a loop.
@@ -4865,8 +4869,8 @@ END
 $$;
 REVOKE ALL ON FUNCTION pgfence._plan_commit_step(pgfence.plan, boolean, jsonb, jsonb) FROM PUBLIC;
 COMMENT ON FUNCTION pgfence._plan_commit_step(pgfence.plan, boolean, jsonb, jsonb) IS
-  'Private: writes the receipt of the plan''s next step and moves the plan on, in one transaction.
-The receipt is ok with output, or error; the plan goes to its next step with a fresh heartbeat, to executed after the last ok step, or to failed (step_error) after an error. The caller holds the row lock and has checked the owner.';
+  'Private: writes the receipt of the plan''s next step and moves the plan on, in one statement.
+The receipt is ok with output, or error; the plan goes to its next step with a renewed heartbeat (kept within a slack of a tenth of the interval, at most 1 s, below a fresh one, so that the update stays HOT), to executed after the last ok step, or to failed (step_error) after an error; the receipt event is logged in the same statement. The statement does what tg_plan_step_guard, tg_plan_guard and tg_plan_step_event would, and marks both rows with a fresh receipt_nonce equal to the setting pgfence.plan_writing for that statement only, so those triggers skip exactly these rows. The caller holds the row lock and has checked the owner; PF001 if the plan is not executing by an owner or the step cannot take a receipt (nothing written).';
 
 CREATE OR REPLACE FUNCTION pgfence._plan_step_begin(
   p_id     bigint,
