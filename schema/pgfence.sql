@@ -4841,8 +4841,10 @@ BEGIN
         updated_at = now(),
         receipt_nonce = v_nonce
     FROM receipt r
-    WHERE p.id = p_plan.id AND r.step_index = p.next_step AND p.status = 'executing'
-      AND r.worker IS NOT DISTINCT FROM p.worker
+    -- p.status is not restated: p_plan, checked executing above, is this row as the caller read
+    -- it under its lock (and stating it would let the planner take plan_status_idx for a lookup
+    -- by id: docs/query-plans.md#plan).
+    WHERE p.id = p_plan.id AND r.step_index = p.next_step AND r.worker IS NOT DISTINCT FROM p.worker
     RETURNING p.status
   ), logged AS (
     INSERT INTO pgfence.event (module, item_id, event, from_status, to_status, actor, fence, detail)
