@@ -71,6 +71,27 @@ $$;
 """
 
 
+def _backend_cpu(conn: psycopg.Connection[Any]) -> float | None:
+    """CPU seconds (user + system) the connection's backend has used so far, or None.
+
+    Read from ``/proc/<backend pid>/stat``, so only when the server runs on this machine and
+    its processes are readable (``pgfence db run``); None otherwise.
+    """
+    try:
+        with open(f"/proc/{conn.info.backend_pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _cpu_ms_per_step(before: float | None, after: float | None) -> float | None:
+    """Backend CPU per step in ms between two :func:`_backend_cpu` readings (None if unknown)."""
+    if before is None or after is None:
+        return None
+    return round((after - before) / STEPS * 1000, 3)
+
+
 def _one_run(conn: psycopg.Connection[Any], action: str, tag: str) -> float:
     """Propose, approve and CALL plan_execute one 1,000-step plan; return its steps/s."""
     steps = [{"action": action, "args": {"plan": tag, "step": i}} for i in range(1, STEPS + 1)]
@@ -98,7 +119,11 @@ def _one_hand_run(conn: psycopg.Connection[Any], fn: str, run_id: int) -> float:
 
 
 def run(dsn: str, repeats: int = 3) -> dict[str, Any]:
-    """Measure; returns ``{"steps": 1000, "<variant>_steps_per_s": median, ...}``."""
+    """Measure; returns ``{"steps": 1000, "<variant>_steps_per_s": median, ...}``.
+
+    Per variant also ``<variant>_cpu_ms_per_step`` and ``<variant>_hand_cpu_ms_per_step``: the
+    median backend CPU per step in ms (None when the server is not local, see _backend_cpu).
+    """
     migrate(dsn)
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(_SETUP)
@@ -116,11 +141,22 @@ def run(dsn: str, repeats: int = 3) -> dict[str, Any]:
         }
         conn.execute("TRUNCATE public.bench_hand_run, public.bench_hand_receipt")
         for v, variant in enumerate(("noop", "insert")):
-            rates, hand = [], []
+            rates, hand, cpu, hand_cpu = [], [], [], []
             for i in range(repeats):  # interleaved: pgfence, hand-written, pgfence, ...
+                c0 = _backend_cpu(conn)
                 rates.append(_one_run(conn, f"bench.{variant}", f"{v * 100 + i}"))
+                c1 = _backend_cpu(conn)
                 hand.append(_one_hand_run(conn, f"public.bench_plan_{variant}",
                                           1000 + v * 100 + i))
+                c2 = _backend_cpu(conn)
+                cpu.append(_cpu_ms_per_step(c0, c1))
+                hand_cpu.append(_cpu_ms_per_step(c1, c2))
+            # Backend CPU per step (ms): the cost that the wall-clock ratio hides behind commit
+            # latency and machine load. None when the server's processes are not readable here.
+            known = [c for c in cpu if c is not None]
+            hand_known = [c for c in hand_cpu if c is not None]
+            out[f"{variant}_cpu_ms_per_step"] = statistics.median(known) if known else None
+            out[f"{variant}_hand_cpu_ms_per_step"] = statistics.median(hand_known) if hand_known else None
             out[f"{variant}_steps_per_s"] = round(statistics.median(rates), 1)
             out[f"{variant}_runs"] = [round(r, 1) for r in rates]
             out[f"{variant}_hand_steps_per_s"] = round(statistics.median(hand), 1)
@@ -134,7 +170,9 @@ def run(dsn: str, repeats: int = 3) -> dict[str, Any]:
     for variant in ("noop", "insert"):
         ratio = out[f"{variant}_ratio"]
         print(f"  hand-written runner ({variant}): {out[f'{variant}_hand_steps_per_s']} steps/s;"
-              f" target: pgfence >= {TARGET}x of it: {ratio}x {'MET' if ratio >= TARGET else 'MISSED'}")
+              f" target: pgfence >= {TARGET}x of it: {ratio}x {'MET' if ratio >= TARGET else 'MISSED'};"
+              f" backend CPU per step {out[f'{variant}_cpu_ms_per_step']} ms"
+              f" (hand-written {out[f'{variant}_hand_cpu_ms_per_step']} ms)")
     return out
 
 

@@ -122,9 +122,33 @@ COMMENT ON FUNCTION pgfence.tg_plan_guard() IS
   'Trigger: holds the plan state machine and the frozen fields of pgfence.plan, for any writer.
 BEFORE UPDATE trigger on pgfence.plan: refuses any transition outside the plan machine, a step advancing without its ok receipt, and a hand-over between two owners without a release (PF001); refuses changes to the frozen plan (step count, proposer name and login, expiry, key, compensated plan, approver, start), next_step or the run token going back (PF002) — even from a hand-written UPDATE. Also BEFORE INSERT, filtered by a WHEN condition: a new row that is not a fresh proposal (pending, step 1, proposed by session_user, no approval / rejection / owner / heartbeat / failure / finish) is refused (PF001).';
 
-CREATE OR REPLACE TRIGGER plan_guard
-  BEFORE UPDATE ON pgfence.plan
-  FOR EACH ROW EXECUTE FUNCTION pgfence.tg_plan_guard();
+-- plan_guard runs for every UPDATE but one kind: a step's commit (_plan_commit_step,
+-- 24_plan_steps.sql) does the guard's work in its own statement and marks the row with
+-- receipt_nonce, a fresh gen_random_uuid() that it also puts in the transaction-local setting
+-- pgfence.plan_writing for that one statement. The guard is skipped only for a row whose
+-- receipt_nonce changed to exactly that value. No other function changes receipt_nonce (a
+-- catalog test in tests/pgtap/20_plan.sql checks it), and no client role may write the table,
+-- so a client that pre-sets the setting before calling any plan function gains nothing: the row
+-- keeps its old nonce and the guard runs. Only a login that may UPDATE the table itself (its
+-- owner) could do both on purpose; it can also disable triggers. The WHEN costs no function call.
+-- (Before migration 0027 the column does not exist: the triggers without the WHEN, as before.)
+DO $plan_guard$
+BEGIN
+  IF EXISTS (SELECT FROM pg_catalog.pg_attribute
+             WHERE attrelid = 'pgfence.plan'::regclass AND attname = 'receipt_nonce' AND NOT attisdropped) THEN
+    CREATE OR REPLACE TRIGGER plan_guard
+      BEFORE UPDATE ON pgfence.plan
+      FOR EACH ROW
+      WHEN (NEW.receipt_nonce IS NOT DISTINCT FROM OLD.receipt_nonce
+            OR NEW.receipt_nonce::text IS DISTINCT FROM pg_catalog.current_setting('pgfence.plan_writing', true))
+      EXECUTE FUNCTION pgfence.tg_plan_guard();
+  ELSE
+    CREATE OR REPLACE TRIGGER plan_guard
+      BEFORE UPDATE ON pgfence.plan
+      FOR EACH ROW EXECUTE FUNCTION pgfence.tg_plan_guard();
+  END IF;
+END
+$plan_guard$;
 -- A hand-written INSERT must be a fresh proposal. The WHEN condition is evaluated without a
 -- function call, so plan_propose's insert runs no PL/pgSQL here.
 CREATE OR REPLACE TRIGGER plan_insert_guard
@@ -193,9 +217,28 @@ COMMENT ON FUNCTION pgfence.tg_plan_step_guard() IS
   'Trigger: plan steps are written with their proposal, receipts once, by the run''s owner.
 BEFORE INSERT / UPDATE trigger on pgfence.plan_step: steps are inserted only with their pending plan, without a receipt (PF001), and never change (PF002); a receipt is written once, only for the next step of an executing plan, by its owner (PF001), and never changes (PF002). Deletes: see plan_step_purge_only (tg_purge_only: only in a purge, with the plan).';
 
-CREATE OR REPLACE TRIGGER plan_step_guard
-  BEFORE INSERT OR UPDATE ON pgfence.plan_step
-  FOR EACH ROW EXECUTE FUNCTION pgfence.tg_plan_step_guard();
+-- plan_step_guard (UPDATE) is skipped for the receipt of a step's commit alone, as plan_guard is
+-- (see there); plan_step_new_guard checks every INSERT.
+DO $plan_step_guard$
+BEGIN
+  IF EXISTS (SELECT FROM pg_catalog.pg_attribute
+             WHERE attrelid = 'pgfence.plan_step'::regclass AND attname = 'receipt_nonce' AND NOT attisdropped) THEN
+    CREATE OR REPLACE TRIGGER plan_step_guard
+      BEFORE UPDATE ON pgfence.plan_step
+      FOR EACH ROW
+      WHEN (NEW.receipt_nonce IS NOT DISTINCT FROM OLD.receipt_nonce
+            OR NEW.receipt_nonce::text IS DISTINCT FROM pg_catalog.current_setting('pgfence.plan_writing', true))
+      EXECUTE FUNCTION pgfence.tg_plan_step_guard();
+    CREATE OR REPLACE TRIGGER plan_step_new_guard
+      BEFORE INSERT ON pgfence.plan_step
+      FOR EACH ROW EXECUTE FUNCTION pgfence.tg_plan_step_guard();
+  ELSE
+    CREATE OR REPLACE TRIGGER plan_step_guard
+      BEFORE INSERT OR UPDATE ON pgfence.plan_step
+      FOR EACH ROW EXECUTE FUNCTION pgfence.tg_plan_step_guard();
+  END IF;
+END
+$plan_step_guard$;
 -- A statement trigger, so that the purge's cascade from plan to its (up to 10000) steps pays
 -- nothing per row: its WHEN condition is false while pgfence.purging is on.
 CREATE OR REPLACE TRIGGER plan_step_purge_only
@@ -297,7 +340,24 @@ COMMENT ON FUNCTION pgfence.tg_plan_step_event() IS
   'Trigger: logs each plan step receipt to pgfence.event when it is written.
 AFTER UPDATE trigger on pgfence.plan_step: logs each receipt when it is written (step, action, outcome, error with SQLSTATE, small outputs) to pgfence.event in the step''s own transaction; fence = the step index.';
 
-CREATE OR REPLACE TRIGGER plan_step_event
-  AFTER UPDATE OF outcome ON pgfence.plan_step
-  FOR EACH ROW WHEN (OLD.outcome IS NULL AND NEW.outcome IS NOT NULL)
-  EXECUTE FUNCTION pgfence.tg_plan_step_event();
+-- Skipped for the receipt of a step's commit alone, which logs the same event in its own
+-- statement (see plan_guard).
+DO $plan_step_event$
+BEGIN
+  IF EXISTS (SELECT FROM pg_catalog.pg_attribute
+             WHERE attrelid = 'pgfence.plan_step'::regclass AND attname = 'receipt_nonce' AND NOT attisdropped) THEN
+    CREATE OR REPLACE TRIGGER plan_step_event
+      AFTER UPDATE OF outcome ON pgfence.plan_step
+      FOR EACH ROW
+      WHEN (OLD.outcome IS NULL AND NEW.outcome IS NOT NULL
+            AND (NEW.receipt_nonce IS NOT DISTINCT FROM OLD.receipt_nonce
+                 OR NEW.receipt_nonce::text IS DISTINCT FROM pg_catalog.current_setting('pgfence.plan_writing', true)))
+      EXECUTE FUNCTION pgfence.tg_plan_step_event();
+  ELSE
+    CREATE OR REPLACE TRIGGER plan_step_event
+      AFTER UPDATE OF outcome ON pgfence.plan_step
+      FOR EACH ROW WHEN (OLD.outcome IS NULL AND NEW.outcome IS NOT NULL)
+      EXECUTE FUNCTION pgfence.tg_plan_step_event();
+  END IF;
+END
+$plan_step_event$;

@@ -33,9 +33,11 @@
 --        transaction or a subtransaction of it: _plan_locked_here); refused unless it is
 --        the next step and a SQL one; for an ok receipt check 2 again. Then _plan_commit_step
 --        writes the receipt and moves the plan on: next step, executed, or failed (step_error).
---   Under every writer: tg_plan_step_guard (a receipt only for the next step of an executing
---   plan, by its owner, written once) and tg_plan_guard (next_step moves only over an ok
---   receipt; step_error needs the error receipt; the run token never goes back).
+--   Under every other writer: tg_plan_step_guard (a receipt only for the next step of an
+--   executing plan, by its owner, written once) and tg_plan_guard (next_step moves only over an
+--   ok receipt; step_error needs the error receipt; the run token never goes back).
+--   _plan_commit_step's one statement holds the same rules in its WHERE and SET and is the one
+--   writer those triggers skip (its rows' fresh receipt_nonce, see there).
 --
 -- What each check prevents:
 --   * owner, token, heartbeat (1 and 4): an owner fenced out by a newer take (even under its own
@@ -46,8 +48,10 @@
 --   * begun in this transaction (4, PF107): no receipt outside the transaction that began the
 --     step, and none for another step than the one begun.
 --   * the guards: hand-written SQL (psql, the owner role) cannot skip a step or forge a receipt.
---     They run for every statement: a bypass by a session setting was tried and dropped, since
---     a client could set it before calling any definer function that writes these tables.
+--     They run for every statement but _plan_commit_step's own. A bypass by a session setting
+--     alone was tried and dropped, since a client could set it before calling any definer
+--     function that writes these tables; the skip now also needs the row's receipt_nonce to
+--     change to the setting's fresh value, which only _plan_commit_step writes.
 -- Who may call what: plan_run_step, _plan_step_begin and _plan_step_finish are granted to
 -- pgfence_executor and pgfence_admin; the tables to nobody. External steps' receipts are written
 -- by plan_record_step (PF105 for a SQL step); plan_execute calls plan_run_step in a loop.
@@ -96,6 +100,21 @@ COMMENT ON FUNCTION pgfence._plan_check_approved(text, boolean, text, text, text
 Raises PF101 (p_retired), 42883 (p_md5_now NULL: the function was dropped) or PF108 (the md5 of the function''s definition differs from the one recorded at proposal; p_function names it in the DETAIL). Called by plan_run_step before the action runs (the error becomes the step''s receipt) and by _plan_step_finish before an ok receipt. Executable by the roles that run steps, since plan_run_step runs with the caller''s privileges.';
 
 -- Write a step's receipt and move the plan on, on a row the caller has locked and checked.
+-- One statement writes the receipt, moves the plan on and logs the receipt event. It does what
+-- the row triggers tg_plan_step_guard, tg_plan_guard and tg_plan_step_event would (the checks in
+-- its WHERE and SET, the event in the same statement), so both rows are marked with receipt_nonce,
+-- a fresh gen_random_uuid() that is also the transaction-local setting pgfence.plan_writing for
+-- this statement only, and those triggers skip exactly these rows (20_plan_guards.sql explains
+-- why no other writer can get that). What the statement itself guarantees:
+--   * the receipt is written once (outcome IS NULL in its WHERE), for the plan's next step, by
+--     the run's owner (p_plan is the row the caller locked and checked: executing, its worker);
+--     the frozen step columns are not in its SET;
+--   * the plan moves only over this receipt (the plan's UPDATE joins the receipt's RETURNING):
+--     one step on over an ok receipt, failed (step_error) at an error receipt, executed after the
+--     last ok step; the frozen plan columns and the run token are not in its SET; updated_at is
+--     stamped as tg_plan_guard does;
+--   * the receipt event is what tg_plan_step_event logs. plan_event_update (finish, fail) is not
+--     skipped: it is an AFTER trigger on a status change and runs as before.
 CREATE OR REPLACE FUNCTION pgfence._plan_commit_step(
   p_plan    pgfence.plan,
   p_ok      boolean,
@@ -108,37 +127,86 @@ SET search_path = pg_catalog, pgfence, pg_temp
 AS $$
 DECLARE
   v_status text;
+  v_fresh  timestamptz;
+  v_nonce  uuid;
 BEGIN
-  UPDATE pgfence.plan_step s
-  SET outcome = CASE WHEN p_ok THEN 'ok' ELSE 'error' END,
-      output = CASE WHEN p_ok THEN p_output END,
-      error = CASE WHEN NOT p_ok THEN p_error END,
-      worker = p_plan.worker,
-      started_at = CASE WHEN s.kind = 'external' THEN coalesce(p_plan.external_started_at, now()) ELSE now() END,
-      finished_at = clock_timestamp()
-  WHERE s.plan_id = p_plan.id AND s.step_index = p_plan.next_step;
+  IF p_plan.status IS DISTINCT FROM 'executing' OR p_plan.worker IS NULL THEN
+    RAISE EXCEPTION '_plan_commit_step: plan % is not executing by an owner', p_plan.id
+      USING ERRCODE = 'PF001', DETAIL = 'A receipt is the outcome of the next step of an executing plan, written by its owner.',
+            HINT = 'Receipts are written only by plan_run_step / plan_record_step.';
+  END IF;
   -- The heartbeat is stamped with clock_timestamp(): a long step's transaction started (now())
-  -- long ago, and the next deadline must count from the moment the step ended.
-  UPDATE pgfence.plan p
-  SET status = CASE WHEN NOT p_ok THEN 'failed'
-                    WHEN p.next_step = p.step_count THEN 'executed'
-                    ELSE 'executing' END,
-      failure = CASE WHEN NOT p_ok THEN 'step_error' END,
-      next_step = CASE WHEN p_ok THEN p.next_step + 1 ELSE p.next_step END,
-      external_started_at = NULL,
-      step_begun = NULL, step_begun_xact = NULL,
-      heartbeat_at = clock_timestamp(),
-      heartbeat_expires_at = clock_timestamp() + p.heartbeat_interval,
-      finished_at = CASE WHEN NOT p_ok OR p.next_step = p.step_count THEN clock_timestamp() END
-  WHERE p.id = p_plan.id
-  RETURNING p.status INTO v_status;
+  -- long ago, and the next deadline must count from the moment the step ended. The deadline
+  -- (heartbeat_expires_at, indexed by plan_heartbeat_idx for the reaper) is kept as it is while
+  -- it lies within a beat's slack (a tenth of the interval, at most 1 s) below the fresh one:
+  -- an update that changes no indexed column is HOT (no new index entries), so a run of quick
+  -- steps rewrites the indexes about once a second instead of once per step. The deadline is
+  -- then never later than a fresh one, and at most the slack earlier: a run is never kept alive
+  -- longer than its interval, only possibly declared lapsed up to the slack sooner.
+  v_fresh := clock_timestamp() + p_plan.heartbeat_interval;
+  v_nonce := pg_catalog.gen_random_uuid();
+  PERFORM pg_catalog.set_config('pgfence.plan_writing', v_nonce::text, true);
+  WITH receipt AS (
+    UPDATE pgfence.plan_step s
+    SET outcome = CASE WHEN p_ok THEN 'ok' ELSE 'error' END,
+        output = CASE WHEN p_ok THEN p_output END,
+        error = CASE WHEN NOT p_ok THEN p_error END,
+        worker = p_plan.worker,
+        started_at = CASE WHEN s.kind = 'external' THEN coalesce(p_plan.external_started_at, now()) ELSE now() END,
+        finished_at = clock_timestamp(),
+        receipt_nonce = v_nonce
+    WHERE s.plan_id = p_plan.id AND s.step_index = p_plan.next_step AND s.outcome IS NULL
+    RETURNING s.plan_id, s.step_index, s.action, s.kind, s.outcome, s.output, s.error, s.worker
+  ), moved AS (
+    UPDATE pgfence.plan p
+    SET status = CASE WHEN NOT p_ok THEN 'failed'
+                      WHEN p.next_step = p.step_count THEN 'executed'
+                      ELSE 'executing' END,
+        failure = CASE WHEN NOT p_ok THEN 'step_error' END,
+        next_step = CASE WHEN p_ok THEN p.next_step + 1 ELSE p.next_step END,
+        external_started_at = NULL,
+        step_begun = NULL, step_begun_xact = NULL,
+        heartbeat_at = clock_timestamp(),
+        heartbeat_expires_at = CASE
+          WHEN p.heartbeat_expires_at <= v_fresh
+               AND p.heartbeat_expires_at >= v_fresh - least(p.heartbeat_interval / 10, interval '1 second')
+          THEN p.heartbeat_expires_at ELSE v_fresh END,
+        finished_at = CASE WHEN NOT p_ok OR p.next_step = p.step_count THEN clock_timestamp() END,
+        updated_at = now(),
+        receipt_nonce = v_nonce
+    FROM receipt r
+    -- p.status is not restated: p_plan, checked executing above, is this row as the caller read
+    -- it under its lock (and stating it would let the planner take plan_status_idx for a lookup
+    -- by id: docs/query-plans.md#plan).
+    WHERE p.id = p_plan.id AND r.step_index = p.next_step AND r.worker IS NOT DISTINCT FROM p.worker
+    RETURNING p.status
+  ), logged AS (
+    INSERT INTO pgfence.event (module, item_id, event, from_status, to_status, actor, fence, detail)
+    SELECT 'plan', r.plan_id, 'receipt', NULL, NULL,
+           coalesce(nullif(current_setting('pgfence.actor', true), ''), r.worker, session_user::text),
+           r.step_index,
+           jsonb_strip_nulls(jsonb_build_object(
+             'step', r.step_index, 'action', r.action, 'kind', r.kind, 'outcome', r.outcome,
+             'error', r.error,
+             'output', CASE WHEN pg_column_size(r.output) <= 2048 THEN r.output END))
+    FROM receipt r
+  )
+  SELECT m.status INTO v_status FROM moved m;
+  PERFORM pg_catalog.set_config('pgfence.plan_writing', '', true);
+  IF v_status IS NULL THEN
+    -- Not reached through the callers (they lock and check the run first): refuse rather than
+    -- write half of it. The raise rolls the statement back.
+    RAISE EXCEPTION '_plan_commit_step: step % of plan % cannot take a receipt now', p_plan.next_step, p_plan.id
+      USING ERRCODE = 'PF001', DETAIL = 'A receipt is written once, for the next step of an executing plan, by its owner.',
+            HINT = 'Receipts are written only by plan_run_step / plan_record_step.';
+  END IF;
   RETURN v_status;
 END
 $$;
 REVOKE ALL ON FUNCTION pgfence._plan_commit_step(pgfence.plan, boolean, jsonb, jsonb) FROM PUBLIC;
 COMMENT ON FUNCTION pgfence._plan_commit_step(pgfence.plan, boolean, jsonb, jsonb) IS
-  'Private: writes the receipt of the plan''s next step and moves the plan on, in one transaction.
-The receipt is ok with output, or error; the plan goes to its next step with a fresh heartbeat, to executed after the last ok step, or to failed (step_error) after an error. The caller holds the row lock and has checked the owner.';
+  'Private: writes the receipt of the plan''s next step and moves the plan on, in one statement.
+The receipt is ok with output, or error; the plan goes to its next step with a renewed heartbeat (kept within a slack of a tenth of the interval, at most 1 s, below a fresh one, so that the update stays HOT), to executed after the last ok step, or to failed (step_error) after an error; the receipt event is logged in the same statement. The statement does what tg_plan_step_guard, tg_plan_guard and tg_plan_step_event would, and marks both rows with a fresh receipt_nonce equal to the setting pgfence.plan_writing for that statement only, so those triggers skip exactly these rows. The caller holds the row lock and has checked the owner; PF001 if the plan is not executing by an owner or the step cannot take a receipt (nothing written).';
 
 CREATE OR REPLACE FUNCTION pgfence._plan_step_begin(
   p_id     bigint,
