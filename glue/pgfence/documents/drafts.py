@@ -105,6 +105,10 @@ class Draft:
         return dt.datetime.fromtimestamp(self.updated_at, tz=dt.UTC)
 
 
+# How long a draft call waits for another process holding the file (seconds).
+_BUSY_TIMEOUT = 10.0
+
+
 class DraftChanged(RuntimeError):
     """The slot no longer holds the snapshot the caller saw (its writer edited it meanwhile)."""
 
@@ -127,14 +131,41 @@ class DraftStore:
         self.path = Path(path) if path is not None else default_draft_path()
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
-        self._db = sqlite3.connect(self.path, timeout=10.0, isolation_level=None,
+        self._db = sqlite3.connect(self.path, timeout=_BUSY_TIMEOUT, isolation_level=None,
                                    check_same_thread=False)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute(f"PRAGMA synchronous={synchronous.upper()}")
+        try:
+            self._set_up(synchronous.upper())
+        except BaseException:
+            self._db.close()
+            raise
+
+    def _set_up(self, synchronous: str) -> None:
+        """WAL mode, the schema, the save_id column. Several processes may open one new file at
+        the same moment: switching it to WAL answers "database is locked" at once to all but
+        one of them (SQLite does not wait on its busy timeout for that switch), and two may both
+        add the column of an old file. Both are retried or tolerated, within the busy timeout."""
+        deadline = time.monotonic() + _BUSY_TIMEOUT
+        delay = 0.005
+        while True:
+            try:
+                mode = self._db.execute("PRAGMA journal_mode").fetchone()
+                if not mode or str(mode[0]).lower() != "wal":
+                    self._db.execute("PRAGMA journal_mode=WAL")
+                break
+            except sqlite3.OperationalError as exc:
+                if "locked" not in str(exc) or time.monotonic() + delay > deadline:
+                    raise
+                time.sleep(delay)
+                delay = min(2 * delay, 0.1)
+        self._db.execute(f"PRAGMA synchronous={synchronous}")
         self._db.execute(_SCHEMA)
         columns = {row[1] for row in self._db.execute("PRAGMA table_info(draft)")}
         if "save_id" not in columns:  # a file written before drafts recorded the save in flight
-            self._db.execute("ALTER TABLE draft ADD COLUMN save_id TEXT")
+            try:
+                self._db.execute("ALTER TABLE draft ADD COLUMN save_id TEXT")
+            except sqlite3.OperationalError as exc:
+                if "duplicate column" not in str(exc):  # another process added it meanwhile
+                    raise
 
     def close(self) -> None:
         """Close the file."""
