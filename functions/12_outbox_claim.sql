@@ -11,7 +11,8 @@
 -- The claim hint: a claim (for all channels, or a set of them) walks from its session's hint, not
 -- the front of the due index (dead entries stay there under a pinned snapshot), and from the
 -- front once per pgfence.claim_full_walk_ms: docs/design.md#claim-hint. Private:
--- _outbox_claim_hint_name(channels), _outbox_claim_hint_state(setting name).
+-- _outbox_claim_hint_name(channels), _outbox_claim_hint_state(setting name),
+-- _outbox_check_claimer(worker, lease) (the claim's argument checks, shared with the hand-off).
 
 CREATE OR REPLACE FUNCTION pgfence._outbox_claim_hint_name(p_channels text[])
 RETURNS text
@@ -67,6 +68,33 @@ Elements: hint due (µs since epoch), hint id, candidate due, candidate id, cand
 candidate''s own xid, passed (1 once every writer older than the bound has ended), last full walk
 (µs). docs/design.md#claim-hint.';
 
+CREATE OR REPLACE FUNCTION pgfence._outbox_check_claimer(p_worker text, p_lease interval)
+RETURNS void
+LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, pgfence, pg_temp
+AS $$
+BEGIN
+  IF p_worker IS NULL OR p_worker = '' OR length(p_worker) > 200 THEN
+    RAISE EXCEPTION 'outbox: worker must be a non-empty name of at most 200 characters'
+      USING ERRCODE = '22023', DETAIL = 'The worker name is recorded as the owner of every message it claims.',
+            HINT = 'Use something an operator can trace, e.g. host:pid.';
+  END IF;
+  -- bounded like a channel's lease (outbox_channel): now() + lease can never overflow (22008),
+  -- and a crashed worker's claim is taken back within a day
+  IF p_lease IS NOT NULL AND (p_lease <= interval '0' OR p_lease > interval '1 day') THEN
+    RAISE EXCEPTION 'outbox: lease must be positive and at most 1 day, got %', p_lease
+      USING ERRCODE = '22023', DETAIL = 'A lease longer than a day would keep a crashed worker''s messages for that long; nothing was claimed.',
+            HINT = 'Pass NULL for the channel''s lease, or e.g. interval ''5 minutes''.';
+  END IF;
+END
+$$;
+REVOKE ALL ON FUNCTION pgfence._outbox_check_claimer(text, interval) FROM PUBLIC;
+COMMENT ON FUNCTION pgfence._outbox_check_claimer(text, interval) IS
+  'Private: raises unless worker and lease are valid for a claim.
+Called by outbox_claim (only to raise: its hot path tests the same condition inline) and by
+outbox_settle_and_claim before a hand-off, which claims without calling outbox_claim.
+Errors: 22023 (empty or over-long worker, lease not in (0, 1 day]).';
+
 CREATE OR REPLACE FUNCTION pgfence.outbox_claim(
   p_worker   text,
   p_batch    integer DEFAULT 1,
@@ -116,17 +144,9 @@ DECLARE
   v_bound   bigint;       -- pgfence.claim_full_walk_ms, in µs
   v_now_us  bigint;
 BEGIN
-  IF p_worker IS NULL OR p_worker = '' OR length(p_worker) > 200 THEN
-    RAISE EXCEPTION 'outbox: worker must be a non-empty name of at most 200 characters'
-      USING ERRCODE = '22023', DETAIL = 'The worker name is recorded as the owner of every message it claims.',
-            HINT = 'Use something an operator can trace, e.g. host:pid.';
-  END IF;
-  -- bounded like a channel's lease (outbox_channel): now() + lease can never overflow (22008),
-  -- and a crashed worker's claim is taken back within a day
-  IF p_lease IS NOT NULL AND (p_lease <= interval '0' OR p_lease > interval '1 day') THEN
-    RAISE EXCEPTION 'outbox: lease must be positive and at most 1 day, got %', p_lease
-      USING ERRCODE = '22023', DETAIL = 'A lease longer than a day would keep a crashed worker''s messages for that long; nothing was claimed.',
-            HINT = 'Pass NULL for the channel''s lease, or e.g. interval ''5 minutes''.';
+  IF p_worker IS NULL OR p_worker = '' OR length(p_worker) > 200
+     OR (p_lease IS NOT NULL AND (p_lease <= interval '0' OR p_lease > interval '1 day')) THEN
+    PERFORM pgfence._outbox_check_claimer(p_worker, p_lease);  -- raises the precise 22023
   END IF;
   IF p_batch IS NULL OR p_batch NOT BETWEEN 1 AND 10000 THEN
     RAISE EXCEPTION 'outbox_claim: batch must be between 1 and 10000, got %', p_batch

@@ -59,6 +59,33 @@ COMMENT ON FUNCTION pgfence._outbox_key_derived(text, text) IS
 A derived key limits (key_max_in_flight, key_rate) but is never held by a failed or dead
 message, whatever the channel''s key_dead_policy. Errors: none.';
 
+-- The keys' locks, in one global order: every decision and every hand-off takes them here.
+CREATE OR REPLACE FUNCTION pgfence._outbox_keys_lock(p_channels text[], p_keys text[])
+RETURNS void
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pgfence, pg_temp
+SET plan_cache_mode = force_generic_plan
+AS $$
+BEGIN
+  -- One order (channel, then key, collation "C"): no deadlock between two decisions over
+  -- overlapping keys. A concurrent decision waits here until it commits (READ COMMITTED: the
+  -- caller's next statement then sees it); under REPEATABLE READ a decision committed after this
+  -- snapshot makes this statement fail with 40001 instead of deciding on stale rows.
+  INSERT INTO pgfence.outbox_key AS k (channel, ordering_key)
+  SELECT d.c, d.k
+  FROM (SELECT DISTINCT u.c, u.k FROM unnest(p_channels, p_keys) AS u(c, k)
+        WHERE u.c IS NOT NULL AND u.k IS NOT NULL) d
+  ORDER BY d.c COLLATE "C", d.k COLLATE "C"
+  ON CONFLICT (channel, ordering_key) DO UPDATE SET decisions = k.decisions + 1, updated_at = now();
+END
+$$;
+REVOKE ALL ON FUNCTION pgfence._outbox_keys_lock(text[], text[]) FROM PUBLIC;
+COMMENT ON FUNCTION pgfence._outbox_keys_lock(text[], text[]) IS
+  'Private: locks the key rows of these (channel, key) pairs, creating missing ones, in one order.
+Channel, then key, collation "C": the one order every key decision and hand-off takes them in, so
+no two deadlock. Counts a decision on each row (outbox_key.decisions). Errors: 40001 under
+REPEATABLE READ when another decision committed after the snapshot.';
+
 CREATE OR REPLACE FUNCTION pgfence._outbox_key_decide(p_channel text, p_key text)
 RETURNS integer
 LANGUAGE plpgsql VOLATILE
@@ -155,16 +182,7 @@ DECLARE
   r          record;
   c_waiting  CONSTANT text := 'waiting';  -- docs/query-plans.md#constants-instead-of-literals
 BEGIN
-  -- The keys' locks, in one global order (every decision takes them so: no deadlock between two
-  -- decisions over overlapping keys). A concurrent decision waits here until it commits (READ
-  -- COMMITTED: the statement below then sees it); under REPEATABLE READ a decision committed
-  -- after this snapshot makes this statement fail with 40001 instead of deciding on stale rows.
-  INSERT INTO pgfence.outbox_key AS k (channel, ordering_key)
-  SELECT d.c, d.k
-  FROM (SELECT DISTINCT u.c, u.k FROM unnest(p_channels, p_keys) AS u(c, k)
-        WHERE u.c IS NOT NULL AND u.k IS NOT NULL) d
-  ORDER BY d.c COLLATE "C", d.k COLLATE "C"
-  ON CONFLICT (channel, ordering_key) DO UPDATE SET decisions = k.decisions + 1, updated_at = now();
+  PERFORM pgfence._outbox_keys_lock(p_channels, p_keys);
 
   -- Every key at once: how many of its messages hold a turn, whether any waits; the oldest
   -- waiting ones up to key_max_in_flight are promoted (keys with a rate: below, one by one, as
@@ -420,11 +438,7 @@ DECLARE
   -- clock, so a message enqueued since this transaction began is due after now()).
   v_due_by   CONSTANT timestamptz := clock_timestamp();
 BEGIN
-  -- The keys' locks, in the global order of every decision (_outbox_keys_decide).
-  INSERT INTO pgfence.outbox_key AS k (channel, ordering_key)
-  SELECT d.c, d.k FROM (SELECT DISTINCT u.c, u.k FROM unnest(p_channels, p_keys) AS u(c, k)) d
-  ORDER BY d.c COLLATE "C", d.k COLLATE "C"
-  ON CONFLICT (channel, ordering_key) DO UPDATE SET decisions = k.decisions + 1, updated_at = now();
+  PERFORM pgfence._outbox_keys_lock(p_channels, p_keys);  -- as every decision
 
   RETURN QUERY
   WITH settled AS (

@@ -10,31 +10,6 @@
 -- worker (the hand-off: 16_outbox_keys.sql), a claim that counts against the batch.
 -- Errors: functions/ERRORS.md.
 
-CREATE OR REPLACE FUNCTION pgfence._outbox_check_claimer(p_worker text, p_lease interval)
-RETURNS void
-LANGUAGE plpgsql IMMUTABLE
-SET search_path = pg_catalog, pgfence, pg_temp
-AS $$
-BEGIN
-  -- The same checks, errors and messages as outbox_claim's (a hand-off is a claim).
-  IF p_worker IS NULL OR p_worker = '' OR length(p_worker) > 200 THEN
-    RAISE EXCEPTION 'outbox: worker must be a non-empty name of at most 200 characters'
-      USING ERRCODE = '22023', DETAIL = 'The worker name is recorded as the owner of every message it claims.',
-            HINT = 'Use something an operator can trace, e.g. host:pid.';
-  END IF;
-  IF p_lease IS NOT NULL AND (p_lease <= interval '0' OR p_lease > interval '1 day') THEN
-    RAISE EXCEPTION 'outbox: lease must be positive and at most 1 day, got %', p_lease
-      USING ERRCODE = '22023', DETAIL = 'A lease longer than a day would keep a crashed worker''s messages for that long; nothing was claimed.',
-            HINT = 'Pass NULL for the channel''s lease, or e.g. interval ''5 minutes''.';
-  END IF;
-END
-$$;
-REVOKE ALL ON FUNCTION pgfence._outbox_check_claimer(text, interval) FROM PUBLIC;
-COMMENT ON FUNCTION pgfence._outbox_check_claimer(text, interval) IS
-  'Private: raises unless worker and lease are valid for a claim (those of outbox_claim).
-Used by outbox_settle_and_claim before a hand-off, which claims without calling outbox_claim.
-Errors: 22023 (empty or over-long worker, lease not in (0, 1 day]).';
-
 CREATE OR REPLACE FUNCTION pgfence.outbox_settle_and_claim(
   p_ids      bigint[],
   p_attempts integer[],

@@ -1850,7 +1850,8 @@ retry; or a concurrent decision on an ordering key).';
 -- The claim hint: a claim (for all channels, or a set of them) walks from its session's hint, not
 -- the front of the due index (dead entries stay there under a pinned snapshot), and from the
 -- front once per pgfence.claim_full_walk_ms: docs/design.md#claim-hint. Private:
--- _outbox_claim_hint_name(channels), _outbox_claim_hint_state(setting name).
+-- _outbox_claim_hint_name(channels), _outbox_claim_hint_state(setting name),
+-- _outbox_check_claimer(worker, lease) (the claim's argument checks, shared with the hand-off).
 
 CREATE OR REPLACE FUNCTION pgfence._outbox_claim_hint_name(p_channels text[])
 RETURNS text
@@ -1906,6 +1907,33 @@ Elements: hint due (µs since epoch), hint id, candidate due, candidate id, cand
 candidate''s own xid, passed (1 once every writer older than the bound has ended), last full walk
 (µs). docs/design.md#claim-hint.';
 
+CREATE OR REPLACE FUNCTION pgfence._outbox_check_claimer(p_worker text, p_lease interval)
+RETURNS void
+LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, pgfence, pg_temp
+AS $$
+BEGIN
+  IF p_worker IS NULL OR p_worker = '' OR length(p_worker) > 200 THEN
+    RAISE EXCEPTION 'outbox: worker must be a non-empty name of at most 200 characters'
+      USING ERRCODE = '22023', DETAIL = 'The worker name is recorded as the owner of every message it claims.',
+            HINT = 'Use something an operator can trace, e.g. host:pid.';
+  END IF;
+  -- bounded like a channel's lease (outbox_channel): now() + lease can never overflow (22008),
+  -- and a crashed worker's claim is taken back within a day
+  IF p_lease IS NOT NULL AND (p_lease <= interval '0' OR p_lease > interval '1 day') THEN
+    RAISE EXCEPTION 'outbox: lease must be positive and at most 1 day, got %', p_lease
+      USING ERRCODE = '22023', DETAIL = 'A lease longer than a day would keep a crashed worker''s messages for that long; nothing was claimed.',
+            HINT = 'Pass NULL for the channel''s lease, or e.g. interval ''5 minutes''.';
+  END IF;
+END
+$$;
+REVOKE ALL ON FUNCTION pgfence._outbox_check_claimer(text, interval) FROM PUBLIC;
+COMMENT ON FUNCTION pgfence._outbox_check_claimer(text, interval) IS
+  'Private: raises unless worker and lease are valid for a claim.
+Called by outbox_claim (only to raise: its hot path tests the same condition inline) and by
+outbox_settle_and_claim before a hand-off, which claims without calling outbox_claim.
+Errors: 22023 (empty or over-long worker, lease not in (0, 1 day]).';
+
 CREATE OR REPLACE FUNCTION pgfence.outbox_claim(
   p_worker   text,
   p_batch    integer DEFAULT 1,
@@ -1955,17 +1983,9 @@ DECLARE
   v_bound   bigint;       -- pgfence.claim_full_walk_ms, in µs
   v_now_us  bigint;
 BEGIN
-  IF p_worker IS NULL OR p_worker = '' OR length(p_worker) > 200 THEN
-    RAISE EXCEPTION 'outbox: worker must be a non-empty name of at most 200 characters'
-      USING ERRCODE = '22023', DETAIL = 'The worker name is recorded as the owner of every message it claims.',
-            HINT = 'Use something an operator can trace, e.g. host:pid.';
-  END IF;
-  -- bounded like a channel's lease (outbox_channel): now() + lease can never overflow (22008),
-  -- and a crashed worker's claim is taken back within a day
-  IF p_lease IS NOT NULL AND (p_lease <= interval '0' OR p_lease > interval '1 day') THEN
-    RAISE EXCEPTION 'outbox: lease must be positive and at most 1 day, got %', p_lease
-      USING ERRCODE = '22023', DETAIL = 'A lease longer than a day would keep a crashed worker''s messages for that long; nothing was claimed.',
-            HINT = 'Pass NULL for the channel''s lease, or e.g. interval ''5 minutes''.';
+  IF p_worker IS NULL OR p_worker = '' OR length(p_worker) > 200
+     OR (p_lease IS NOT NULL AND (p_lease <= interval '0' OR p_lease > interval '1 day')) THEN
+    PERFORM pgfence._outbox_check_claimer(p_worker, p_lease);  -- raises the precise 22023
   END IF;
   IF p_batch IS NULL OR p_batch NOT BETWEEN 1 AND 10000 THEN
     RAISE EXCEPTION 'outbox_claim: batch must be between 1 and 10000, got %', p_batch
@@ -2944,6 +2964,33 @@ COMMENT ON FUNCTION pgfence._outbox_key_derived(text, text) IS
 A derived key limits (key_max_in_flight, key_rate) but is never held by a failed or dead
 message, whatever the channel''s key_dead_policy. Errors: none.';
 
+-- The keys' locks, in one global order: every decision and every hand-off takes them here.
+CREATE OR REPLACE FUNCTION pgfence._outbox_keys_lock(p_channels text[], p_keys text[])
+RETURNS void
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pgfence, pg_temp
+SET plan_cache_mode = force_generic_plan
+AS $$
+BEGIN
+  -- One order (channel, then key, collation "C"): no deadlock between two decisions over
+  -- overlapping keys. A concurrent decision waits here until it commits (READ COMMITTED: the
+  -- caller's next statement then sees it); under REPEATABLE READ a decision committed after this
+  -- snapshot makes this statement fail with 40001 instead of deciding on stale rows.
+  INSERT INTO pgfence.outbox_key AS k (channel, ordering_key)
+  SELECT d.c, d.k
+  FROM (SELECT DISTINCT u.c, u.k FROM unnest(p_channels, p_keys) AS u(c, k)
+        WHERE u.c IS NOT NULL AND u.k IS NOT NULL) d
+  ORDER BY d.c COLLATE "C", d.k COLLATE "C"
+  ON CONFLICT (channel, ordering_key) DO UPDATE SET decisions = k.decisions + 1, updated_at = now();
+END
+$$;
+REVOKE ALL ON FUNCTION pgfence._outbox_keys_lock(text[], text[]) FROM PUBLIC;
+COMMENT ON FUNCTION pgfence._outbox_keys_lock(text[], text[]) IS
+  'Private: locks the key rows of these (channel, key) pairs, creating missing ones, in one order.
+Channel, then key, collation "C": the one order every key decision and hand-off takes them in, so
+no two deadlock. Counts a decision on each row (outbox_key.decisions). Errors: 40001 under
+REPEATABLE READ when another decision committed after the snapshot.';
+
 CREATE OR REPLACE FUNCTION pgfence._outbox_key_decide(p_channel text, p_key text)
 RETURNS integer
 LANGUAGE plpgsql VOLATILE
@@ -3040,16 +3087,7 @@ DECLARE
   r          record;
   c_waiting  CONSTANT text := 'waiting';  -- docs/query-plans.md#constants-instead-of-literals
 BEGIN
-  -- The keys' locks, in one global order (every decision takes them so: no deadlock between two
-  -- decisions over overlapping keys). A concurrent decision waits here until it commits (READ
-  -- COMMITTED: the statement below then sees it); under REPEATABLE READ a decision committed
-  -- after this snapshot makes this statement fail with 40001 instead of deciding on stale rows.
-  INSERT INTO pgfence.outbox_key AS k (channel, ordering_key)
-  SELECT d.c, d.k
-  FROM (SELECT DISTINCT u.c, u.k FROM unnest(p_channels, p_keys) AS u(c, k)
-        WHERE u.c IS NOT NULL AND u.k IS NOT NULL) d
-  ORDER BY d.c COLLATE "C", d.k COLLATE "C"
-  ON CONFLICT (channel, ordering_key) DO UPDATE SET decisions = k.decisions + 1, updated_at = now();
+  PERFORM pgfence._outbox_keys_lock(p_channels, p_keys);
 
   -- Every key at once: how many of its messages hold a turn, whether any waits; the oldest
   -- waiting ones up to key_max_in_flight are promoted (keys with a rate: below, one by one, as
@@ -3305,11 +3343,7 @@ DECLARE
   -- clock, so a message enqueued since this transaction began is due after now()).
   v_due_by   CONSTANT timestamptz := clock_timestamp();
 BEGIN
-  -- The keys' locks, in the global order of every decision (_outbox_keys_decide).
-  INSERT INTO pgfence.outbox_key AS k (channel, ordering_key)
-  SELECT d.c, d.k FROM (SELECT DISTINCT u.c, u.k FROM unnest(p_channels, p_keys) AS u(c, k)) d
-  ORDER BY d.c COLLATE "C", d.k COLLATE "C"
-  ON CONFLICT (channel, ordering_key) DO UPDATE SET decisions = k.decisions + 1, updated_at = now();
+  PERFORM pgfence._outbox_keys_lock(p_channels, p_keys);  -- as every decision
 
   RETURN QUERY
   WITH settled AS (
@@ -3401,31 +3435,6 @@ concurrent decision on a key; retry).';
 -- deliveries starts. The settle of a keyed message may hand its key's next message to the same
 -- worker (the hand-off: 16_outbox_keys.sql), a claim that counts against the batch.
 -- Errors: functions/ERRORS.md.
-
-CREATE OR REPLACE FUNCTION pgfence._outbox_check_claimer(p_worker text, p_lease interval)
-RETURNS void
-LANGUAGE plpgsql IMMUTABLE
-SET search_path = pg_catalog, pgfence, pg_temp
-AS $$
-BEGIN
-  -- The same checks, errors and messages as outbox_claim's (a hand-off is a claim).
-  IF p_worker IS NULL OR p_worker = '' OR length(p_worker) > 200 THEN
-    RAISE EXCEPTION 'outbox: worker must be a non-empty name of at most 200 characters'
-      USING ERRCODE = '22023', DETAIL = 'The worker name is recorded as the owner of every message it claims.',
-            HINT = 'Use something an operator can trace, e.g. host:pid.';
-  END IF;
-  IF p_lease IS NOT NULL AND (p_lease <= interval '0' OR p_lease > interval '1 day') THEN
-    RAISE EXCEPTION 'outbox: lease must be positive and at most 1 day, got %', p_lease
-      USING ERRCODE = '22023', DETAIL = 'A lease longer than a day would keep a crashed worker''s messages for that long; nothing was claimed.',
-            HINT = 'Pass NULL for the channel''s lease, or e.g. interval ''5 minutes''.';
-  END IF;
-END
-$$;
-REVOKE ALL ON FUNCTION pgfence._outbox_check_claimer(text, interval) FROM PUBLIC;
-COMMENT ON FUNCTION pgfence._outbox_check_claimer(text, interval) IS
-  'Private: raises unless worker and lease are valid for a claim (those of outbox_claim).
-Used by outbox_settle_and_claim before a hand-off, which claims without calling outbox_claim.
-Errors: 22023 (empty or over-long worker, lease not in (0, 1 day]).';
 
 CREATE OR REPLACE FUNCTION pgfence.outbox_settle_and_claim(
   p_ids      bigint[],
@@ -9421,6 +9430,7 @@ ALTER FUNCTION pgfence.outbox_mark_failed(bigint, integer, text, boolean, interv
 ALTER FUNCTION pgfence.outbox_settle_and_claim(bigint[], integer[], jsonb[], text, integer, text[], interval) SET jit = off;
 ALTER FUNCTION pgfence.outbox_reap(integer) SET jit = off;
 ALTER FUNCTION pgfence._outbox_key_decide(text, text) SET jit = off;  -- keys with a rate (16_outbox_keys.sql)
+ALTER FUNCTION pgfence._outbox_keys_lock(text[], text[]) SET jit = off;  -- every key decision and hand-off (16_outbox_keys.sql)
 ALTER FUNCTION pgfence._outbox_keys_decide(text[], text[]) SET jit = off;  -- every keyed enqueue and settle (16_outbox_keys.sql)
 ALTER FUNCTION pgfence._outbox_keys_hand_off(bigint[], text[], text[], jsonb[], text, integer, interval) SET jit = off;  -- outbox_settle_and_claim (16_outbox_keys.sql)
 ALTER FUNCTION pgfence._outbox_mark_sent_rows(bigint[], integer[], jsonb[], integer) SET jit = off;  -- every settle of many (13_outbox_settle.sql)
