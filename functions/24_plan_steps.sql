@@ -33,6 +33,10 @@
 --        transaction or a subtransaction of it: _plan_locked_here); refused unless it is
 --        the next step and a SQL one; for an ok receipt check 2 again. Then _plan_commit_step
 --        writes the receipt and moves the plan on: next step, executed, or failed (step_error).
+--        The common case is one statement: _plan_commit_step checks all of that in its WHERE
+--        (PF107 as "the step row's xmax is this transaction's xid"); only when it matches
+--        nothing does the finish read the rows to say which (the slow path, also for a step
+--        begun inside a savepoint).
 --   Under every other writer: tg_plan_step_guard (a receipt only for the next step of an
 --   executing plan, by its owner, written once) and tg_plan_guard (next_step moves only over an
 --   ok receipt; step_error needs the error receipt; the run token never goes back).
@@ -143,10 +147,14 @@ CREATE OR REPLACE FUNCTION pgfence._plan_commit_step(
 RETURNS text
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pgfence, pg_temp
+SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
+SET enable_bitmapscan = off
 AS $$
 DECLARE
   v_status text;
   v_nonce  uuid := pg_catalog.gen_random_uuid();
+  c_executing CONSTANT text := 'executing';  -- a parameter, not a literal: docs/query-plans.md#plan
 BEGIN
   -- The heartbeat is stamped with clock_timestamp(): a long step's transaction started (now())
   -- long ago, and the next deadline must count from the moment the step ended. The deadline
@@ -156,8 +164,9 @@ BEGIN
   -- steps rewrites the indexes about once a second instead of once per step. The deadline is
   -- then never later than a fresh one, and at most the slack earlier: a run is never kept alive
   -- longer than its interval, only possibly declared lapsed up to the slack sooner.
-  PERFORM pg_catalog.set_config('pgfence.plan_writing', v_nonce::text, true),
-          pg_catalog.set_config('pgfence.actor', p_worker, true);
+  -- (One PERFORM per call: a PERFORM of one expression is evaluated without a query.)
+  PERFORM pg_catalog.set_config('pgfence.plan_writing', v_nonce::text, true);
+  PERFORM pg_catalog.set_config('pgfence.actor', p_worker, true);
   WITH receipt AS (
     UPDATE pgfence.plan_step s
     SET outcome = CASE WHEN p_ok THEN 'ok' ELSE 'error' END,
@@ -170,7 +179,7 @@ BEGIN
         receipt_nonce = v_nonce
     FROM pgfence.plan p
     WHERE s.plan_id = p_id AND s.step_index = p_step AND s.outcome IS NULL
-      AND p.id = p_id AND p.status = 'executing' AND p.worker = p_worker AND p.run_token = p_token
+      AND p.id = p_id AND p.status = c_executing AND p.worker = p_worker AND p.run_token = p_token
       AND p.next_step = p_step
       AND (p_begun_here IS NOT TRUE
            OR (s.kind = 'sql' AND s.xmax = pg_catalog.pg_current_xact_id()::xid
@@ -212,8 +221,8 @@ BEGIN
     FROM receipt r
   )
   SELECT m.status INTO v_status FROM moved m;
-  PERFORM pg_catalog.set_config('pgfence.plan_writing', '', true),
-          pg_catalog.set_config('pgfence.actor', '', true);
+  PERFORM pg_catalog.set_config('pgfence.plan_writing', '', true);
+  PERFORM pg_catalog.set_config('pgfence.actor', '', true);
   IF v_status IS NULL AND p_begun_here IS NOT TRUE THEN
     -- Not reached through the callers (they lock and check the run first): refuse rather than
     -- write half of it. The raise rolls the statement back.
@@ -253,7 +262,6 @@ AS $$
 #variable_conflict use_column
 DECLARE
   v      pgfence.plan;
-  v_step record;
   c_executing CONSTANT text := 'executing';  -- a parameter, not a literal: docs/query-plans.md#plan
 BEGIN
   -- The argument checks as expressions; their helpers run only to raise the precise error.
@@ -265,10 +273,12 @@ BEGIN
   -- p_token with a live heartbeat, with what step 2 checks. Both rows stay locked until the
   -- transaction ends; the lock on the step's row is the begin stamp that _plan_step_finish checks
   -- (PF107): nothing else locks a plan_step row, and a row lock costs no new row version.
+  -- Straight into the OUT parameters: one statement (each PL/pgSQL statement costs its set-up
+  -- again in every transaction, and a step is one).
   SELECT p.status, p.next_step, s.action, s.kind, s.args, s.function_md5,
-         a.retired_at IS NOT NULL AS retired, n.nspname, pr.proname,
-         CASE WHEN s.kind = 'sql' THEN md5(pg_catalog.pg_get_functiondef(pr.oid)) END AS md5_now
-    INTO v_step
+         a.retired_at IS NOT NULL, n.nspname, pr.proname,
+         CASE WHEN s.kind = 'sql' THEN md5(pg_catalog.pg_get_functiondef(pr.oid)) END
+    INTO status, step_index, action, kind, args, fn_md5, retired, fn_schema, fn_name, fn_md5_now
   FROM pgfence.plan p
   JOIN pgfence.plan_step s ON s.plan_id = p.id AND s.step_index = p.next_step
   LEFT JOIN pgfence.plan_action a ON a.name = s.action
@@ -287,25 +297,16 @@ BEGIN
     PERFORM pgfence._set_actor(NULL);
     RETURN;
   END IF;
-  status := v_step.status;
-  step_index := v_step.next_step;
-  action := v_step.action;
-  kind := v_step.kind;
-  args := v_step.args;
-  IF v_step.kind = 'external' THEN
-    -- An external step: in flight since (external_started_at), with a fresh heartbeat.
+  IF kind = 'external' THEN
+    -- An external step: in flight since (external_started_at), with a fresh heartbeat. What
+    -- step 2 checks is for SQL steps only (NULL here).
+    retired := NULL;
     UPDATE pgfence.plan p
     SET external_started_at = coalesce(p.external_started_at, now()),
         heartbeat_at = now(),
         heartbeat_expires_at = now() + p.heartbeat_interval
     WHERE p.id = p_id;
-    RETURN;
   END IF;
-  fn_md5 := v_step.function_md5;
-  retired := v_step.retired;
-  fn_schema := v_step.nspname;
-  fn_name := v_step.proname;
-  fn_md5_now := v_step.md5_now;
 END
 $$;
 REVOKE ALL ON FUNCTION pgfence._plan_step_begin(bigint, text, bigint) FROM PUBLIC;
