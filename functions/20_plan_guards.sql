@@ -29,6 +29,18 @@ COMMENT ON TABLE pgfence.plan_action IS
 kind sql = a function f(args jsonb) RETURNS jsonb run by plan_run_step with the executing role''s privileges; kind external = a side effect the executor performs through the transport routed for the action name. Not an API: use pgfence.plan_register_action / plan_retire_action and the view pgfence.plan_actions.';
 
 -- ---------------------------------------------------------------------------------------------
+-- The row checks that the guard triggers hold (migration 0030). They were CHECK constraints;
+-- PostgreSQL 15 reads and prepares every CHECK of a table once per writing statement (about an
+-- eighth of a step's CPU for these), and the one writer that writes a plan step's receipt
+-- (_plan_commit_step, functions/24) holds them by construction in its statement and skips the
+-- guard triggers. Every other writer, hand-written SQL included, runs the guards, which check
+-- the same expressions as the constraints did, in the constraints' order (by name), and fail with
+-- the same SQLSTATE (23514, check_violation) and constraint name. The simple ones stay declared
+-- (status, failure, kind and outcome sets, step count, expiry, key, run token, step index, times).
+-- docs/design.md, "Row checks in the guards".
+-- ---------------------------------------------------------------------------------------------
+
+-- ---------------------------------------------------------------------------------------------
 -- The plan machine, held by tg_plan_guard against any UPDATE (psql included):
 --
 --   pending --plan_approve--> approved --plan_start / plan_claim--> executing --> executed
@@ -43,6 +55,8 @@ RETURNS trigger
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pgfence, pg_temp
 AS $$
+DECLARE
+  v_check text;
 BEGIN
   IF TG_OP = 'INSERT' THEN
     -- Reached only through the WHEN condition of plan_insert_guard: the row is not a proposal.
@@ -114,13 +128,38 @@ BEGIN
             HINT = 'Steps fail only through plan_run_step / plan_record_step.';
   END IF;
   NEW.updated_at := now();
+  -- The row checks (formerly CHECK constraints, migration 0030), in their name order. An INSERT
+  -- that skips this trigger is a fresh proposal (plan_insert_guard's WHEN), which holds them all.
+  v_check := CASE
+    WHEN ((NEW.status IN ('approved', 'executing', 'executed', 'failed'))
+          = (NEW.approved_by IS NOT NULL AND NEW.approved_at IS NOT NULL)) IS FALSE THEN 'plan_approved_iff'
+    WHEN (NEW.status <> 'executed' OR NEW.next_step = NEW.step_count + 1) IS FALSE THEN 'plan_executed_all_steps'
+    WHEN (NEW.status IN ('executing', 'failed') OR NEW.external_started_at IS NULL) IS FALSE THEN 'plan_external_in_flight'
+    WHEN ((NEW.status = 'failed') = (NEW.failure IS NOT NULL)) IS FALSE THEN 'plan_failure_iff_failed'
+    WHEN ((NEW.status IN ('rejected', 'expired', 'executed', 'failed'))
+          = (NEW.finished_at IS NOT NULL)) IS FALSE THEN 'plan_finished_iff_terminal'
+    WHEN (NEW.status <> 'executing'
+          OR (NEW.heartbeat_at IS NOT NULL AND NEW.heartbeat_expires_at IS NOT NULL)) IS FALSE THEN 'plan_heartbeat_while_executing'
+    WHEN (NEW.next_step BETWEEN 1 AND NEW.step_count + 1) IS FALSE THEN 'plan_next_step_range'
+    WHEN ((NEW.status = 'rejected')
+          = (NEW.rejected_by IS NOT NULL AND NEW.rejected_at IS NOT NULL AND NEW.reject_reason IS NOT NULL)) IS FALSE THEN 'plan_rejected_iff'
+    WHEN ((NEW.status IN ('executing', 'executed', 'failed'))
+          = (NEW.started_at IS NOT NULL AND NEW.heartbeat_interval IS NOT NULL)) IS FALSE THEN 'plan_started_iff'
+    WHEN ((NEW.step_begun IS NULL) = (NEW.step_begun_xact IS NULL)) IS FALSE THEN 'plan_step_begun_whole'
+  END;
+  IF v_check IS NOT NULL THEN
+    RAISE EXCEPTION 'new row for relation "plan" violates check constraint "%"', v_check
+      USING ERRCODE = 'check_violation', SCHEMA = 'pgfence', TABLE = 'plan', CONSTRAINT = v_check,
+            DETAIL = format('Failing row contains %s.', NEW),
+            HINT = 'A row check of pgfence.plan, held by this trigger since migration 0030: write plans only through the pgfence.plan_* functions.';
+  END IF;
   RETURN NEW;
 END
 $$;
 REVOKE ALL ON FUNCTION pgfence.tg_plan_guard() FROM PUBLIC;
 COMMENT ON FUNCTION pgfence.tg_plan_guard() IS
   'Trigger: holds the plan state machine and the frozen fields of pgfence.plan, for any writer.
-BEFORE UPDATE trigger on pgfence.plan: refuses any transition outside the plan machine, a step advancing without its ok receipt, and a hand-over between two owners without a release (PF001); refuses changes to the frozen plan (step count, proposer name and login, expiry, key, compensated plan, approver, start), next_step or the run token going back (PF002) — even from a hand-written UPDATE. Also BEFORE INSERT, filtered by a WHEN condition: a new row that is not a fresh proposal (pending, step 1, proposed by session_user, no approval / rejection / owner / heartbeat / failure / finish) is refused (PF001).';
+BEFORE UPDATE trigger on pgfence.plan: refuses any transition outside the plan machine, a step advancing without its ok receipt, and a hand-over between two owners without a release (PF001); refuses changes to the frozen plan (step count, proposer name and login, expiry, key, compensated plan, approver, start), next_step or the run token going back (PF002) — even from a hand-written UPDATE; then holds the row checks that were CHECK constraints before migration 0030 (plan_approved_iff ... plan_step_begun_whole: 23514 with the constraint''s name). Also BEFORE INSERT, filtered by a WHEN condition: a new row that is not a fresh proposal (pending, step 1, proposed by session_user, no approval / rejection / owner / heartbeat / failure / finish) is refused (PF001).';
 
 -- plan_guard runs for every UPDATE but one kind: a step's commit (_plan_commit_step,
 -- 24_plan_steps.sql) does the guard's work in its own statement and marks the row with
@@ -176,7 +215,8 @@ LANGUAGE plpgsql
 SET search_path = pg_catalog, pgfence, pg_temp
 AS $$
 DECLARE
-  v_plan pgfence.plan;
+  v_plan  pgfence.plan;
+  v_check text;
 BEGIN
   SELECT * INTO v_plan FROM pgfence.plan p WHERE p.id = NEW.plan_id;
   IF TG_OP = 'INSERT' THEN
@@ -187,27 +227,46 @@ BEGIN
                               NEW.plan_id, coalesce(v_plan.status, 'not found'), v_plan.step_count, coalesce(NEW.outcome, 'none')),
               HINT = 'Steps are written by pgfence.plan_propose; receipts by plan_run_step / plan_record_step.';
     END IF;
-    RETURN NEW;
+  ELSE
+    IF (NEW.plan_id, NEW.step_index, NEW.action, NEW.kind, NEW.function, NEW.args, NEW.note)
+       IS DISTINCT FROM (OLD.plan_id, OLD.step_index, OLD.action, OLD.kind, OLD.function, OLD.args, OLD.note) THEN
+      RAISE EXCEPTION 'plan %: step % is immutable once proposed', OLD.plan_id, OLD.step_index
+        USING ERRCODE = 'PF002', DETAIL = 'A step''s action, kind, function, args and note are what the approver saw.',
+              HINT = 'Propose a new plan instead.';
+    END IF;
+    IF OLD.outcome IS NOT NULL THEN
+      RAISE EXCEPTION 'receipt of plan % step % is immutable', OLD.plan_id, OLD.step_index
+        USING ERRCODE = 'PF002', DETAIL = format('The step''s receipt says %s (finished at %s).', OLD.outcome, OLD.finished_at),
+              HINT = 'A receipt records what committed; to undo a step propose a compensating plan.';
+    END IF;
+    IF NEW.outcome IS NOT NULL AND (
+         v_plan.status IS DISTINCT FROM 'executing'
+         OR NEW.step_index <> v_plan.next_step
+         OR NEW.worker IS DISTINCT FROM v_plan.worker) THEN
+      RAISE EXCEPTION 'plan %: a receipt for step % by % does not fit the run (status %, next step %, owner %)',
+        NEW.plan_id, NEW.step_index, NEW.worker, v_plan.status, v_plan.next_step, v_plan.worker
+        USING ERRCODE = 'PF001', DETAIL = 'A receipt is the outcome of the next step of an executing plan, written by its owner.',
+              HINT = 'Receipts are written only by plan_run_step / plan_record_step, for the next step of an executing plan, by its owner.';
+    END IF;
   END IF;
-  IF (NEW.plan_id, NEW.step_index, NEW.action, NEW.kind, NEW.function, NEW.args, NEW.note)
-     IS DISTINCT FROM (OLD.plan_id, OLD.step_index, OLD.action, OLD.kind, OLD.function, OLD.args, OLD.note) THEN
-    RAISE EXCEPTION 'plan %: step % is immutable once proposed', OLD.plan_id, OLD.step_index
-      USING ERRCODE = 'PF002', DETAIL = 'A step''s action, kind, function, args and note are what the approver saw.',
-            HINT = 'Propose a new plan instead.';
-  END IF;
-  IF OLD.outcome IS NOT NULL THEN
-    RAISE EXCEPTION 'receipt of plan % step % is immutable', OLD.plan_id, OLD.step_index
-      USING ERRCODE = 'PF002', DETAIL = format('The step''s receipt says %s (finished at %s).', OLD.outcome, OLD.finished_at),
-            HINT = 'A receipt records what committed; to undo a step propose a compensating plan.';
-  END IF;
-  IF NEW.outcome IS NOT NULL AND (
-       v_plan.status IS DISTINCT FROM 'executing'
-       OR NEW.step_index <> v_plan.next_step
-       OR NEW.worker IS DISTINCT FROM v_plan.worker) THEN
-    RAISE EXCEPTION 'plan %: a receipt for step % by % does not fit the run (status %, next step %, owner %)',
-      NEW.plan_id, NEW.step_index, NEW.worker, v_plan.status, v_plan.next_step, v_plan.worker
-      USING ERRCODE = 'PF001', DETAIL = 'A receipt is the outcome of the next step of an executing plan, written by its owner.',
-            HINT = 'Receipts are written only by plan_run_step / plan_record_step, for the next step of an executing plan, by its owner.';
+  -- The row checks (formerly CHECK constraints, migration 0030), in their name order, for every
+  -- INSERT and every UPDATE but a step's commit (which holds them by construction).
+  v_check := CASE
+    WHEN (pg_catalog.jsonb_typeof(NEW.args) = 'object') IS FALSE THEN 'plan_step_args_check'
+    WHEN (NEW.outcome IS NULL
+          OR (NEW.outcome = 'error') = (NEW.error IS NOT NULL AND pg_catalog.jsonb_typeof(NEW.error) = 'object'
+                                        AND NEW.error ? 'message')) IS FALSE THEN 'plan_step_error_iff'
+    WHEN ((NEW.kind = 'sql') = (NEW.function_md5 IS NOT NULL)) IS FALSE THEN 'plan_step_fingerprint_iff_sql'
+    WHEN ((NEW.kind = 'sql') = (NEW.function IS NOT NULL)) IS FALSE THEN 'plan_step_function_iff_sql'
+    WHEN (NEW.outcome IS NOT NULL OR (NEW.output IS NULL AND NEW.error IS NULL)) IS FALSE THEN 'plan_step_no_result_without_receipt'
+    WHEN ((NEW.outcome IS NULL)
+          = (NEW.worker IS NULL AND NEW.started_at IS NULL AND NEW.finished_at IS NULL)) IS FALSE THEN 'plan_step_receipt_whole'
+  END;
+  IF v_check IS NOT NULL THEN
+    RAISE EXCEPTION 'new row for relation "plan_step" violates check constraint "%"', v_check
+      USING ERRCODE = 'check_violation', SCHEMA = 'pgfence', TABLE = 'plan_step', CONSTRAINT = v_check,
+            DETAIL = format('Failing row contains %s.', NEW),
+            HINT = 'A row check of pgfence.plan_step, held by this trigger since migration 0030: write plans only through the pgfence.plan_* functions.';
   END IF;
   RETURN NEW;
 END
@@ -215,7 +274,7 @@ $$;
 REVOKE ALL ON FUNCTION pgfence.tg_plan_step_guard() FROM PUBLIC;
 COMMENT ON FUNCTION pgfence.tg_plan_step_guard() IS
   'Trigger: plan steps are written with their proposal, receipts once, by the run''s owner.
-BEFORE INSERT / UPDATE trigger on pgfence.plan_step: steps are inserted only with their pending plan, without a receipt (PF001), and never change (PF002); a receipt is written once, only for the next step of an executing plan, by its owner (PF001), and never changes (PF002). Deletes: see plan_step_purge_only (tg_purge_only: only in a purge, with the plan).';
+BEFORE INSERT / UPDATE trigger on pgfence.plan_step: steps are inserted only with their pending plan, without a receipt (PF001), and never change (PF002); a receipt is written once, only for the next step of an executing plan, by its owner (PF001), and never changes (PF002); then holds the row checks that were CHECK constraints before migration 0030 (plan_step_args_check ... plan_step_receipt_whole: 23514 with the constraint''s name). Deletes: see plan_step_purge_only (tg_purge_only: only in a purge, with the plan).';
 
 -- plan_step_guard (UPDATE) is skipped for the receipt of a step's commit alone, as plan_guard is
 -- (see there); plan_step_new_guard checks every INSERT.

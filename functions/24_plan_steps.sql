@@ -33,6 +33,10 @@
 --        transaction or a subtransaction of it: _plan_locked_here); refused unless it is
 --        the next step and a SQL one; for an ok receipt check 2 again. Then _plan_commit_step
 --        writes the receipt and moves the plan on: next step, executed, or failed (step_error).
+--        The common case is one statement: _plan_commit_step checks all of that in its WHERE
+--        (PF107 as "the step row's xmax is this transaction's xid"); only when it matches
+--        nothing does the finish read the rows to say which (the slow path, also for a step
+--        begun inside a savepoint).
 --   Under every other writer: tg_plan_step_guard (a receipt only for the next step of an
 --   executing plan, by its owner, written once) and tg_plan_guard (next_step moves only over an
 --   ok receipt; step_error needs the error receipt; the run token never goes back).
@@ -99,42 +103,59 @@ COMMENT ON FUNCTION pgfence._plan_check_approved(text, boolean, text, text, text
   'Private: refuses to run or receipt a step whose action was retired, dropped or replaced.
 Raises PF101 (p_retired), 42883 (p_md5_now NULL: the function was dropped) or PF108 (the md5 of the function''s definition differs from the one recorded at proposal; p_function names it in the DETAIL). Called by plan_run_step before the action runs (the error becomes the step''s receipt) and by _plan_step_finish before an ok receipt. Executable by the roles that run steps, since plan_run_step runs with the caller''s privileges.';
 
--- Write a step's receipt and move the plan on, on a row the caller has locked and checked.
--- One statement writes the receipt, moves the plan on and logs the receipt event. It does what
--- the row triggers tg_plan_step_guard, tg_plan_guard and tg_plan_step_event would (the checks in
--- its WHERE and SET, the event in the same statement), so both rows are marked with receipt_nonce,
--- a fresh gen_random_uuid() that is also the transaction-local setting pgfence.plan_writing for
--- this statement only, and those triggers skip exactly these rows (20_plan_guards.sql explains
--- why no other writer can get that). What the statement itself guarantees:
+-- Write a step's receipt and move the plan on. One statement writes the receipt, moves the plan
+-- on and logs the receipt event, and checks in its WHERE what it relies on: the plan p_id is
+-- executing by p_worker under run token p_token at step p_step, and the step has no receipt yet.
+-- With p_begun_here (the fast path of _plan_step_finish, which then needs no statement of its
+-- own) also: the step is a SQL one, this transaction's top level holds the lock on its row that
+-- _plan_step_begin took (its xmax is this transaction's xid: nothing else could put it there,
+-- so that is the PF107 proof without the plan row's lock), and for an ok receipt its action is
+-- not retired and its function's definition has the md5 recorded at proposal. A statement that
+-- matches nothing writes nothing: then NULL with p_begun_here (the caller finds out why), PF001
+-- without (the callers, plan_record_step and _plan_step_finish's slow path, checked all of it
+-- under the plan row's lock already).
+-- The statement does what the row triggers tg_plan_step_guard, tg_plan_guard and
+-- tg_plan_step_event would (the checks in its WHERE and SET, the event in the same statement)
+-- and what the row checks they hold (migration 0030) demand, so both rows are marked with
+-- receipt_nonce, a fresh gen_random_uuid() that is also the transaction-local setting
+-- pgfence.plan_writing for this statement only, and those triggers skip exactly these rows
+-- (20_plan_guards.sql explains why no other writer can get that). What the statement guarantees:
 --   * the receipt is written once (outcome IS NULL in its WHERE), for the plan's next step, by
---     the run's owner (p_plan is the row the caller locked and checked: executing, its worker);
---     the frozen step columns are not in its SET;
+--     the run's owner; the frozen step columns are not in its SET; outcome ok carries the output
+--     only, error the error only (an object with a message: the callers pass one), worker and
+--     times are set (started_at is the transaction's or the external step's start, finished_at
+--     the clock: plan_step_times stays declared);
 --   * the plan moves only over this receipt (the plan's UPDATE joins the receipt's RETURNING):
 --     one step on over an ok receipt, failed (step_error) at an error receipt, executed after the
---     last ok step; the frozen plan columns and the run token are not in its SET; updated_at is
---     stamped as tg_plan_guard does;
---   * the receipt event is what tg_plan_step_event logs. plan_event_update (finish, fail) is not
---     skipped: it is an AFTER trigger on a status change and runs as before.
+--     last ok step (next_step = step_count + 1), finished_at then and only then; the frozen plan
+--     columns, approval, start and run token are not in its SET; the heartbeat is stamped;
+--     external_started_at and the begin stamp are cleared; updated_at is stamped as tg_plan_guard
+--     does;
+--   * the receipt event is what tg_plan_step_event logs, under actor p_worker (set for the
+--     statement, cleared after). plan_event_update (finish, fail) is not skipped: it is an AFTER
+--     trigger on a status change and runs as before.
 CREATE OR REPLACE FUNCTION pgfence._plan_commit_step(
-  p_plan    pgfence.plan,
-  p_ok      boolean,
-  p_output  jsonb,
-  p_error   jsonb
+  p_id         bigint,
+  p_step       integer,
+  p_worker     text,
+  p_token      bigint,
+  p_ok         boolean,
+  p_output     jsonb,
+  p_error      jsonb,
+  p_begun_here boolean
 )
 RETURNS text
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pgfence, pg_temp
+SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
+SET enable_bitmapscan = off
 AS $$
 DECLARE
   v_status text;
-  v_fresh  timestamptz;
-  v_nonce  uuid;
+  v_nonce  uuid := pg_catalog.gen_random_uuid();
+  c_executing CONSTANT text := 'executing';  -- a parameter, not a literal: docs/query-plans.md#plan
 BEGIN
-  IF p_plan.status IS DISTINCT FROM 'executing' OR p_plan.worker IS NULL THEN
-    RAISE EXCEPTION '_plan_commit_step: plan % is not executing by an owner', p_plan.id
-      USING ERRCODE = 'PF001', DETAIL = 'A receipt is the outcome of the next step of an executing plan, written by its owner.',
-            HINT = 'Receipts are written only by plan_run_step / plan_record_step.';
-  END IF;
   -- The heartbeat is stamped with clock_timestamp(): a long step's transaction started (now())
   -- long ago, and the next deadline must count from the moment the step ended. The deadline
   -- (heartbeat_expires_at, indexed by plan_heartbeat_idx for the reaper) is kept as it is while
@@ -143,20 +164,31 @@ BEGIN
   -- steps rewrites the indexes about once a second instead of once per step. The deadline is
   -- then never later than a fresh one, and at most the slack earlier: a run is never kept alive
   -- longer than its interval, only possibly declared lapsed up to the slack sooner.
-  v_fresh := clock_timestamp() + p_plan.heartbeat_interval;
-  v_nonce := pg_catalog.gen_random_uuid();
+  -- (One PERFORM per call: a PERFORM of one expression is evaluated without a query.)
   PERFORM pg_catalog.set_config('pgfence.plan_writing', v_nonce::text, true);
+  PERFORM pg_catalog.set_config('pgfence.actor', p_worker, true);
   WITH receipt AS (
     UPDATE pgfence.plan_step s
     SET outcome = CASE WHEN p_ok THEN 'ok' ELSE 'error' END,
         output = CASE WHEN p_ok THEN p_output END,
         error = CASE WHEN NOT p_ok THEN p_error END,
-        worker = p_plan.worker,
-        started_at = CASE WHEN s.kind = 'external' THEN coalesce(p_plan.external_started_at, now()) ELSE now() END,
-        finished_at = clock_timestamp(),
+        worker = p.worker,
+        started_at = CASE WHEN s.kind = 'external' THEN coalesce(p.external_started_at, pg_catalog.now())
+                          ELSE pg_catalog.now() END,
+        finished_at = pg_catalog.clock_timestamp(),
         receipt_nonce = v_nonce
-    WHERE s.plan_id = p_plan.id AND s.step_index = p_plan.next_step AND s.outcome IS NULL
-    RETURNING s.plan_id, s.step_index, s.action, s.kind, s.outcome, s.output, s.error, s.worker
+    FROM pgfence.plan p
+    WHERE s.plan_id = p_id AND s.step_index = p_step AND s.outcome IS NULL
+      AND p.id = p_id AND p.status = c_executing AND p.worker = p_worker AND p.run_token = p_token
+      AND p.next_step = p_step
+      AND (p_begun_here IS NOT TRUE
+           OR (s.kind = 'sql' AND s.xmax = pg_catalog.pg_current_xact_id()::xid
+               AND (NOT p_ok OR EXISTS (
+                     SELECT FROM pgfence.plan_action a
+                     WHERE a.name = s.action AND a.retired_at IS NULL
+                       AND pg_catalog.md5(pg_catalog.pg_get_functiondef(a.function)) = s.function_md5))))
+    RETURNING s.plan_id, s.step_index, s.action, s.kind, s.outcome, s.output, s.error, s.worker,
+              pg_catalog.clock_timestamp() + p.heartbeat_interval AS fresh
   ), moved AS (
     UPDATE pgfence.plan p
     SET status = CASE WHEN NOT p_ok THEN 'failed'
@@ -166,47 +198,45 @@ BEGIN
         next_step = CASE WHEN p_ok THEN p.next_step + 1 ELSE p.next_step END,
         external_started_at = NULL,
         step_begun = NULL, step_begun_xact = NULL,
-        heartbeat_at = clock_timestamp(),
+        heartbeat_at = pg_catalog.clock_timestamp(),
         heartbeat_expires_at = CASE
-          WHEN p.heartbeat_expires_at <= v_fresh
-               AND p.heartbeat_expires_at >= v_fresh - least(p.heartbeat_interval / 10, interval '1 second')
-          THEN p.heartbeat_expires_at ELSE v_fresh END,
-        finished_at = CASE WHEN NOT p_ok OR p.next_step = p.step_count THEN clock_timestamp() END,
-        updated_at = now(),
+          WHEN p.heartbeat_expires_at <= r.fresh
+               AND p.heartbeat_expires_at >= r.fresh - least(p.heartbeat_interval / 10, interval '1 second')
+          THEN p.heartbeat_expires_at ELSE r.fresh END,
+        finished_at = CASE WHEN NOT p_ok OR p.next_step = p.step_count THEN pg_catalog.clock_timestamp() END,
+        updated_at = pg_catalog.now(),
         receipt_nonce = v_nonce
     FROM receipt r
-    -- p.status is not restated: p_plan, checked executing above, is this row as the caller read
-    -- it under its lock (and stating it would let the planner take plan_status_idx for a lookup
-    -- by id: docs/query-plans.md#plan).
-    WHERE p.id = p_plan.id AND r.step_index = p.next_step AND r.worker IS NOT DISTINCT FROM p.worker
+    -- p.status is not restated: the receipt's statement read this row (executing, p_worker's)
+    -- and it is locked by this transaction (the callers' lock).
+    WHERE p.id = p_id AND r.step_index = p.next_step AND r.worker IS NOT DISTINCT FROM p.worker
     RETURNING p.status
   ), logged AS (
     INSERT INTO pgfence.event (module, item_id, event, from_status, to_status, actor, fence, detail)
-    SELECT 'plan', r.plan_id, 'receipt', NULL, NULL,
-           coalesce(nullif(current_setting('pgfence.actor', true), ''), r.worker, session_user::text),
-           r.step_index,
-           jsonb_strip_nulls(jsonb_build_object(
+    SELECT 'plan', r.plan_id, 'receipt', NULL, NULL, r.worker, r.step_index,
+           pg_catalog.jsonb_strip_nulls(pg_catalog.jsonb_build_object(
              'step', r.step_index, 'action', r.action, 'kind', r.kind, 'outcome', r.outcome,
              'error', r.error,
-             'output', CASE WHEN pg_column_size(r.output) <= 2048 THEN r.output END))
+             'output', CASE WHEN pg_catalog.pg_column_size(r.output) <= 2048 THEN r.output END))
     FROM receipt r
   )
   SELECT m.status INTO v_status FROM moved m;
   PERFORM pg_catalog.set_config('pgfence.plan_writing', '', true);
-  IF v_status IS NULL THEN
+  PERFORM pg_catalog.set_config('pgfence.actor', '', true);
+  IF v_status IS NULL AND p_begun_here IS NOT TRUE THEN
     -- Not reached through the callers (they lock and check the run first): refuse rather than
     -- write half of it. The raise rolls the statement back.
-    RAISE EXCEPTION '_plan_commit_step: step % of plan % cannot take a receipt now', p_plan.next_step, p_plan.id
+    RAISE EXCEPTION '_plan_commit_step: step % of plan % cannot take a receipt now', p_step, p_id
       USING ERRCODE = 'PF001', DETAIL = 'A receipt is written once, for the next step of an executing plan, by its owner.',
             HINT = 'Receipts are written only by plan_run_step / plan_record_step.';
   END IF;
   RETURN v_status;
 END
 $$;
-REVOKE ALL ON FUNCTION pgfence._plan_commit_step(pgfence.plan, boolean, jsonb, jsonb) FROM PUBLIC;
-COMMENT ON FUNCTION pgfence._plan_commit_step(pgfence.plan, boolean, jsonb, jsonb) IS
-  'Private: writes the receipt of the plan''s next step and moves the plan on, in one statement.
-The receipt is ok with output, or error; the plan goes to its next step with a renewed heartbeat (kept within a slack of a tenth of the interval, at most 1 s, below a fresh one, so that the update stays HOT), to executed after the last ok step, or to failed (step_error) after an error; the receipt event is logged in the same statement. The statement does what tg_plan_step_guard, tg_plan_guard and tg_plan_step_event would, and marks both rows with a fresh receipt_nonce equal to the setting pgfence.plan_writing for that statement only, so those triggers skip exactly these rows. The caller holds the row lock and has checked the owner; PF001 if the plan is not executing by an owner or the step cannot take a receipt (nothing written).';
+REVOKE ALL ON FUNCTION pgfence._plan_commit_step(bigint, integer, text, bigint, boolean, jsonb, jsonb, boolean) FROM PUBLIC;
+COMMENT ON FUNCTION pgfence._plan_commit_step(bigint, integer, text, bigint, boolean, jsonb, jsonb, boolean) IS
+  'Private: writes the receipt of step p_step of plan p_id and moves the plan on, in one statement.
+Only if the plan is executing by p_worker under run token p_token at step p_step and the step has no receipt; with p_begun_here also only for a SQL step whose row this transaction''s top level locked (_plan_step_begin: the PF107 proof) and, for an ok receipt, whose action is unretired with its function''s definition unchanged (md5). The receipt is ok with output, or error; the plan goes to its next step with a renewed heartbeat (kept within a slack of a tenth of the interval, at most 1 s, below a fresh one, so that the update stays HOT), to executed after the last ok step, or to failed (step_error) after an error; the receipt event is logged in the same statement, actor p_worker. The statement does what tg_plan_step_guard, tg_plan_guard and tg_plan_step_event would and what the row checks they hold demand, and marks both rows with a fresh receipt_nonce equal to the setting pgfence.plan_writing for that statement only, so those triggers skip exactly these rows. Returns the plan''s new status; when nothing matched nothing is written: NULL with p_begun_here, PF001 without (the caller checked it all under the row lock).';
 
 CREATE OR REPLACE FUNCTION pgfence._plan_step_begin(
   p_id     bigint,
@@ -232,7 +262,6 @@ AS $$
 #variable_conflict use_column
 DECLARE
   v      pgfence.plan;
-  v_step record;
   c_executing CONSTANT text := 'executing';  -- a parameter, not a literal: docs/query-plans.md#plan
 BEGIN
   -- The argument checks as expressions; their helpers run only to raise the precise error.
@@ -244,10 +273,12 @@ BEGIN
   -- p_token with a live heartbeat, with what step 2 checks. Both rows stay locked until the
   -- transaction ends; the lock on the step's row is the begin stamp that _plan_step_finish checks
   -- (PF107): nothing else locks a plan_step row, and a row lock costs no new row version.
+  -- Straight into the OUT parameters: one statement (each PL/pgSQL statement costs its set-up
+  -- again in every transaction, and a step is one).
   SELECT p.status, p.next_step, s.action, s.kind, s.args, s.function_md5,
-         a.retired_at IS NOT NULL AS retired, n.nspname, pr.proname,
-         CASE WHEN s.kind = 'sql' THEN md5(pg_catalog.pg_get_functiondef(pr.oid)) END AS md5_now
-    INTO v_step
+         a.retired_at IS NOT NULL, n.nspname, pr.proname,
+         CASE WHEN s.kind = 'sql' THEN md5(pg_catalog.pg_get_functiondef(pr.oid)) END
+    INTO status, step_index, action, kind, args, fn_md5, retired, fn_schema, fn_name, fn_md5_now
   FROM pgfence.plan p
   JOIN pgfence.plan_step s ON s.plan_id = p.id AND s.step_index = p.next_step
   LEFT JOIN pgfence.plan_action a ON a.name = s.action
@@ -266,25 +297,16 @@ BEGIN
     PERFORM pgfence._set_actor(NULL);
     RETURN;
   END IF;
-  status := v_step.status;
-  step_index := v_step.next_step;
-  action := v_step.action;
-  kind := v_step.kind;
-  args := v_step.args;
-  IF v_step.kind = 'external' THEN
-    -- An external step: in flight since (external_started_at), with a fresh heartbeat.
+  IF kind = 'external' THEN
+    -- An external step: in flight since (external_started_at), with a fresh heartbeat. What
+    -- step 2 checks is for SQL steps only (NULL here).
+    retired := NULL;
     UPDATE pgfence.plan p
     SET external_started_at = coalesce(p.external_started_at, now()),
         heartbeat_at = now(),
         heartbeat_expires_at = now() + p.heartbeat_interval
     WHERE p.id = p_id;
-    RETURN;
   END IF;
-  fn_md5 := v_step.function_md5;
-  retired := v_step.retired;
-  fn_schema := v_step.nspname;
-  fn_name := v_step.proname;
-  fn_md5_now := v_step.md5_now;
 END
 $$;
 REVOKE ALL ON FUNCTION pgfence._plan_step_begin(bigint, text, bigint) FROM PUBLIC;
@@ -316,8 +338,24 @@ BEGIN
       USING ERRCODE = '22004', DETAIL = 'A receipt names the step _plan_step_begin handed out, its outcome, and for an error what happened.',
             HINT = 'Run SQL steps with pgfence.plan_run_step or CALL pgfence.plan_execute; this helper is not for direct use.';
   END IF;
-  PERFORM pgfence._set_actor(p_worker);
-  -- Handshake step 4. Same transaction as step 1: the row lock is ours already, nobody healed it
+  IF NOT p_ok AND (pg_catalog.jsonb_typeof(p_error) IS DISTINCT FROM 'object' OR NOT p_error ? 'message') THEN
+    -- The receipt's row check plan_step_error_iff, which the step's commit skips with the guard
+    -- trigger that holds it (functions/20_plan_guards.sql): plan_run_step always passes a message.
+    RAISE EXCEPTION 'new row for relation "plan_step" violates check constraint "plan_step_error_iff"'
+      USING ERRCODE = 'check_violation', SCHEMA = 'pgfence', TABLE = 'plan_step', CONSTRAINT = 'plan_step_error_iff',
+            DETAIL = format('An error receipt is an object with a message; got %s.', p_error),
+            HINT = 'Run SQL steps with pgfence.plan_run_step or CALL pgfence.plan_execute; this helper is not for direct use.';
+  END IF;
+  -- Handshake step 4, the fast path: one statement that checks the owner, the token, the step,
+  -- that this transaction's top level began it (PF107) and for an ok receipt the approval, and
+  -- writes the receipt (_plan_commit_step with p_begun_here). It matches nothing when any of
+  -- that fails, or when the step was begun in a subtransaction (savepoints, pgTAP): then the
+  -- slow path below finds out which, in the order a caller sees (refused, PF107, approval).
+  v_out := pgfence._plan_commit_step(p_id, p_step, p_worker, p_token, p_ok, p_output, p_error, true);
+  IF v_out IS NOT NULL THEN
+    RETURN v_out;
+  END IF;
+  -- The slow path. Same transaction as step 1: the row lock is ours already, nobody healed it
   -- since; the owner check binds the receipt to the worker and token passed here.
   -- One statement: the plan row (locked), the step p_step and its action.
   SELECT p AS plan, s.kind, s.action, s.function_md5, s.outcome, s.xmax AS locker, a.retired_at,
@@ -332,7 +370,6 @@ BEGIN
   v := v_step.plan;
   IF v.status IS DISTINCT FROM 'executing' OR v.worker IS DISTINCT FROM p_worker
      OR v.run_token IS DISTINCT FROM p_token THEN
-    PERFORM pgfence._set_actor(NULL);
     RETURN NULL;
   END IF;
   -- PF107: _plan_step_begin locked this step's row in this transaction. The row's xmax names the
@@ -351,7 +388,6 @@ BEGIN
             HINT = 'Run SQL steps with pgfence.plan_run_step or CALL pgfence.plan_execute: a receipt is written only in the transaction that ran the step.';
   END IF;
   IF v.next_step <> p_step OR v_step.kind IS DISTINCT FROM 'sql' THEN
-    PERFORM pgfence._set_actor(NULL);
     RETURN NULL;
   END IF;
   -- An ok receipt only for a step that plan_run_step would have run: check 2 again (it also
@@ -360,9 +396,7 @@ BEGIN
     PERFORM pgfence._plan_check_approved(v_step.action, v_step.retired_at IS NOT NULL, v_step.function,
                                          v_step.function_md5, v_step.md5_now);
   END IF;
-  v_out := pgfence._plan_commit_step(v, p_ok, p_output, p_error);
-  PERFORM pgfence._set_actor(NULL);
-  RETURN v_out;
+  RETURN pgfence._plan_commit_step(p_id, p_step, p_worker, p_token, p_ok, p_output, p_error, false);
 END
 $$;
 REVOKE ALL ON FUNCTION pgfence._plan_step_finish(bigint, text, bigint, integer, boolean, jsonb, jsonb) FROM PUBLIC;
@@ -420,8 +454,10 @@ BEGIN
   -- function (it is not security definer): if the check or the action raises, only the action's
   -- effects are rolled back, and the error receipt below commits with the step.
   BEGIN
-    PERFORM pgfence._plan_check_approved(v.action, v.retired, quote_ident(v.fn_schema) || '.' || quote_ident(v.fn_name),
-                                         v.fn_md5, v.fn_md5_now);
+    IF v.retired OR v.fn_md5_now IS NULL OR v.fn_md5_now IS DISTINCT FROM v.fn_md5 THEN  -- only to raise
+      PERFORM pgfence._plan_check_approved(v.action, v.retired, quote_ident(v.fn_schema) || '.' || quote_ident(v.fn_name),
+                                           v.fn_md5, v.fn_md5_now);
+    END IF;
     EXECUTE format('SELECT %I.%I($1)', v.fn_schema, v.fn_name) INTO output USING v.args;
     outcome := 'ok';
   EXCEPTION WHEN OTHERS OR query_canceled OR assert_failure THEN
@@ -494,8 +530,8 @@ BEGIN
       USING ERRCODE = 'PF105', DETAIL = 'A SQL step''s receipt is written in the transaction of its effect, which only plan_run_step runs.',
             HINT = 'SQL steps are run, and receipted in their own transaction, by plan_run_step / CALL plan_execute.';
   END IF;
-  PERFORM pgfence._plan_commit_step(v, p_ok, p_output,
-    CASE WHEN NOT p_ok THEN jsonb_build_object('message', left(p_error, 8000)) END);
+  PERFORM pgfence._plan_commit_step(p_id, p_step_index, p_worker, p_token, p_ok, p_output,
+    CASE WHEN NOT p_ok THEN jsonb_build_object('message', left(p_error, 8000)) END, false);
   PERFORM pgfence._set_actor(NULL);
   RETURN true;
 END
@@ -526,7 +562,7 @@ BEGIN
   COMMIT;
   IF v_token IS NOT NULL THEN
     LOOP
-      SELECT * INTO v_step FROM pgfence.plan_run_step(p_id, p_worker, v_token);
+      v_step := pgfence.plan_run_step(p_id, p_worker, v_token);  -- an expression: no query per step
       COMMIT;  -- each step (effect + receipt) is its own transaction
       EXIT WHEN v_step.outcome IS DISTINCT FROM 'ok' OR v_step.status <> 'executing';
     END LOOP;

@@ -39,6 +39,7 @@ ALTER FUNCTION pgfence.plan_approve(bigint, text) SET jit = off;
 ALTER FUNCTION pgfence.plan_reject(bigint, text, text) SET jit = off;
 ALTER FUNCTION pgfence._plan_step_begin(bigint, text, bigint) SET jit = off;
 ALTER FUNCTION pgfence._plan_step_finish(bigint, text, bigint, integer, boolean, jsonb, jsonb) SET jit = off;
+ALTER FUNCTION pgfence._plan_commit_step(bigint, integer, text, bigint, boolean, jsonb, jsonb, boolean) SET jit = off;  -- every step's commit (24_plan_steps.sql)
 ALTER FUNCTION pgfence.plan_record_step(bigint, integer, text, bigint, boolean, jsonb, text) SET jit = off;
 ALTER FUNCTION pgfence.plan_reap(integer) SET jit = off;
 

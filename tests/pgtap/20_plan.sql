@@ -3,7 +3,7 @@
 -- commits) are in 21_plan_concurrency.sql.
 BEGIN;
 \ir helpers/setup.sql
-SELECT plan(391);
+SELECT plan(414);
 
 -- Fixtures: a small table, SQL actions on it, an external action (rolled back at the end).
 CREATE TABLE public.tap_plan_t (k text PRIMARY KEY, v integer NOT NULL CHECK (v >= 0));
@@ -65,7 +65,7 @@ SELECT is(
    WHERE p.pronamespace = 'pgfence'::regnamespace AND p.proname LIKE 'plan\_%' AND NOT p.prosecdef),
   ARRAY['plan_execute', 'plan_run_step'],
   'every other public plan function is security definer');
-SELECT ok(bool_and(p.proconfig @> ARRAY['search_path=pg_catalog, pgfence, pg_temp']),
+SELECT ok(bool_and(coalesce(p.proconfig @> ARRAY['search_path=pg_catalog, pgfence, pg_temp'], false)),
   'every plan function but plan_execute pins search_path')
 FROM pg_proc p WHERE p.pronamespace = 'pgfence'::regnamespace AND p.proname LIKE '%plan%' AND p.proname <> 'plan_execute';
 SELECT is((SELECT proconfig FROM pg_proc WHERE oid = 'pgfence.plan_execute(bigint,text,interval,text,jsonb)'::regprocedure), NULL,
@@ -615,6 +615,79 @@ SELECT throws_ok(format($$UPDATE pgfence.plan SET next_step = 1 WHERE id = %s$$,
 SET LOCAL session_replication_role = replica;  -- past the insert guard, down to the CHECK
 SELECT throws_ok($$INSERT INTO pgfence.plan (step_count, proposed_by, expires_at, status) VALUES (1, 'x', now() + interval '1 day', 'bogus')$$, '23514', NULL, 'the status CHECK refuses unknown values');
 SET LOCAL session_replication_role = origin;
+
+-- Row checks held by the guard triggers since migration 0030 (they were CHECK constraints): a
+-- hand-written write that breaks one fails as before, 23514 with the constraint's name.
+CREATE FUNCTION pg_temp.check_fails(p_sql text) RETURNS text LANGUAGE plpgsql AS $$
+DECLARE
+  v_state text;
+  v_table text;
+  v_name  text;
+BEGIN
+  EXECUTE p_sql;
+  RETURN 'no error';
+EXCEPTION WHEN OTHERS THEN
+  GET STACKED DIAGNOSTICS v_state = RETURNED_SQLSTATE, v_table = TABLE_NAME, v_name = CONSTRAINT_NAME;
+  RETURN v_state || CASE WHEN v_state = '23514' THEN ' ' || v_table || '.' || v_name ELSE '' END;
+END $$;
+INSERT INTO ids SELECT 'ck_p', pgfence.plan_propose('[{"action": "tap-put", "args": {"k": "ck", "v": 1}}]', 'tap-agent');
+INSERT INTO ids SELECT 'ck_a', pgfence.plan_propose('[{"action": "tap-put", "args": {"k": "ck", "v": 1}}]', 'tap-agent');
+SELECT pgfence.plan_approve(pg_temp.pid('ck_a'), 'tap-approver');
+INSERT INTO ids SELECT 'ck_e', pgfence.plan_propose('[{"action": "tap-put", "args": {"k": "ck1", "v": 1}}, {"action": "tap-put", "args": {"k": "ck2", "v": 1}}]', 'tap-agent');
+SELECT pgfence.plan_approve(pg_temp.pid('ck_e'), 'tap-approver');
+SELECT pgfence.plan_start(pg_temp.pid('ck_e'), 'tap-ck');
+SELECT is((SELECT array_agg(conname::text ORDER BY conname) FROM pg_constraint WHERE conrelid = 'pgfence.plan'::regclass AND contype = 'c'),
+  ARRAY['plan_expires_after_proposal', 'plan_failure_check', 'plan_idempotency_key_check', 'plan_run_token_nonnegative', 'plan_status_check', 'plan_step_count'],
+  'plan keeps its simple CHECKs declared; the multi-column ones are held by plan_guard (migration 0030)');
+SELECT is((SELECT array_agg(conname::text ORDER BY conname) FROM pg_constraint WHERE conrelid = 'pgfence.plan_step'::regclass AND contype = 'c'),
+  ARRAY['plan_step_kind_check', 'plan_step_outcome_check', 'plan_step_step_index_check', 'plan_step_times'],
+  'plan_step keeps its simple CHECKs declared; the others are held by plan_step_guard / plan_step_new_guard');
+SELECT is(pg_temp.check_fails(format($$UPDATE pgfence.plan SET status = 'approved' WHERE id = %s$$, pg_temp.pid('ck_p'))),
+  '23514 plan.plan_approved_iff', 'approved without an approver: 23514 plan_approved_iff');
+SELECT is(pg_temp.check_fails(format($$UPDATE pgfence.plan SET status = 'executed', finished_at = now() WHERE id = %s$$, pg_temp.pid('ck_e'))),
+  '23514 plan.plan_executed_all_steps', 'executed before its last step: 23514 plan_executed_all_steps');
+SELECT is(pg_temp.check_fails(format($$UPDATE pgfence.plan SET status = 'approved', approved_by = 'x', approved_at = now(), external_started_at = now() WHERE id = %s$$, pg_temp.pid('ck_p'))),
+  '23514 plan.plan_external_in_flight', 'an external step in flight on a plan that is not running: 23514 plan_external_in_flight');
+SELECT is(pg_temp.check_fails(format($$UPDATE pgfence.plan SET failure = 'interrupted' WHERE id = %s$$, pg_temp.pid('ck_e'))),
+  '23514 plan.plan_failure_iff_failed', 'a failure on a running plan: 23514 plan_failure_iff_failed');
+SELECT is(pg_temp.check_fails(format($$UPDATE pgfence.plan SET finished_at = now() WHERE id = %s$$, pg_temp.pid('ck_e'))),
+  '23514 plan.plan_finished_iff_terminal', 'a finish time on a running plan: 23514 plan_finished_iff_terminal');
+SELECT is(pg_temp.check_fails(format($$UPDATE pgfence.plan SET heartbeat_at = NULL WHERE id = %s$$, pg_temp.pid('ck_e'))),
+  '23514 plan.plan_heartbeat_while_executing', 'a running plan without a heartbeat: 23514 plan_heartbeat_while_executing');
+SELECT is(pg_temp.check_fails(format($$UPDATE pgfence.plan SET next_step = 4 WHERE id = %s$$, pg_temp.pid('ck_e'))),
+  'PF001', 'next_step past the end: refused by the plan machine before plan_next_step_range (PF001, as before 0030)');
+SELECT is(pg_temp.check_fails(format($$UPDATE pgfence.plan SET status = 'rejected', finished_at = now() WHERE id = %s$$, pg_temp.pid('ck_p'))),
+  '23514 plan.plan_rejected_iff', 'rejected without who, when and why: 23514 plan_rejected_iff');
+SELECT is(pg_temp.check_fails(format($$UPDATE pgfence.plan SET status = 'executing', worker = 'x', heartbeat_at = now(), heartbeat_expires_at = now() + interval '1 hour' WHERE id = %s$$, pg_temp.pid('ck_a'))),
+  '23514 plan.plan_started_iff', 'executing without a start: 23514 plan_started_iff');
+SELECT is(pg_temp.check_fails(format($$UPDATE pgfence.plan SET step_begun = 1 WHERE id = %s$$, pg_temp.pid('ck_e'))),
+  '23514 plan.plan_step_begun_whole', 'half a begin stamp: 23514 plan_step_begun_whole');
+SELECT is(pg_temp.check_fails(format($$INSERT INTO pgfence.plan_step (plan_id, step_index, action, kind, function, function_md5, args) VALUES (%s, 1, 'tap-put', 'sql', 'f', 'md5', '[]')$$, pg_temp.pid('ck_p'))),
+  '23514 plan_step.plan_step_args_check', 'a step whose args are not an object: 23514 plan_step_args_check');
+SELECT is(pg_temp.check_fails(format($$INSERT INTO pgfence.plan_step (plan_id, step_index, action, kind, function, args) VALUES (%s, 1, 'tap-put', 'sql', 'f', '{}')$$, pg_temp.pid('ck_p'))),
+  '23514 plan_step.plan_step_fingerprint_iff_sql', 'a sql step without its fingerprint: 23514 plan_step_fingerprint_iff_sql');
+SELECT is(pg_temp.check_fails(format($$INSERT INTO pgfence.plan_step (plan_id, step_index, action, kind, function, args) VALUES (%s, 1, 'tap-hook', 'external', 'f', '{}')$$, pg_temp.pid('ck_p'))),
+  '23514 plan_step.plan_step_function_iff_sql', 'an external step with a function: 23514 plan_step_function_iff_sql');
+SELECT is(pg_temp.check_fails(format($$INSERT INTO pgfence.plan_step (plan_id, step_index, action, kind, args, output) VALUES (%s, 1, 'tap-hook', 'external', '{}', '{}')$$, pg_temp.pid('ck_p'))),
+  '23514 plan_step.plan_step_no_result_without_receipt', 'an output without a receipt: 23514 plan_step_no_result_without_receipt');
+SELECT is(pg_temp.check_fails(format($$INSERT INTO pgfence.plan_step (plan_id, step_index, action, kind, args, worker) VALUES (%s, 1, 'tap-hook', 'external', '{}', 'x')$$, pg_temp.pid('ck_p'))),
+  '23514 plan_step.plan_step_receipt_whole', 'half a receipt on a new step: 23514 plan_step_receipt_whole');
+SELECT is(pg_temp.check_fails(format($$UPDATE pgfence.plan_step SET outcome = 'error', error = '{}', worker = 'tap-ck', started_at = now(), finished_at = now() WHERE plan_id = %s AND step_index = 1$$, pg_temp.pid('ck_e'))),
+  '23514 plan_step.plan_step_error_iff', 'an error receipt without a message, by hand: 23514 plan_step_error_iff');
+SELECT is(pg_temp.check_fails(format($$UPDATE pgfence.plan_step SET worker = 'tap-ck' WHERE plan_id = %s AND step_index = 1$$, pg_temp.pid('ck_e'))),
+  '23514 plan_step.plan_step_receipt_whole', 'half a receipt by hand: 23514 plan_step_receipt_whole');
+SELECT is(pg_temp.check_fails(format($$SELECT pgfence._plan_step_finish(%s, 'tap-ck', %s, 1, false, NULL, '{"no": "message"}')$$, pg_temp.pid('ck_e'), pg_temp.tok('ck_e'))),
+  '23514 plan_step.plan_step_error_iff', 'an error receipt without a message through _plan_step_finish (whose commit skips the guard): 23514 plan_step_error_iff');
+-- A step begun in a subtransaction (its row locked by the subtransaction's xid) misses the
+-- commit's one-statement fast path and is receipted by _plan_step_finish's slow path.
+SAVEPOINT ck_sub;
+SELECT results_eq(format($$SELECT outcome, status FROM pgfence.plan_run_step(%s, 'tap-ck', %s)$$, pg_temp.pid('ck_e'), pg_temp.tok('ck_e')),
+  $$VALUES ('ok'::text, 'executing'::text)$$, 'a step begun inside a savepoint: receipted (slow path)');
+RELEASE SAVEPOINT ck_sub;
+SELECT results_eq(format($$SELECT outcome, status FROM pgfence.plan_run_step(%s, 'tap-ck', %s)$$, pg_temp.pid('ck_e'), pg_temp.tok('ck_e')),
+  $$VALUES ('ok'::text, 'executed'::text)$$, 'the next step in the top-level transaction: receipted (fast path), the plan executed');
+SELECT results_eq(format($$SELECT step_index, outcome, worker FROM pgfence.plan_step WHERE plan_id = %s ORDER BY 1$$, pg_temp.pid('ck_e')),
+  $$VALUES (1, 'ok'::text, 'tap-ck'::text), (2, 'ok'::text, 'tap-ck'::text)$$, '... one receipt each, by the owner');
 
 -- hand-written INSERT and DELETE: a plan is born pending, and disappears only in a purge
 SELECT throws_ok($$INSERT INTO pgfence.plan (status, step_count, proposed_by, expires_at, approved_by, approved_at, worker, started_at,
