@@ -3342,8 +3342,22 @@ DECLARE
   -- Due by the clock, as a claim decides (docs/design.md#claim-hint: due times are stamped at the
   -- clock, so a message enqueued since this transaction began is due after now()).
   v_due_by   CONSTANT timestamptz := clock_timestamp();
+  v_lock_channels text[];
+  v_lock_keys     text[];
 BEGIN
-  PERFORM pgfence._outbox_keys_lock(p_channels, p_keys);  -- as every decision
+  -- The keys of channels with key_max_in_flight above 1 are locked, as every decision locks
+  -- them. A key of a channel with 1 is not: its settled message is its one turn, processing
+  -- under this call's row lock since before this statement, so every decision on the key, in
+  -- any snapshot, counts a turn held and promotes nothing, and the hand-off swaps that turn for
+  -- the next in one UPDATE (docs/design.md#the-hand-off-without-the-key-lock).
+  SELECT array_agg(ch.c) INTO v_lock_channels
+  FROM (SELECT DISTINCT c FROM unnest(p_channels) AS c) ch, LATERAL pgfence._outbox_settings(ch.c) s
+  WHERE s.key_max_in_flight > 1;
+  IF v_lock_channels IS NOT NULL THEN
+    SELECT array_agg(u.c), array_agg(u.k) INTO v_lock_channels, v_lock_keys
+    FROM unnest(p_channels, p_keys) AS u(c, k) WHERE u.c = ANY (v_lock_channels);
+    PERFORM pgfence._outbox_keys_lock(v_lock_channels, v_lock_keys);
+  END IF;
 
   RETURN QUERY
   WITH settled AS (
@@ -3360,15 +3374,20 @@ BEGIN
     SELECT keys.channel, keys.ordering_key, rules.lease,
            greatest(rules.key_max_in_flight - c.live, 0) AS room, c.waiting_ids, c.waiting_due
     FROM keys JOIN rules ON rules.channel = keys.channel,
-    LATERAL (SELECT count(*) FILTER (WHERE o.id <> ALL (p_settled)
-                                       AND (o.status IN ('pending', 'processing')
+    -- The status tests come first: the walk over the settled ids runs only for the few rows
+    -- that hold a turn (first, it ran for every row of the key). The rows come in id order from
+    -- the index (the subquery's ORDER BY, which the index gives for free): the aggregates keep it
+    -- without a sort per key.
+    LATERAL (SELECT count(*) FILTER (WHERE (o.status IN ('pending', 'processing')
                                             OR (o.status IN ('failed', 'dead') AND rules.key_dead_policy = 'block'
-                                                AND NOT pgfence._outbox_key_derived(rules.limit_key, keys.ordering_key)))) AS live,
-                    array_agg(o.id ORDER BY o.id) FILTER (WHERE o.status = c_waiting) AS waiting_ids,
-                    array_agg(o.next_attempt_at ORDER BY o.id) FILTER (WHERE o.status = c_waiting) AS waiting_due
-             FROM pgfence.outbox o
-             WHERE o.channel = keys.channel AND o.ordering_key = keys.ordering_key
-               AND o.status <> 'sent' AND o.status <> 'canceled') c  -- matches outbox_key_idx
+                                                AND NOT pgfence._outbox_key_derived(rules.limit_key, keys.ordering_key)))
+                                       AND o.id <> ALL (p_settled)) AS live,
+                    array_agg(o.id) FILTER (WHERE o.status = c_waiting) AS waiting_ids,
+                    array_agg(o.next_attempt_at) FILTER (WHERE o.status = c_waiting) AS waiting_due
+             FROM (SELECT o.id, o.status, o.next_attempt_at FROM pgfence.outbox o
+                   WHERE o.channel = keys.channel AND o.ordering_key = keys.ordering_key
+                     AND o.status <> 'sent' AND o.status <> 'canceled'  -- matches outbox_key_idx
+                   ORDER BY o.id) o) c
     WHERE rules.key_rate IS NULL
   ), next AS (  -- what a decision would promote: the oldest waiting messages the room allows
     SELECT st.channel, st.ordering_key, st.lease, w.id, w.next_attempt_at
@@ -3403,7 +3422,7 @@ BEGIN
               o.created_at, o.next_attempt_at AS due_at)
   SELECT m.handed, m.id, m.channel, m.recipient, m.payload, m.idempotency_key, m.attempts,
          m.max_attempts, m.lease, m.lease_expires_at, m.created_at
-  FROM moved m ORDER BY m.handed, m.due_at, m.id;
+  FROM moved m WHERE m.handed ORDER BY m.due_at, m.id;
 END
 $$;
 REVOKE ALL ON FUNCTION pgfence._outbox_keys_hand_off(bigint[], text[], text[], jsonb[], text, integer, interval) FROM PUBLIC;
@@ -3470,8 +3489,8 @@ DECLARE
   v_channels text[];
   v_keys     text[];
   v_receipts jsonb[];
-  r          record;
   c_processing CONSTANT text := 'processing';  -- docs/query-plans.md#constants-instead-of-literals
+  c_sent       CONSTANT text := 'sent';
 BEGIN
   -- Checked before anything is written, so that a bad batch never leaves a half-done call.
   IF p_batch IS NULL OR p_batch NOT BETWEEN 0 AND 10000 THEN
@@ -3502,19 +3521,20 @@ BEGIN
         AND (p_channels IS NULL OR o.channel = ANY (p_channels));
     END IF;
     IF v_keyed IS NOT NULL THEN
-      FOR r IN SELECT * FROM pgfence._outbox_keys_hand_off(v_keyed, v_channels, v_keys, v_receipts,
-                                                            p_worker, p_batch, p_lease) LOOP
-        IF r.handed THEN
-          id := r.id; channel := r.channel; recipient := r.recipient; payload := r.payload;
-          idempotency_key := r.idempotency_key; attempt := r.attempt; max_attempts := r.max_attempts;
-          lease := r.lease; lease_expires_at := r.lease_expires_at; created_at := r.created_at;
-          sent := NULL; next_due := NULL;
-          RETURN NEXT;
-          v_handed := v_handed + 1;
-        ELSE
-          v_sent := v_sent || r.id;
-        END IF;
-      END LOOP;
+      -- The handed-off messages go straight into this call's result (no loop over the rows).
+      RETURN QUERY
+      SELECT h.id, h.channel, h.recipient, h.payload, h.idempotency_key, h.attempt, h.max_attempts,
+             h.lease, h.lease_expires_at, h.created_at, NULL::bigint[], NULL::interval
+      FROM pgfence._outbox_keys_hand_off(v_keyed, v_channels, v_keys, v_receipts,
+                                         p_worker, p_batch, p_lease) h;
+      GET DIAGNOSTICS v_handed = ROW_COUNT;
+      IF v_handed > 0 THEN
+        -- What it settled: of the keyed messages it was given (locked by this call since they
+        -- were found processing under their attempt), those now sent. None when nothing was
+        -- handed off: a key is handed off whole, its settled messages with it.
+        v_sent := ARRAY(SELECT o.id FROM pgfence.outbox o
+                        WHERE o.id = ANY (v_keyed) AND o.status = c_sent);
+      END IF;
     END IF;
     -- The others, as outbox_mark_sent_many marks them (the rows are locked already). Its error
     -- (P0002) aborts the whole call, hand-off included.
