@@ -2596,11 +2596,21 @@ RETURNS boolean
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pgfence, pg_temp
 AS $$
+DECLARE
+  v_channel text;
+  v_key     text;
 BEGIN
   IF p_extra_attempts IS NOT NULL AND p_extra_attempts NOT BETWEEN 1 AND 1000 THEN
     RAISE EXCEPTION 'outbox_requeue: extra_attempts must be between 1 and 1000, got %', p_extra_attempts
       USING ERRCODE = '22023', DETAIL = 'A message has at most 1000 attempts per requeue; nothing was changed.',
             HINT = 'Pass NULL for the channel''s max_attempts.';
+  END IF;
+  -- A keyed failed or dead message goes waiting, which its decision then decides: the key's
+  -- lock first, then the row, in the order of every decision (as outbox_cancel).
+  SELECT o.channel, o.ordering_key INTO v_channel, v_key FROM pgfence.outbox o
+  WHERE o.id = p_id AND o.ordering_key IS NOT NULL AND o.status IN ('failed', 'dead');
+  IF v_key IS NOT NULL THEN
+    PERFORM pgfence._outbox_keys_lock(ARRAY[v_channel], ARRAY[v_key]);
   END IF;
   UPDATE pgfence.outbox o
   -- a keyed message queues again behind its key's turn (16_outbox_keys.sql decides it)
@@ -2636,8 +2646,10 @@ LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pgfence, pg_temp
 AS $$
 DECLARE
-  v_from text;
-  v_row  pgfence.outbox;
+  v_from    text;
+  v_channel text;
+  v_key     text;
+  v_row     pgfence.outbox;
 BEGIN
   IF p_by IS NULL OR p_by = '' OR length(p_by) > 200 OR p_reason IS NULL OR p_reason = '' THEN
     RAISE EXCEPTION 'outbox_cancel: who cancels (1-200 characters) and why are required'
@@ -2647,7 +2659,13 @@ BEGIN
   PERFORM pgfence._set_actor(p_by);
   -- The status is re-checked under the row lock: a concurrent claim that took the message first
   -- makes this match nothing (a lost race: false), and one that comes after skips it.
-  SELECT o.status INTO v_from FROM pgfence.outbox o WHERE o.id = p_id;
+  SELECT o.status, o.channel, o.ordering_key INTO v_from, v_channel, v_key FROM pgfence.outbox o WHERE o.id = p_id;
+  IF v_key IS NOT NULL AND v_from IN ('waiting', 'pending', 'failed', 'dead') THEN
+    -- The key's lock before the row's, the order of every decision: this cancel's decision
+    -- (tg_outbox_keys_turns_ended) wants the key, and a decision or hand-off holding the key may
+    -- want this row (to promote or hand it off): row first, then key, deadlocked with them.
+    PERFORM pgfence._outbox_keys_lock(ARRAY[v_channel], ARRAY[v_key]);
+  END IF;
   UPDATE pgfence.outbox o
   SET status = 'canceled', finished_at = now(), updated_at = now(),
       last_error = left(format('canceled by %s: %s', p_by, p_reason), 8000)
