@@ -23,7 +23,10 @@
 -- sets the due time of the messages it promotes. A statement that ends no keyed turn does not
 -- call the decision's trigger (its WHEN reads a hint the row guard sets). In a claim round the
 -- settle of a keyed message can hand its key on to the same worker (_outbox_keys_hand_off,
--- called by outbox_settle_and_claim), skipping the promotion to pending and the claim.
+-- called by outbox_settle_and_claim), skipping the promotion to pending and the claim; on a
+-- channel with key_max_in_flight 1 it takes no key lock (docs/design.md#the-hand-off-without-the-key-lock).
+-- outbox_cancel and outbox_requeue lock a keyed message's key before its row (the decisions'
+-- order), so that they do not deadlock with a decision holding the key and wanting the row.
 -- Errors: functions/ERRORS.md.
 
 COMMENT ON TABLE pgfence.outbox_key IS
@@ -525,13 +528,15 @@ COMMENT ON FUNCTION pgfence._outbox_keys_hand_off(bigint[], text[], text[], json
   'Private: settle a round''s keyed messages and claim their keys'' next ones for p_worker, at once.
 Called by outbox_settle_and_claim before its settle, with the keyed messages it is settling
 (element i: id, channel, ordering key, receipt), which it has locked in id order and found
-processing under the attempt it was given. Locks their keys in the global order. A key is handed off when every
+processing under the attempt it was given. Locks their keys in the global order, except those of
+channels with key_max_in_flight 1 (the settled message is the key''s one turn, row-locked by the
+caller: docs/design.md#the-hand-off-without-the-key-lock). A key is handed off when every
 message a decision would promote (its oldest waiting ones, id order, up to key_max_in_flight
 minus the turns it holds besides the settled ones) is due now and they fit in p_batch (keys by
 earliest due); never on a channel with a key_rate. One UPDATE then marks the key''s settled
 messages sent (as outbox_mark_sent_many) and moves its next ones waiting -> processing (attempts
 + 1, owner p_worker, lease p_lease or the channel''s, as outbox_claim); its statement trigger
-skips the decision of those keys. Returns the settled ones (handed false, id only meaningful)
-and the claimed ones (handed true, the columns of outbox_claim). The caller validates worker
+skips the decision of those keys. Returns the claimed ones (handed always true, the columns of
+outbox_claim), due order; the caller reads the settled ones from the table (sent). The caller validates worker
 and lease, and settles the other messages. Errors: 40001 (REPEATABLE READ or SERIALIZABLE: a
 concurrent decision on a key; retry).';
