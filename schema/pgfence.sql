@@ -2636,9 +2636,9 @@ COMMENT ON FUNCTION pgfence.outbox_requeue(bigint, integer) IS
 Grants extra_attempts more attempts (default: the channel''s max_attempts); a pending message is
 made due now (and gets extra_attempts more, if given). attempts keeps counting, so fence tokens
 are never reused. A failed or dead message with an ordering_key waits for its key''s turn again
-(first in its key: it is the oldest). Returns false for a message that is waiting, processing,
-sent or canceled.
-Errors: 22004 (id NULL), 22023 (extra_attempts outside 1..1000), P0002 (unknown id).';
+(first in its key: it is the oldest); its key is locked before its row, as by outbox_cancel.
+Returns false for a message that is waiting, processing, sent or canceled.
+Errors: 40001 (REPEATABLE READ or SERIALIZABLE: a concurrent decision on the key; retry), 22004 (id NULL), 22023 (extra_attempts outside 1..1000), P0002 (unknown id).';
 
 CREATE OR REPLACE FUNCTION pgfence.outbox_cancel(p_id bigint, p_by text, p_reason text)
 RETURNS boolean
@@ -2693,8 +2693,10 @@ waiting, pending, failed or dead -> canceled, a terminal status (finished_at set
 who and why), with its transition event in pgfence.event whatever the channel''s log_events.
 Fenced against a concurrent claim: the status is checked under the row lock, so a message a
 claimer took first is left alone (false: a lost race) and a claimer that comes second skips it.
-Canceling the message that holds an ordering key gives the key''s turn to its next message.
-Errors: 22004 (id NULL), 22023 (by empty or over 200 characters, reason empty), P0002 (unknown id).';
+Canceling the message that holds an ordering key gives the key''s turn to its next message. A
+keyed message''s key is locked (pgfence.outbox_key) before its row, the order every key decision
+takes them in, so a cancel racing a settle of the key waits for it instead of deadlocking.
+Errors: 40001 (REPEATABLE READ or SERIALIZABLE: a concurrent decision on the key; retry), 22004 (id NULL), 22023 (by empty or over 200 characters, reason empty), P0002 (unknown id).';
 
 CREATE OR REPLACE FUNCTION pgfence.outbox_configure_channel(
   p_channel      text,
