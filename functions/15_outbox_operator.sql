@@ -18,11 +18,21 @@ RETURNS boolean
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pgfence, pg_temp
 AS $$
+DECLARE
+  v_channel text;
+  v_key     text;
 BEGIN
   IF p_extra_attempts IS NOT NULL AND p_extra_attempts NOT BETWEEN 1 AND 1000 THEN
     RAISE EXCEPTION 'outbox_requeue: extra_attempts must be between 1 and 1000, got %', p_extra_attempts
       USING ERRCODE = '22023', DETAIL = 'A message has at most 1000 attempts per requeue; nothing was changed.',
             HINT = 'Pass NULL for the channel''s max_attempts.';
+  END IF;
+  -- A keyed failed or dead message goes waiting, which its decision then decides: the key's
+  -- lock first, then the row, in the order of every decision (as outbox_cancel).
+  SELECT o.channel, o.ordering_key INTO v_channel, v_key FROM pgfence.outbox o
+  WHERE o.id = p_id AND o.ordering_key IS NOT NULL AND o.status IN ('failed', 'dead');
+  IF v_key IS NOT NULL THEN
+    PERFORM pgfence._outbox_keys_lock(ARRAY[v_channel], ARRAY[v_key]);
   END IF;
   UPDATE pgfence.outbox o
   -- a keyed message queues again behind its key's turn (16_outbox_keys.sql decides it)
@@ -48,9 +58,9 @@ COMMENT ON FUNCTION pgfence.outbox_requeue(bigint, integer) IS
 Grants extra_attempts more attempts (default: the channel''s max_attempts); a pending message is
 made due now (and gets extra_attempts more, if given). attempts keeps counting, so fence tokens
 are never reused. A failed or dead message with an ordering_key waits for its key''s turn again
-(first in its key: it is the oldest). Returns false for a message that is waiting, processing,
-sent or canceled.
-Errors: 22004 (id NULL), 22023 (extra_attempts outside 1..1000), P0002 (unknown id).';
+(first in its key: it is the oldest); its key is locked before its row, as by outbox_cancel.
+Returns false for a message that is waiting, processing, sent or canceled.
+Errors: 40001 (REPEATABLE READ or SERIALIZABLE: a concurrent decision on the key; retry), 22004 (id NULL), 22023 (extra_attempts outside 1..1000), P0002 (unknown id).';
 
 CREATE OR REPLACE FUNCTION pgfence.outbox_cancel(p_id bigint, p_by text, p_reason text)
 RETURNS boolean
@@ -58,8 +68,10 @@ LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pgfence, pg_temp
 AS $$
 DECLARE
-  v_from text;
-  v_row  pgfence.outbox;
+  v_from    text;
+  v_channel text;
+  v_key     text;
+  v_row     pgfence.outbox;
 BEGIN
   IF p_by IS NULL OR p_by = '' OR length(p_by) > 200 OR p_reason IS NULL OR p_reason = '' THEN
     RAISE EXCEPTION 'outbox_cancel: who cancels (1-200 characters) and why are required'
@@ -69,7 +81,13 @@ BEGIN
   PERFORM pgfence._set_actor(p_by);
   -- The status is re-checked under the row lock: a concurrent claim that took the message first
   -- makes this match nothing (a lost race: false), and one that comes after skips it.
-  SELECT o.status INTO v_from FROM pgfence.outbox o WHERE o.id = p_id;
+  SELECT o.status, o.channel, o.ordering_key INTO v_from, v_channel, v_key FROM pgfence.outbox o WHERE o.id = p_id;
+  IF v_key IS NOT NULL AND v_from IN ('waiting', 'pending', 'failed', 'dead') THEN
+    -- The key's lock before the row's, the order of every decision: this cancel's decision
+    -- (tg_outbox_keys_turns_ended) wants the key, and a decision or hand-off holding the key may
+    -- want this row (to promote or hand it off): row first, then key, deadlocked with them.
+    PERFORM pgfence._outbox_keys_lock(ARRAY[v_channel], ARRAY[v_key]);
+  END IF;
   UPDATE pgfence.outbox o
   SET status = 'canceled', finished_at = now(), updated_at = now(),
       last_error = left(format('canceled by %s: %s', p_by, p_reason), 8000)
@@ -97,8 +115,10 @@ waiting, pending, failed or dead -> canceled, a terminal status (finished_at set
 who and why), with its transition event in pgfence.event whatever the channel''s log_events.
 Fenced against a concurrent claim: the status is checked under the row lock, so a message a
 claimer took first is left alone (false: a lost race) and a claimer that comes second skips it.
-Canceling the message that holds an ordering key gives the key''s turn to its next message.
-Errors: 22004 (id NULL), 22023 (by empty or over 200 characters, reason empty), P0002 (unknown id).';
+Canceling the message that holds an ordering key gives the key''s turn to its next message. A
+keyed message''s key is locked (pgfence.outbox_key) before its row, the order every key decision
+takes them in, so a cancel racing a settle of the key waits for it instead of deadlocking.
+Errors: 40001 (REPEATABLE READ or SERIALIZABLE: a concurrent decision on the key; retry), 22004 (id NULL), 22023 (by empty or over 200 characters, reason empty), P0002 (unknown id).';
 
 CREATE OR REPLACE FUNCTION pgfence.outbox_configure_channel(
   p_channel      text,

@@ -23,7 +23,10 @@
 -- sets the due time of the messages it promotes. A statement that ends no keyed turn does not
 -- call the decision's trigger (its WHEN reads a hint the row guard sets). In a claim round the
 -- settle of a keyed message can hand its key on to the same worker (_outbox_keys_hand_off,
--- called by outbox_settle_and_claim), skipping the promotion to pending and the claim.
+-- called by outbox_settle_and_claim), skipping the promotion to pending and the claim; on a
+-- channel with key_max_in_flight 1 it takes no key lock (docs/design.md#the-hand-off-without-the-key-lock).
+-- outbox_cancel and outbox_requeue lock a keyed message's key before its row (the decisions'
+-- order), so that they do not deadlock with a decision holding the key and wanting the row.
 -- Errors: functions/ERRORS.md.
 
 COMMENT ON TABLE pgfence.outbox_key IS
@@ -437,8 +440,22 @@ DECLARE
   -- Due by the clock, as a claim decides (docs/design.md#claim-hint: due times are stamped at the
   -- clock, so a message enqueued since this transaction began is due after now()).
   v_due_by   CONSTANT timestamptz := clock_timestamp();
+  v_lock_channels text[];
+  v_lock_keys     text[];
 BEGIN
-  PERFORM pgfence._outbox_keys_lock(p_channels, p_keys);  -- as every decision
+  -- The keys of channels with key_max_in_flight above 1 are locked, as every decision locks
+  -- them. A key of a channel with 1 is not: its settled message is its one turn, processing
+  -- under this call's row lock since before this statement, so every decision on the key, in
+  -- any snapshot, counts a turn held and promotes nothing, and the hand-off swaps that turn for
+  -- the next in one UPDATE (docs/design.md#the-hand-off-without-the-key-lock).
+  SELECT array_agg(ch.c) INTO v_lock_channels
+  FROM (SELECT DISTINCT c FROM unnest(p_channels) AS c) ch, LATERAL pgfence._outbox_settings(ch.c) s
+  WHERE s.key_max_in_flight > 1;
+  IF v_lock_channels IS NOT NULL THEN
+    SELECT array_agg(u.c), array_agg(u.k) INTO v_lock_channels, v_lock_keys
+    FROM unnest(p_channels, p_keys) AS u(c, k) WHERE u.c = ANY (v_lock_channels);
+    PERFORM pgfence._outbox_keys_lock(v_lock_channels, v_lock_keys);
+  END IF;
 
   RETURN QUERY
   WITH settled AS (
@@ -455,15 +472,20 @@ BEGIN
     SELECT keys.channel, keys.ordering_key, rules.lease,
            greatest(rules.key_max_in_flight - c.live, 0) AS room, c.waiting_ids, c.waiting_due
     FROM keys JOIN rules ON rules.channel = keys.channel,
-    LATERAL (SELECT count(*) FILTER (WHERE o.id <> ALL (p_settled)
-                                       AND (o.status IN ('pending', 'processing')
+    -- The status tests come first: the walk over the settled ids runs only for the few rows
+    -- that hold a turn (first, it ran for every row of the key). The rows come in id order from
+    -- the index (the subquery's ORDER BY, which the index gives for free): the aggregates keep it
+    -- without a sort per key.
+    LATERAL (SELECT count(*) FILTER (WHERE (o.status IN ('pending', 'processing')
                                             OR (o.status IN ('failed', 'dead') AND rules.key_dead_policy = 'block'
-                                                AND NOT pgfence._outbox_key_derived(rules.limit_key, keys.ordering_key)))) AS live,
-                    array_agg(o.id ORDER BY o.id) FILTER (WHERE o.status = c_waiting) AS waiting_ids,
-                    array_agg(o.next_attempt_at ORDER BY o.id) FILTER (WHERE o.status = c_waiting) AS waiting_due
-             FROM pgfence.outbox o
-             WHERE o.channel = keys.channel AND o.ordering_key = keys.ordering_key
-               AND o.status <> 'sent' AND o.status <> 'canceled') c  -- matches outbox_key_idx
+                                                AND NOT pgfence._outbox_key_derived(rules.limit_key, keys.ordering_key)))
+                                       AND o.id <> ALL (p_settled)) AS live,
+                    array_agg(o.id) FILTER (WHERE o.status = c_waiting) AS waiting_ids,
+                    array_agg(o.next_attempt_at) FILTER (WHERE o.status = c_waiting) AS waiting_due
+             FROM (SELECT o.id, o.status, o.next_attempt_at FROM pgfence.outbox o
+                   WHERE o.channel = keys.channel AND o.ordering_key = keys.ordering_key
+                     AND o.status <> 'sent' AND o.status <> 'canceled'  -- matches outbox_key_idx
+                   ORDER BY o.id) o) c
     WHERE rules.key_rate IS NULL
   ), next AS (  -- what a decision would promote: the oldest waiting messages the room allows
     SELECT st.channel, st.ordering_key, st.lease, w.id, w.next_attempt_at
@@ -498,7 +520,7 @@ BEGIN
               o.created_at, o.next_attempt_at AS due_at)
   SELECT m.handed, m.id, m.channel, m.recipient, m.payload, m.idempotency_key, m.attempts,
          m.max_attempts, m.lease, m.lease_expires_at, m.created_at
-  FROM moved m ORDER BY m.handed, m.due_at, m.id;
+  FROM moved m WHERE m.handed ORDER BY m.due_at, m.id;
 END
 $$;
 REVOKE ALL ON FUNCTION pgfence._outbox_keys_hand_off(bigint[], text[], text[], jsonb[], text, integer, interval) FROM PUBLIC;
@@ -506,13 +528,15 @@ COMMENT ON FUNCTION pgfence._outbox_keys_hand_off(bigint[], text[], text[], json
   'Private: settle a round''s keyed messages and claim their keys'' next ones for p_worker, at once.
 Called by outbox_settle_and_claim before its settle, with the keyed messages it is settling
 (element i: id, channel, ordering key, receipt), which it has locked in id order and found
-processing under the attempt it was given. Locks their keys in the global order. A key is handed off when every
+processing under the attempt it was given. Locks their keys in the global order, except those of
+channels with key_max_in_flight 1 (the settled message is the key''s one turn, row-locked by the
+caller: docs/design.md#the-hand-off-without-the-key-lock). A key is handed off when every
 message a decision would promote (its oldest waiting ones, id order, up to key_max_in_flight
 minus the turns it holds besides the settled ones) is due now and they fit in p_batch (keys by
 earliest due); never on a channel with a key_rate. One UPDATE then marks the key''s settled
 messages sent (as outbox_mark_sent_many) and moves its next ones waiting -> processing (attempts
 + 1, owner p_worker, lease p_lease or the channel''s, as outbox_claim); its statement trigger
-skips the decision of those keys. Returns the settled ones (handed false, id only meaningful)
-and the claimed ones (handed true, the columns of outbox_claim). The caller validates worker
+skips the decision of those keys. Returns the claimed ones (handed always true, the columns of
+outbox_claim), due order; the caller reads the settled ones from the table (sent). The caller validates worker
 and lease, and settles the other messages. Errors: 40001 (REPEATABLE READ or SERIALIZABLE: a
 concurrent decision on a key; retry).';

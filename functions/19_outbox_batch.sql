@@ -44,8 +44,8 @@ DECLARE
   v_channels text[];
   v_keys     text[];
   v_receipts jsonb[];
-  r          record;
   c_processing CONSTANT text := 'processing';  -- docs/query-plans.md#constants-instead-of-literals
+  c_sent       CONSTANT text := 'sent';
 BEGIN
   -- Checked before anything is written, so that a bad batch never leaves a half-done call.
   IF p_batch IS NULL OR p_batch NOT BETWEEN 0 AND 10000 THEN
@@ -76,19 +76,20 @@ BEGIN
         AND (p_channels IS NULL OR o.channel = ANY (p_channels));
     END IF;
     IF v_keyed IS NOT NULL THEN
-      FOR r IN SELECT * FROM pgfence._outbox_keys_hand_off(v_keyed, v_channels, v_keys, v_receipts,
-                                                            p_worker, p_batch, p_lease) LOOP
-        IF r.handed THEN
-          id := r.id; channel := r.channel; recipient := r.recipient; payload := r.payload;
-          idempotency_key := r.idempotency_key; attempt := r.attempt; max_attempts := r.max_attempts;
-          lease := r.lease; lease_expires_at := r.lease_expires_at; created_at := r.created_at;
-          sent := NULL; next_due := NULL;
-          RETURN NEXT;
-          v_handed := v_handed + 1;
-        ELSE
-          v_sent := v_sent || r.id;
-        END IF;
-      END LOOP;
+      -- The handed-off messages go straight into this call's result (no loop over the rows).
+      RETURN QUERY
+      SELECT h.id, h.channel, h.recipient, h.payload, h.idempotency_key, h.attempt, h.max_attempts,
+             h.lease, h.lease_expires_at, h.created_at, NULL::bigint[], NULL::interval
+      FROM pgfence._outbox_keys_hand_off(v_keyed, v_channels, v_keys, v_receipts,
+                                         p_worker, p_batch, p_lease) h;
+      GET DIAGNOSTICS v_handed = ROW_COUNT;
+      IF v_handed > 0 THEN
+        -- What it settled: of the keyed messages it was given (locked by this call since they
+        -- were found processing under their attempt), those now sent. None when nothing was
+        -- handed off: a key is handed off whole, its settled messages with it.
+        v_sent := ARRAY(SELECT o.id FROM pgfence.outbox o
+                        WHERE o.id = ANY (v_keyed) AND o.status = c_sent);
+      END IF;
     END IF;
     -- The others, as outbox_mark_sent_many marks them (the rows are locked already). Its error
     -- (P0002) aborts the whole call, hand-off included.

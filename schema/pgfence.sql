@@ -2580,11 +2580,21 @@ RETURNS boolean
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pgfence, pg_temp
 AS $$
+DECLARE
+  v_channel text;
+  v_key     text;
 BEGIN
   IF p_extra_attempts IS NOT NULL AND p_extra_attempts NOT BETWEEN 1 AND 1000 THEN
     RAISE EXCEPTION 'outbox_requeue: extra_attempts must be between 1 and 1000, got %', p_extra_attempts
       USING ERRCODE = '22023', DETAIL = 'A message has at most 1000 attempts per requeue; nothing was changed.',
             HINT = 'Pass NULL for the channel''s max_attempts.';
+  END IF;
+  -- A keyed failed or dead message goes waiting, which its decision then decides: the key's
+  -- lock first, then the row, in the order of every decision (as outbox_cancel).
+  SELECT o.channel, o.ordering_key INTO v_channel, v_key FROM pgfence.outbox o
+  WHERE o.id = p_id AND o.ordering_key IS NOT NULL AND o.status IN ('failed', 'dead');
+  IF v_key IS NOT NULL THEN
+    PERFORM pgfence._outbox_keys_lock(ARRAY[v_channel], ARRAY[v_key]);
   END IF;
   UPDATE pgfence.outbox o
   -- a keyed message queues again behind its key's turn (16_outbox_keys.sql decides it)
@@ -2610,9 +2620,9 @@ COMMENT ON FUNCTION pgfence.outbox_requeue(bigint, integer) IS
 Grants extra_attempts more attempts (default: the channel''s max_attempts); a pending message is
 made due now (and gets extra_attempts more, if given). attempts keeps counting, so fence tokens
 are never reused. A failed or dead message with an ordering_key waits for its key''s turn again
-(first in its key: it is the oldest). Returns false for a message that is waiting, processing,
-sent or canceled.
-Errors: 22004 (id NULL), 22023 (extra_attempts outside 1..1000), P0002 (unknown id).';
+(first in its key: it is the oldest); its key is locked before its row, as by outbox_cancel.
+Returns false for a message that is waiting, processing, sent or canceled.
+Errors: 40001 (REPEATABLE READ or SERIALIZABLE: a concurrent decision on the key; retry), 22004 (id NULL), 22023 (extra_attempts outside 1..1000), P0002 (unknown id).';
 
 CREATE OR REPLACE FUNCTION pgfence.outbox_cancel(p_id bigint, p_by text, p_reason text)
 RETURNS boolean
@@ -2620,8 +2630,10 @@ LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pgfence, pg_temp
 AS $$
 DECLARE
-  v_from text;
-  v_row  pgfence.outbox;
+  v_from    text;
+  v_channel text;
+  v_key     text;
+  v_row     pgfence.outbox;
 BEGIN
   IF p_by IS NULL OR p_by = '' OR length(p_by) > 200 OR p_reason IS NULL OR p_reason = '' THEN
     RAISE EXCEPTION 'outbox_cancel: who cancels (1-200 characters) and why are required'
@@ -2631,7 +2643,13 @@ BEGIN
   PERFORM pgfence._set_actor(p_by);
   -- The status is re-checked under the row lock: a concurrent claim that took the message first
   -- makes this match nothing (a lost race: false), and one that comes after skips it.
-  SELECT o.status INTO v_from FROM pgfence.outbox o WHERE o.id = p_id;
+  SELECT o.status, o.channel, o.ordering_key INTO v_from, v_channel, v_key FROM pgfence.outbox o WHERE o.id = p_id;
+  IF v_key IS NOT NULL AND v_from IN ('waiting', 'pending', 'failed', 'dead') THEN
+    -- The key's lock before the row's, the order of every decision: this cancel's decision
+    -- (tg_outbox_keys_turns_ended) wants the key, and a decision or hand-off holding the key may
+    -- want this row (to promote or hand it off): row first, then key, deadlocked with them.
+    PERFORM pgfence._outbox_keys_lock(ARRAY[v_channel], ARRAY[v_key]);
+  END IF;
   UPDATE pgfence.outbox o
   SET status = 'canceled', finished_at = now(), updated_at = now(),
       last_error = left(format('canceled by %s: %s', p_by, p_reason), 8000)
@@ -2659,8 +2677,10 @@ waiting, pending, failed or dead -> canceled, a terminal status (finished_at set
 who and why), with its transition event in pgfence.event whatever the channel''s log_events.
 Fenced against a concurrent claim: the status is checked under the row lock, so a message a
 claimer took first is left alone (false: a lost race) and a claimer that comes second skips it.
-Canceling the message that holds an ordering key gives the key''s turn to its next message.
-Errors: 22004 (id NULL), 22023 (by empty or over 200 characters, reason empty), P0002 (unknown id).';
+Canceling the message that holds an ordering key gives the key''s turn to its next message. A
+keyed message''s key is locked (pgfence.outbox_key) before its row, the order every key decision
+takes them in, so a cancel racing a settle of the key waits for it instead of deadlocking.
+Errors: 40001 (REPEATABLE READ or SERIALIZABLE: a concurrent decision on the key; retry), 22004 (id NULL), 22023 (by empty or over 200 characters, reason empty), P0002 (unknown id).';
 
 CREATE OR REPLACE FUNCTION pgfence.outbox_configure_channel(
   p_channel      text,
@@ -2912,7 +2932,10 @@ Errors: 22023 (unknown status, limit outside 1..10000).';
 -- sets the due time of the messages it promotes. A statement that ends no keyed turn does not
 -- call the decision's trigger (its WHEN reads a hint the row guard sets). In a claim round the
 -- settle of a keyed message can hand its key on to the same worker (_outbox_keys_hand_off,
--- called by outbox_settle_and_claim), skipping the promotion to pending and the claim.
+-- called by outbox_settle_and_claim), skipping the promotion to pending and the claim; on a
+-- channel with key_max_in_flight 1 it takes no key lock (docs/design.md#the-hand-off-without-the-key-lock).
+-- outbox_cancel and outbox_requeue lock a keyed message's key before its row (the decisions'
+-- order), so that they do not deadlock with a decision holding the key and wanting the row.
 -- Errors: functions/ERRORS.md.
 
 COMMENT ON TABLE pgfence.outbox_key IS
@@ -3326,8 +3349,22 @@ DECLARE
   -- Due by the clock, as a claim decides (docs/design.md#claim-hint: due times are stamped at the
   -- clock, so a message enqueued since this transaction began is due after now()).
   v_due_by   CONSTANT timestamptz := clock_timestamp();
+  v_lock_channels text[];
+  v_lock_keys     text[];
 BEGIN
-  PERFORM pgfence._outbox_keys_lock(p_channels, p_keys);  -- as every decision
+  -- The keys of channels with key_max_in_flight above 1 are locked, as every decision locks
+  -- them. A key of a channel with 1 is not: its settled message is its one turn, processing
+  -- under this call's row lock since before this statement, so every decision on the key, in
+  -- any snapshot, counts a turn held and promotes nothing, and the hand-off swaps that turn for
+  -- the next in one UPDATE (docs/design.md#the-hand-off-without-the-key-lock).
+  SELECT array_agg(ch.c) INTO v_lock_channels
+  FROM (SELECT DISTINCT c FROM unnest(p_channels) AS c) ch, LATERAL pgfence._outbox_settings(ch.c) s
+  WHERE s.key_max_in_flight > 1;
+  IF v_lock_channels IS NOT NULL THEN
+    SELECT array_agg(u.c), array_agg(u.k) INTO v_lock_channels, v_lock_keys
+    FROM unnest(p_channels, p_keys) AS u(c, k) WHERE u.c = ANY (v_lock_channels);
+    PERFORM pgfence._outbox_keys_lock(v_lock_channels, v_lock_keys);
+  END IF;
 
   RETURN QUERY
   WITH settled AS (
@@ -3344,15 +3381,20 @@ BEGIN
     SELECT keys.channel, keys.ordering_key, rules.lease,
            greatest(rules.key_max_in_flight - c.live, 0) AS room, c.waiting_ids, c.waiting_due
     FROM keys JOIN rules ON rules.channel = keys.channel,
-    LATERAL (SELECT count(*) FILTER (WHERE o.id <> ALL (p_settled)
-                                       AND (o.status IN ('pending', 'processing')
+    -- The status tests come first: the walk over the settled ids runs only for the few rows
+    -- that hold a turn (first, it ran for every row of the key). The rows come in id order from
+    -- the index (the subquery's ORDER BY, which the index gives for free): the aggregates keep it
+    -- without a sort per key.
+    LATERAL (SELECT count(*) FILTER (WHERE (o.status IN ('pending', 'processing')
                                             OR (o.status IN ('failed', 'dead') AND rules.key_dead_policy = 'block'
-                                                AND NOT pgfence._outbox_key_derived(rules.limit_key, keys.ordering_key)))) AS live,
-                    array_agg(o.id ORDER BY o.id) FILTER (WHERE o.status = c_waiting) AS waiting_ids,
-                    array_agg(o.next_attempt_at ORDER BY o.id) FILTER (WHERE o.status = c_waiting) AS waiting_due
-             FROM pgfence.outbox o
-             WHERE o.channel = keys.channel AND o.ordering_key = keys.ordering_key
-               AND o.status <> 'sent' AND o.status <> 'canceled') c  -- matches outbox_key_idx
+                                                AND NOT pgfence._outbox_key_derived(rules.limit_key, keys.ordering_key)))
+                                       AND o.id <> ALL (p_settled)) AS live,
+                    array_agg(o.id) FILTER (WHERE o.status = c_waiting) AS waiting_ids,
+                    array_agg(o.next_attempt_at) FILTER (WHERE o.status = c_waiting) AS waiting_due
+             FROM (SELECT o.id, o.status, o.next_attempt_at FROM pgfence.outbox o
+                   WHERE o.channel = keys.channel AND o.ordering_key = keys.ordering_key
+                     AND o.status <> 'sent' AND o.status <> 'canceled'  -- matches outbox_key_idx
+                   ORDER BY o.id) o) c
     WHERE rules.key_rate IS NULL
   ), next AS (  -- what a decision would promote: the oldest waiting messages the room allows
     SELECT st.channel, st.ordering_key, st.lease, w.id, w.next_attempt_at
@@ -3387,7 +3429,7 @@ BEGIN
               o.created_at, o.next_attempt_at AS due_at)
   SELECT m.handed, m.id, m.channel, m.recipient, m.payload, m.idempotency_key, m.attempts,
          m.max_attempts, m.lease, m.lease_expires_at, m.created_at
-  FROM moved m ORDER BY m.handed, m.due_at, m.id;
+  FROM moved m WHERE m.handed ORDER BY m.due_at, m.id;
 END
 $$;
 REVOKE ALL ON FUNCTION pgfence._outbox_keys_hand_off(bigint[], text[], text[], jsonb[], text, integer, interval) FROM PUBLIC;
@@ -3395,14 +3437,16 @@ COMMENT ON FUNCTION pgfence._outbox_keys_hand_off(bigint[], text[], text[], json
   'Private: settle a round''s keyed messages and claim their keys'' next ones for p_worker, at once.
 Called by outbox_settle_and_claim before its settle, with the keyed messages it is settling
 (element i: id, channel, ordering key, receipt), which it has locked in id order and found
-processing under the attempt it was given. Locks their keys in the global order. A key is handed off when every
+processing under the attempt it was given. Locks their keys in the global order, except those of
+channels with key_max_in_flight 1 (the settled message is the key''s one turn, row-locked by the
+caller: docs/design.md#the-hand-off-without-the-key-lock). A key is handed off when every
 message a decision would promote (its oldest waiting ones, id order, up to key_max_in_flight
 minus the turns it holds besides the settled ones) is due now and they fit in p_batch (keys by
 earliest due); never on a channel with a key_rate. One UPDATE then marks the key''s settled
 messages sent (as outbox_mark_sent_many) and moves its next ones waiting -> processing (attempts
 + 1, owner p_worker, lease p_lease or the channel''s, as outbox_claim); its statement trigger
-skips the decision of those keys. Returns the settled ones (handed false, id only meaningful)
-and the claimed ones (handed true, the columns of outbox_claim). The caller validates worker
+skips the decision of those keys. Returns the claimed ones (handed always true, the columns of
+outbox_claim), due order; the caller reads the settled ones from the table (sent). The caller validates worker
 and lease, and settles the other messages. Errors: 40001 (REPEATABLE READ or SERIALIZABLE: a
 concurrent decision on a key; retry).';
 
@@ -3454,8 +3498,8 @@ DECLARE
   v_channels text[];
   v_keys     text[];
   v_receipts jsonb[];
-  r          record;
   c_processing CONSTANT text := 'processing';  -- docs/query-plans.md#constants-instead-of-literals
+  c_sent       CONSTANT text := 'sent';
 BEGIN
   -- Checked before anything is written, so that a bad batch never leaves a half-done call.
   IF p_batch IS NULL OR p_batch NOT BETWEEN 0 AND 10000 THEN
@@ -3486,19 +3530,20 @@ BEGIN
         AND (p_channels IS NULL OR o.channel = ANY (p_channels));
     END IF;
     IF v_keyed IS NOT NULL THEN
-      FOR r IN SELECT * FROM pgfence._outbox_keys_hand_off(v_keyed, v_channels, v_keys, v_receipts,
-                                                            p_worker, p_batch, p_lease) LOOP
-        IF r.handed THEN
-          id := r.id; channel := r.channel; recipient := r.recipient; payload := r.payload;
-          idempotency_key := r.idempotency_key; attempt := r.attempt; max_attempts := r.max_attempts;
-          lease := r.lease; lease_expires_at := r.lease_expires_at; created_at := r.created_at;
-          sent := NULL; next_due := NULL;
-          RETURN NEXT;
-          v_handed := v_handed + 1;
-        ELSE
-          v_sent := v_sent || r.id;
-        END IF;
-      END LOOP;
+      -- The handed-off messages go straight into this call's result (no loop over the rows).
+      RETURN QUERY
+      SELECT h.id, h.channel, h.recipient, h.payload, h.idempotency_key, h.attempt, h.max_attempts,
+             h.lease, h.lease_expires_at, h.created_at, NULL::bigint[], NULL::interval
+      FROM pgfence._outbox_keys_hand_off(v_keyed, v_channels, v_keys, v_receipts,
+                                         p_worker, p_batch, p_lease) h;
+      GET DIAGNOSTICS v_handed = ROW_COUNT;
+      IF v_handed > 0 THEN
+        -- What it settled: of the keyed messages it was given (locked by this call since they
+        -- were found processing under their attempt), those now sent. None when nothing was
+        -- handed off: a key is handed off whole, its settled messages with it.
+        v_sent := ARRAY(SELECT o.id FROM pgfence.outbox o
+                        WHERE o.id = ANY (v_keyed) AND o.status = c_sent);
+      END IF;
     END IF;
     -- The others, as outbox_mark_sent_many marks them (the rows are locked already). Its error
     -- (P0002) aborts the whole call, hand-off included.

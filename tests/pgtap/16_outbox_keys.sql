@@ -9,7 +9,7 @@
 -- its section below, and its races in tests/isolation/specs/outbox-key-hand-off.spec.
 BEGIN;
 \ir helpers/setup.sql
-SELECT plan(163);
+SELECT plan(164);
 SET CONSTRAINTS pgfence.outbox_key_enqueued IMMEDIATE;
 
 -- =============================================================================================
@@ -337,8 +337,8 @@ SELECT results_eq($$SELECT event, from_status, to_status, fence::int, actor FROM
            ('transition', 'processing', 'sent', 1, 'tap-hw'),
            ('claim', 'waiting', 'processing', 1, 'tap-hw2')$$,
   'events: h1''s claim and its delivery by its worker, h2''s claim from waiting by the new worker');
-SELECT is((SELECT decisions FROM pgfence.outbox_key WHERE channel = 'tap-k-hand' AND ordering_key = 'h'), (SELECT decisions + 1 FROM hd),
-  'the key was decided once (the hand-off), not again by the settle''s trigger');
+SELECT is((SELECT decisions FROM pgfence.outbox_key WHERE channel = 'tap-k-hand' AND ordering_key = 'h'), (SELECT decisions FROM hd),
+  'key_max_in_flight 1: the hand-off takes no key lock, and the settle''s trigger does not decide the key either');
 CREATE TEMP TABLE hr3 AS
 SELECT * FROM pgfence.outbox_settle_and_claim(ARRAY[(SELECT g1 FROM ho)], ARRAY[5], NULL, 'tap-hw2', 10, ARRAY['tap-k-hand']);
 SELECT results_eq($$SELECT count(id)::int, (SELECT sent FROM hr3 WHERE id IS NULL) FROM hr3$$, $$VALUES (0, '{}'::bigint[])$$,
@@ -361,8 +361,11 @@ SELECT array_agg(id ORDER BY ord) AS m FROM pgfence.outbox_enqueue_many('tap-k-h
 SELECT results_eq($$SELECT id FROM pgfence.outbox_settle_and_claim('{}', '{}', NULL, 'tap-hw', 10, ARRAY['tap-k-hand2']) WHERE id IS NOT NULL ORDER BY id$$,
   $$SELECT unnest(m[1:2]) FROM hm$$, 'max_in_flight 2: a round claims the key''s first two');
 SELECT is(pgfence.outbox_mark_failed((SELECT m[1] FROM hm), 1, 'refused', false), 'failed', 'the first fails for good (it holds its turn: block)');
+CREATE TEMP TABLE hd2 AS SELECT decisions FROM pgfence.outbox_key WHERE channel = 'tap-k-hand2' AND ordering_key = 'm';
 SELECT results_eq($$SELECT id FROM pgfence.outbox_settle_and_claim(ARRAY[(SELECT m[2] FROM hm)], ARRAY[1], NULL, 'tap-hw', 10, ARRAY['tap-k-hand2']) WHERE id IS NOT NULL$$,
   $$SELECT m[3] FROM hm$$, 'settling the second hands off only the third: the failed one still counts');
+SELECT is((SELECT decisions FROM pgfence.outbox_key WHERE channel = 'tap-k-hand2' AND ordering_key = 'm'), (SELECT decisions + 1 FROM hd2),
+  'key_max_in_flight 2: the hand-off locks the key as a decision does (counted once), the trigger does not decide it again');
 SELECT ok(pgfence.outbox_cancel((SELECT m[1] FROM hm), 'alice', 'given up'), 'the failed one is canceled: its turn is free');
 SELECT results_eq($$SELECT status FROM pgfence.outbox WHERE channel = 'tap-k-hand2' ORDER BY id$$,
   $$VALUES ('canceled'::text), ('sent'), ('processing'), ('pending'), ('waiting'), ('waiting')$$,
