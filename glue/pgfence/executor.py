@@ -1019,6 +1019,10 @@ class Executor:
                 self._reserved -= done
                 self._enqueue(s, jobs)
                 claimed += len(jobs)
+                if self._via is not None and self._via[0] is asyncio.current_task():
+                    # A wake-up claim: its units start now, before the rest of the round (its
+                    # counters, the next due time) runs on the listener's task.
+                    await asyncio.sleep(0)
         except Exception as exc:
             s.failures += 1
             delay = min(cfg.reconnect_max, 0.1 * 2 ** min(s.failures - 1, 10))
