@@ -35,7 +35,8 @@ REVOKE ALL ON FUNCTION pgfence._outbox_claim_hint_name(text[]) FROM PUBLIC;
 COMMENT ON FUNCTION pgfence._outbox_claim_hint_name(text[]) IS
   'The session setting that holds the claim hint of a claim scope: all channels, or a channel set.
 One channel, or a set of them in any order (channel names have no comma). NULL for a one-channel
-array whose element is NULL. docs/design.md#claim-hint.';
+array whose element is NULL. outbox_claim computes the first two cases inline (the call of a
+function with SET costs more than its body). docs/design.md#claim-hint.';
 
 CREATE OR REPLACE FUNCTION pgfence._outbox_claim_hint_state(p_name text)
 RETURNS bigint[]
@@ -66,7 +67,8 @@ COMMENT ON FUNCTION pgfence._outbox_claim_hint_state(text) IS
   'Reads a claim scope''s hint state from its session setting (NULL if absent or malformed).
 Elements: hint due (µs since epoch), hint id, candidate due, candidate id, candidate xid bound,
 candidate''s own xid, passed (1 once every writer older than the bound has ended), last full walk
-(µs). docs/design.md#claim-hint.';
+(µs). outbox_claim reads it the same way inline (the call of a function with SET costs more than
+its body; pgTAP 12_outbox_claim_hint covers both). docs/design.md#claim-hint.';
 
 CREATE OR REPLACE FUNCTION pgfence._outbox_check_claimer(p_worker text, p_lease interval)
 RETURNS void
@@ -143,6 +145,7 @@ DECLARE
   v_l_id    bigint;
   v_bound   bigint;       -- pgfence.claim_full_walk_ms, in µs
   v_now_us  bigint;
+  v_raw     text;
 BEGIN
   IF p_worker IS NULL OR p_worker = '' OR length(p_worker) > 200
      OR (p_lease IS NOT NULL AND (p_lease <= interval '0' OR p_lease > interval '1 day')) THEN
@@ -162,10 +165,21 @@ BEGIN
   -- The claim hint (docs/design.md#claim-hint): each scope (all channels, a channel set) walks
   -- its due index from the session's hint instead of the front, and from the front once the last full
   -- walk is older than pgfence.claim_full_walk_ms (default 1000, at most 60000; 0 = always).
-  v_name := pgfence._outbox_claim_hint_name(p_channels);
+  -- The name and the state are read here as _outbox_claim_hint_name / _state do (a call of
+  -- either, a function with SET, costs more than its body: ~25 µs of a ~450 µs claim).
+  v_name := CASE WHEN p_channels IS NULL THEN 'pgfence.claim_hint_all'
+                 WHEN cardinality(p_channels) = 1 THEN 'pgfence.claim_hint_' || md5(p_channels[1])
+                 ELSE pgfence._outbox_claim_hint_name(p_channels) END;
   v_now_us := (extract(epoch FROM v_now) * 1000000)::bigint;
   IF v_name IS NOT NULL THEN
-    v_st := coalesce(pgfence._outbox_claim_hint_state(v_name), array_fill(NULL::bigint, ARRAY[8]));
+    v_raw := current_setting(v_name, true);
+    IF v_raw IS NOT NULL AND v_raw ~ '^(-?[0-9]{1,18})?(,(-?[0-9]{1,18})?){7}$' THEN
+      v_st := string_to_array(v_raw, ',', '')::bigint[];
+    END IF;
+    -- none, malformed, or a time after the clock: no state (a walk from the front)
+    IF v_st IS NULL OR v_st[1] > v_now_us OR v_st[3] > v_now_us OR v_st[8] > v_now_us THEN
+      v_st := array_fill(NULL::bigint, ARRAY[8]);
+    END IF;
     v_bound := CASE WHEN current_setting('pgfence.claim_full_walk_ms', true) ~ '^[0-9]{1,5}$'
                     THEN least(current_setting('pgfence.claim_full_walk_ms', true)::bigint, 60000)
                     ELSE 1000 END * 1000;
@@ -262,7 +276,8 @@ BEGIN
       v_st[5] := CASE WHEN v_had_xid THEN NULL ELSE v_st[6] END;
       v_st[7] := 0;
     END IF;
-    PERFORM set_config(v_name, array_to_string(v_st, ',', ''), false);
+    -- an assignment, not PERFORM: a simple expression, no SPI query
+    v_raw := set_config(v_name, array_to_string(v_st, ',', ''), false);
   END IF;
 
   IF v_n = 0 THEN
