@@ -190,6 +190,7 @@ SQLSTATES: Mapping[str, SqlState] = MappingProxyType({row.code: row for row in (
     SqlState("22023", "invalid_parameter_value", InvalidArgument, _INVALID),
     SqlState("P0002", "no_data_found", NotFound, (404, "not_found")),
     SqlState("40001", "serialization_failure", SerializationFailure, _RETRY),
+    SqlState("23514", "check_violation", None),            # a hand-written write breaks a row check
     SqlState("PF001", "illegal_transition", IllegalTransition, (409, "illegal_transition")),
     SqlState("PF002", "immutable", Immutable, (409, "immutable")),
     SqlState("PF003", "idempotency_key_reused", IdempotencyKeyReused,
