@@ -135,6 +135,7 @@ DECLARE
   v_rev      pgfence.document_revision;
   v_saved_at timestamptz;
   v_nonce    uuid;
+  v_set      text;
 BEGIN
   -- The hot path calls no helper: the helpers run only to raise the precise error.
   IF p_id IS NULL OR p_expected_version IS NULL OR p_expected_version < 1
@@ -159,8 +160,9 @@ BEGIN
   -- race included, falls through to the slow path, which answers exactly as before. A concurrent
   -- save of the same version makes this UPDATE wait for its commit, after which the row no longer
   -- matches and nothing is written.
+  -- (set_config by assignment, a plain expression: PERFORM would run it as a query)
   v_nonce := pg_catalog.gen_random_uuid();
-  PERFORM pg_catalog.set_config('pgfence.document_writing', v_nonce::text, true);
+  v_set := pg_catalog.set_config('pgfence.document_writing', v_nonce::text, true);
   WITH saved AS (
     UPDATE pgfence.document d
     SET version = d.version + 1, content = p_content, save_id = p_save_id, saved_by = p_saved_by,
@@ -186,7 +188,7 @@ BEGIN
     FROM saved s WHERE s.log_saves
   )
   SELECT s.version, s.saved_at INTO v_version, v_saved_at FROM saved s;
-  PERFORM pg_catalog.set_config('pgfence.document_writing', '', true);
+  v_set := pg_catalog.set_config('pgfence.document_writing', '', true);
   IF v_version IS NOT NULL THEN
     -- the answer from variables, not a query: the hot path runs no statement after the UPDATE
     outcome := 'saved'; version := v_version; content := NULL; saved_by := p_saved_by;
