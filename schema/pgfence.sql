@@ -7527,9 +7527,6 @@ BEGIN
            OR NOT EXISTS (SELECT FROM pgfence.document_revision r
                           WHERE r.document_id = p_id AND r.save_id = p_save_id))
     RETURNING d.id, d.version, d.kind, d.saved_at, k.log_saves
-  ), revision AS (
-    INSERT INTO pgfence.document_revision (document_id, version, op, content, save_id, saved_by, saved_at)
-    SELECT s.id, s.version, 'save', p_content, p_save_id, p_saved_by, s.saved_at FROM saved s
   ), logged AS (
     INSERT INTO pgfence.event (module, item_id, event, from_status, to_status, actor, fence, detail)
     SELECT 'document', s.id, 'save', 'live', 'live', p_saved_by, s.version,
@@ -7537,7 +7534,9 @@ BEGIN
                                                 'save_id', p_save_id))
     FROM saved s WHERE s.log_saves
   )
-  SELECT s.version, s.saved_at INTO v_version, v_saved_at FROM saved s;
+  INSERT INTO pgfence.document_revision AS r (document_id, version, op, content, save_id, saved_by, saved_at)
+  SELECT s.id, s.version, 'save', p_content, p_save_id, p_saved_by, s.saved_at FROM saved s
+  RETURNING r.version, r.saved_at INTO v_version, v_saved_at;
   v_set := pg_catalog.set_config('pgfence.document_writing', '', true);
   IF v_version IS NOT NULL THEN
     -- the answer from variables, not a query: the hot path runs no statement after the UPDATE
