@@ -143,8 +143,8 @@ BEFORE INSERT/UPDATE/DELETE trigger on pgfence.document, for any writer (psql in
 -- Two triggers run it. document_write_new_or_gone, for every INSERT and DELETE. document_write,
 -- for every UPDATE but one kind: document_save's fast path (43_document_write.sql) does the
 -- trigger's work in its own statement (the checks in its WHERE and SET, the revision and the
--- event in the same statement) and marks its row with write_nonce, a fresh gen_random_uuid()
--- that it also puts in the transaction-local setting pgfence.document_writing for that one
+-- event in the same statement) and marks its row with write_nonce, a value the row never had
+-- (the base version as a uuid, since migration 0031; a gen_random_uuid() before) that it also puts in the transaction-local setting pgfence.document_writing for that one
 -- statement. The trigger is skipped only for a row whose write_nonce changed to exactly that
 -- value. No other function changes write_nonce (a catalog test in tests/pgtap/40_document.sql
 -- checks it), and no client role may write the table, so a client that pre-sets the setting

@@ -6811,8 +6811,8 @@ BEFORE INSERT/UPDATE/DELETE trigger on pgfence.document, for any writer (psql in
 -- Two triggers run it. document_write_new_or_gone, for every INSERT and DELETE. document_write,
 -- for every UPDATE but one kind: document_save's fast path (43_document_write.sql) does the
 -- trigger's work in its own statement (the checks in its WHERE and SET, the revision and the
--- event in the same statement) and marks its row with write_nonce, a fresh gen_random_uuid()
--- that it also puts in the transaction-local setting pgfence.document_writing for that one
+-- event in the same statement) and marks its row with write_nonce, a value the row never had
+-- (the base version as a uuid, since migration 0031; a gen_random_uuid() before) that it also puts in the transaction-local setting pgfence.document_writing for that one
 -- statement. The trigger is skipped only for a row whose write_nonce changed to exactly that
 -- value. No other function changes write_nonce (a catalog test in tests/pgtap/40_document.sql
 -- checks it), and no client role may write the table, so a client that pre-sets the setting
@@ -7514,8 +7514,13 @@ BEGIN
   -- race included, falls through to the slow path, which answers exactly as before. A concurrent
   -- save of the same version makes this UPDATE wait for its commit, after which the row no longer
   -- matches and nothing is written.
-  -- (set_config by assignment, a plain expression: PERFORM would run it as a query)
-  v_nonce := pg_catalog.gen_random_uuid();
+  -- The nonce is the base version as a uuid (0...0<hex>; not expected_version + 1, which could
+  -- overflow): never a value this row had (each fast-path write has a higher base than the last,
+  -- and the random uuids written before migration 0031 have a version nibble), and cheaper than
+  -- gen_random_uuid() (about 8 us a save, measured). It must be fresh, not secret: no other
+  -- writer changes write_nonce. set_config by assignment, a plain expression (PERFORM would run
+  -- a query).
+  v_nonce := pg_catalog.lpad(pg_catalog.to_hex(p_expected_version), 32, '0')::uuid;
   v_set := pg_catalog.set_config('pgfence.document_writing', v_nonce::text, true);
   WITH saved AS (
     UPDATE pgfence.document d

@@ -3,7 +3,7 @@
 -- SQLSTATE. Cells that need two sessions at once are in 41_document_concurrency.sql.
 BEGIN;
 \ir helpers/setup.sql
-SELECT plan(246);
+SELECT plan(247);
 
 -- =============================================================================================
 -- Catalog: signatures, definer, volatility, privileges
@@ -464,6 +464,9 @@ SELECT is(current_setting('pgfence.document_writing', true), '', 'fast path: the
 SELECT results_eq($$SELECT version, op, content, save_id, saved_by FROM pgfence.document_revision((SELECT id FROM ids WHERE name = 'nonce'), 2)$$,
   $$VALUES (2::bigint, 'save'::text, '{"a": 2}'::jsonb, 'tap-nonce-1'::text, 'ann'::text)$$,
   'fast path: the revision is written in the same statement');
+SELECT is((SELECT write_nonce FROM pgfence.document WHERE id = (SELECT id FROM ids WHERE name = 'nonce')),
+          '00000000-0000-0000-0000-000000000001'::uuid,
+  'fast path: the nonce is the save''s base version as a uuid (a value the row never had: bases only grow)');
 SELECT results_eq($$SELECT event, from_status, to_status, actor, fence, detail FROM pgfence.event WHERE module = 'document' AND item_id = (SELECT id FROM ids WHERE name = 'nonce') AND event = 'save'$$,
   $$VALUES ('save'::text, 'live'::text, 'live'::text, 'ann'::text, 2::bigint, '{"kind": "record", "based_on": 1, "save_id": "tap-nonce-1"}'::jsonb)$$,
   'fast path: the save event is what tg_document_write logs');
