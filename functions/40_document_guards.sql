@@ -5,7 +5,8 @@
 -- private checks, 41 kinds, 42 reads, 43 create / save / delete, 44 the three-way merge.
 -- Here: tg_document_write (the one trigger on the write path: the next version, its revision and
 -- event), tg_document_created (revision 1), tg_document_revision_guard (revisions never change),
--- tg_document_revision_insert (revisions are written only with their version),
+-- tg_document_revision_insert (revisions are written only with their version); the last two also
+-- hold what were the tables' CHECK constraints (migration 0031, _document_check_violated);
 -- the private argument checks shared by the writes (_document_kind, _document_check_*,
 -- _document_version_unknown) and the tables' comments. No public functions.
 -- Errors: functions/ERRORS.md (PF301-PF304 are this module's).
@@ -21,6 +22,27 @@ COMMENT ON TABLE pgfence.document_revision IS
   'Every version of every document, as it was written: the history, and the receipts of saves.
 Content NULL for the delete tombstone; written in the same transaction as the version. Immutable. Version v of a save was a compare-and-swap on version v-1. Not an API: use document_revision() and document_history().';
 
+-- What were the CHECK constraints of document and document_revision (until migration 0031),
+-- raised by their guard triggers as PostgreSQL raised them: 23514 with the constraint's name.
+CREATE OR REPLACE FUNCTION pgfence._document_check_violated(p_table text, p_constraint text, p_detail text)
+RETURNS void
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pgfence, pg_temp
+AS $$
+BEGIN
+  RAISE EXCEPTION 'new row for relation "%" violates check constraint "%"', p_table, p_constraint
+    USING ERRCODE = 'check_violation', CONSTRAINT = p_constraint, SCHEMA = 'pgfence', TABLE = p_table,
+          DETAIL = p_detail,
+          HINT = CASE p_table
+                 WHEN 'document' THEN 'idempotency_key and save_id are 1-255 characters or NULL, created_by and saved_by 1-200 characters, content is present exactly while the document is live; use the pgfence.document_* functions.'
+                 ELSE 'A revision is version 1 exactly when it is the create, and has content unless it is the delete; use the pgfence.document_* functions.' END;
+END
+$$;
+REVOKE ALL ON FUNCTION pgfence._document_check_violated(text, text, text) FROM PUBLIC;
+COMMENT ON FUNCTION pgfence._document_check_violated(text, text, text) IS
+  'Private: raises 23514 (check_violation) for a document or revision row, naming the constraint.
+Called by tg_document_write and tg_document_revision_insert, which check what were these tables'' CHECK constraints until migration 0031 (the save''s fast path skips both triggers and makes them hold by construction).';
+
 -- ---------------------------------------------------------------------------------------------
 -- The document machine, held by tg_document_write for any write (psql included):
 --   live --save (version+1)--> live;  live --delete (version+1)--> deleted;  deleted is final.
@@ -33,8 +55,9 @@ LANGUAGE plpgsql
 SET search_path = pg_catalog, pgfence, pg_temp
 AS $$
 DECLARE
-  v_op  text;
-  v_log boolean;
+  v_op    text;
+  v_log   boolean;
+  v_check text;
 BEGIN
   IF TG_OP = 'DELETE' THEN
     RAISE EXCEPTION 'document % cannot be removed: a deleted document keeps its tombstone so its id and versions are never reused', OLD.id
@@ -47,29 +70,49 @@ BEGIN
         USING ERRCODE = 'PF001', DETAIL = 'Every document starts at version 1, kept as revision 1 with its create event.',
               HINT = 'Use pgfence.document_create().';
     END IF;
+  ELSE
+    IF NEW.id IS DISTINCT FROM OLD.id
+       OR NEW.kind IS DISTINCT FROM OLD.kind
+       OR NEW.idempotency_key IS DISTINCT FROM OLD.idempotency_key
+       OR NEW.created_by IS DISTINCT FROM OLD.created_by
+       OR NEW.created_at IS DISTINCT FROM OLD.created_at THEN
+      RAISE EXCEPTION 'document %: id, kind, idempotency_key, created_by and created_at never change', OLD.id
+        USING ERRCODE = 'PF002', DETAIL = 'They are the document''s identity and the record of its creation.',
+              HINT = 'Create a new document instead.';
+    END IF;
+    IF NOT (OLD.status = 'live' AND NEW.status IN ('live', 'deleted')) THEN
+      RAISE EXCEPTION 'illegal document transition for document %: % -> %', OLD.id, OLD.status, NEW.status
+        USING ERRCODE = 'PF001',
+              DETAIL = 'Allowed: live -> live (save), live -> deleted (delete). A deleted document never changes again.',
+              HINT = 'Use pgfence.document_save() and pgfence.document_delete().';
+    END IF;
+    IF NEW.version IS DISTINCT FROM OLD.version + 1 THEN
+      RAISE EXCEPTION 'document %: every write makes exactly the next version (% -> % refused)', OLD.id, OLD.version, NEW.version
+        USING ERRCODE = 'PF002', DETAIL = 'The version is the compare-and-swap token every save presents as its expected_version.',
+              HINT = 'Versions only grow by one per write and are never reused; save with pgfence.document_save().';
+    END IF;
+  END IF;
+  -- The table's CHECK constraints, checked here since migration 0031 (a declared CHECK costs
+  -- every write statement, the save's fast path included, which makes them hold by construction):
+  -- the same conditions (NULL passes, as in a CHECK), SQLSTATE 23514 and constraint names, after
+  -- the machine's checks above, as PostgreSQL checked them after this trigger.
+  v_check := CASE
+    WHEN NOT (NEW.idempotency_key <> '' AND length(NEW.idempotency_key) <= 255) THEN 'document_idempotency_key_check'
+    WHEN NOT (NEW.status IN ('live', 'deleted')) THEN 'document_status_check'
+    WHEN NOT (NEW.version >= 1) THEN 'document_version_check'
+    WHEN NOT (NEW.save_id <> '' AND length(NEW.save_id) <= 255) THEN 'document_save_id_check'
+    WHEN NOT (NEW.created_by <> '' AND length(NEW.created_by) <= 200) THEN 'document_created_by_check'
+    WHEN NOT (NEW.saved_by <> '' AND length(NEW.saved_by) <= 200) THEN 'document_saved_by_check'
+    WHEN NOT ((NEW.status = 'live') = (NEW.content IS NOT NULL)) THEN 'document_content_iff_live'
+  END;
+  IF v_check IS NOT NULL THEN
+    PERFORM pgfence._document_check_violated('document', v_check,
+                                             format('Document %s, version %s, status %s.', NEW.id, NEW.version, NEW.status));
+  END IF;
+  IF TG_OP = 'INSERT' THEN
     NEW.created_at := now();
     NEW.saved_at := now();
     RETURN NEW;   -- revision 1 and its event: tg_document_created, once the row exists
-  END IF;
-  IF NEW.id IS DISTINCT FROM OLD.id
-     OR NEW.kind IS DISTINCT FROM OLD.kind
-     OR NEW.idempotency_key IS DISTINCT FROM OLD.idempotency_key
-     OR NEW.created_by IS DISTINCT FROM OLD.created_by
-     OR NEW.created_at IS DISTINCT FROM OLD.created_at THEN
-    RAISE EXCEPTION 'document %: id, kind, idempotency_key, created_by and created_at never change', OLD.id
-      USING ERRCODE = 'PF002', DETAIL = 'They are the document''s identity and the record of its creation.',
-            HINT = 'Create a new document instead.';
-  END IF;
-  IF NOT (OLD.status = 'live' AND NEW.status IN ('live', 'deleted')) THEN
-    RAISE EXCEPTION 'illegal document transition for document %: % -> %', OLD.id, OLD.status, NEW.status
-      USING ERRCODE = 'PF001',
-            DETAIL = 'Allowed: live -> live (save), live -> deleted (delete). A deleted document never changes again.',
-            HINT = 'Use pgfence.document_save() and pgfence.document_delete().';
-  END IF;
-  IF NEW.version IS DISTINCT FROM OLD.version + 1 THEN
-    RAISE EXCEPTION 'document %: every write makes exactly the next version (% -> % refused)', OLD.id, OLD.version, NEW.version
-      USING ERRCODE = 'PF002', DETAIL = 'The version is the compare-and-swap token every save presents as its expected_version.',
-            HINT = 'Versions only grow by one per write and are never reused; save with pgfence.document_save().';
   END IF;
   v_op := CASE WHEN NEW.status = 'deleted' THEN 'delete' ELSE 'save' END;
   NEW.saved_at := now();
@@ -95,13 +138,13 @@ $$;
 REVOKE ALL ON FUNCTION pgfence.tg_document_write() FROM PUBLIC;
 COMMENT ON FUNCTION pgfence.tg_document_write() IS
   'Trigger: every write to a document makes exactly the next version, kept as a revision.
-BEFORE INSERT/UPDATE/DELETE trigger on pgfence.document, for any writer (psql included): a document starts live at version 1; every update makes exactly the next version (PF002 otherwise); only live -> live and live -> deleted are allowed (PF001); identity columns never change (PF002); rows are never deleted (PF002: the tombstone stays). Stamps created_at/saved_at from now(). For an update it also keeps the new version as an immutable pgfence.document_revision row (the receipt of its save_id) and logs save (if the kind''s log_saves is on) and delete to pgfence.event (actor = saved_by, fence = version), in the same statement. Not run for the one UPDATE that does all of this itself: document_save''s compare-and-swap, marked by a fresh write_nonce equal to the setting pgfence.document_writing (see the trigger document_write).';
+BEFORE INSERT/UPDATE/DELETE trigger on pgfence.document, for any writer (psql included): a document starts live at version 1; every update makes exactly the next version (PF002 otherwise); only live -> live and live -> deleted are allowed (PF001); identity columns never change (PF002); rows are never deleted (PF002: the tombstone stays). Since migration 0031 it also checks what were the table''s CHECK constraints (23514 with the constraint''s name: document_idempotency_key_check, _status_check, _version_check, _save_id_check, _created_by_check, _saved_by_check, document_content_iff_live), after the machine''s own checks. Stamps created_at/saved_at from now(). For an update it also keeps the new version as an immutable pgfence.document_revision row (the receipt of its save_id) and logs save (if the kind''s log_saves is on) and delete to pgfence.event (actor = saved_by, fence = version), in the same statement. Not run for the one UPDATE that does all of this itself: document_save''s compare-and-swap, marked by a fresh write_nonce equal to the setting pgfence.document_writing (see the trigger document_write).';
 
 -- Two triggers run it. document_write_new_or_gone, for every INSERT and DELETE. document_write,
 -- for every UPDATE but one kind: document_save's fast path (43_document_write.sql) does the
 -- trigger's work in its own statement (the checks in its WHERE and SET, the revision and the
--- event in the same statement) and marks its row with write_nonce, a fresh gen_random_uuid()
--- that it also puts in the transaction-local setting pgfence.document_writing for that one
+-- event in the same statement) and marks its row with write_nonce, a value the row never had
+-- (the base version as a uuid, since migration 0031; a gen_random_uuid() before) that it also puts in the transaction-local setting pgfence.document_writing for that one
 -- statement. The trigger is skipped only for a row whose write_nonce changed to exactly that
 -- value. No other function changes write_nonce (a catalog test in tests/pgtap/40_document.sql
 -- checks it), and no client role may write the table, so a client that pre-sets the setting
@@ -180,28 +223,51 @@ CREATE OR REPLACE TRIGGER document_revision_guard
 -- or by document_save's fast path (so its document exists: migration 0024 dropped the foreign key
 -- that proved it on every save). A hand-written INSERT runs at trigger depth 0 without the
 -- setting pgfence.document_writing and is refused. Clients have no INSERT on the table at all;
--- this stops the owner's mistakes. The WHEN condition costs the writers no function call.
+-- this stops the owner's mistakes. The same trigger checks the table's CHECK constraints
+-- (migration 0031) for every revision written from inside a trigger (tg_document_write,
+-- tg_document_created); the fast path's revision (depth 0, the setting holds the statement's
+-- nonce) skips it: it is op save, version expected_version + 1 >= 2 and has content by
+-- construction. The WHEN condition costs that path no function call.
 CREATE OR REPLACE FUNCTION pgfence.tg_document_revision_insert()
 RETURNS trigger
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pgfence, pg_temp
 AS $$
+DECLARE
+  v_check text;
 BEGIN
-  RAISE EXCEPTION 'revision % of document % cannot be written by hand', NEW.version, NEW.document_id
-    USING ERRCODE = 'PF002', DETAIL = 'A revision is written with its version, by the document triggers, in the same statement.',
-          HINT = 'Use pgfence.document_save(), document_create() or document_delete().';
+  -- depth 1: this trigger fired for a statement outside any trigger, and its WHEN let it through
+  -- because the setting was empty (a hand-written INSERT)
+  IF pg_trigger_depth() = 1 THEN
+    RAISE EXCEPTION 'revision % of document % cannot be written by hand', NEW.version, NEW.document_id
+      USING ERRCODE = 'PF002', DETAIL = 'A revision is written with its version, by the document triggers, in the same statement.',
+            HINT = 'Use pgfence.document_save(), document_create() or document_delete().';
+  END IF;
+  -- The table's CHECK constraints (until migration 0031), with their names and SQLSTATE 23514;
+  -- NULL passes, as in a CHECK.
+  v_check := CASE
+    WHEN NOT (NEW.version >= 1) THEN 'document_revision_version_check'
+    WHEN NOT (NEW.op IN ('create', 'save', 'delete')) THEN 'document_revision_op_check'
+    WHEN NOT ((NEW.op = 'delete') = (NEW.content IS NULL)) THEN 'document_revision_content_iff_not_delete'
+    WHEN NOT ((NEW.op = 'create') = (NEW.version = 1)) THEN 'document_revision_create_is_1'
+  END;
+  IF v_check IS NOT NULL THEN
+    PERFORM pgfence._document_check_violated('document_revision', v_check,
+                                             format('Revision %s of document %s, op %s.', NEW.version, NEW.document_id, NEW.op));
+  END IF;
+  RETURN NEW;
 END
 $$;
 REVOKE ALL ON FUNCTION pgfence.tg_document_revision_insert() FROM PUBLIC;
 COMMENT ON FUNCTION pgfence.tg_document_revision_insert() IS
   'Trigger: a revision is written only with its version, by the document triggers (PF002 otherwise).
-BEFORE INSERT trigger on pgfence.document_revision, WHEN (pg_trigger_depth() = 0 and pgfence.document_writing unset): a hand-written INSERT (psql, the owner included; client roles have no INSERT privilege at all) is refused. It stands in for the foreign key to pgfence.document (dropped by migration 0024): tg_document_write, tg_document_created and document_save''s compare-and-swap write a revision only for the row they are writing in the same statement, and a document row is never deleted.';
+BEFORE INSERT trigger on pgfence.document_revision, WHEN (pg_trigger_depth() > 0 or pgfence.document_writing unset): a hand-written INSERT (psql, the owner included; client roles have no INSERT privilege at all) is refused. It stands in for the foreign key to pgfence.document (dropped by migration 0024): tg_document_write, tg_document_created and document_save''s compare-and-swap write a revision only for the row they are writing in the same statement, and a document row is never deleted. For a revision written from inside a trigger it checks what were the table''s CHECK constraints until migration 0031 (23514 with the constraint''s name: document_revision_version_check, _op_check, _content_iff_not_delete, _create_is_1); document_save''s compare-and-swap, which makes them hold by construction, skips it.';
 
 CREATE OR REPLACE TRIGGER document_revision_insert_guard
   BEFORE INSERT ON pgfence.document_revision
   FOR EACH ROW
-  WHEN (pg_catalog.pg_trigger_depth() = 0
-        AND COALESCE(pg_catalog.current_setting('pgfence.document_writing', true), '') = '')
+  WHEN (pg_catalog.pg_trigger_depth() > 0
+        OR COALESCE(pg_catalog.current_setting('pgfence.document_writing', true), '') = '')
   EXECUTE FUNCTION pgfence.tg_document_revision_insert();
 
 -- ---------------------------------------------------------------------------------------------

@@ -135,6 +135,11 @@ DECLARE
   v_rev      pgfence.document_revision;
   v_saved_at timestamptz;
   v_nonce    uuid;
+  v_set      text;
+  v_stored   jsonb;
+  v_stored_by text;
+  v_stored_at timestamptz;
+  v_receipt  boolean;
 BEGIN
   -- The hot path calls no helper: the helpers run only to raise the precise error.
   IF p_id IS NULL OR p_expected_version IS NULL OR p_expected_version < 1
@@ -159,8 +164,14 @@ BEGIN
   -- race included, falls through to the slow path, which answers exactly as before. A concurrent
   -- save of the same version makes this UPDATE wait for its commit, after which the row no longer
   -- matches and nothing is written.
-  v_nonce := pg_catalog.gen_random_uuid();
-  PERFORM pg_catalog.set_config('pgfence.document_writing', v_nonce::text, true);
+  -- The nonce is the base version as a uuid (0...0<hex>; not expected_version + 1, which could
+  -- overflow): never a value this row had (each fast-path write has a higher base than the last,
+  -- and the random uuids written before migration 0031 have a version nibble), and cheaper than
+  -- gen_random_uuid() (about 8 us a save, measured). It must be fresh, not secret: no other
+  -- writer changes write_nonce. set_config by assignment, a plain expression (PERFORM would run
+  -- a query).
+  v_nonce := pg_catalog.lpad(pg_catalog.to_hex(p_expected_version), 32, '0')::uuid;
+  v_set := pg_catalog.set_config('pgfence.document_writing', v_nonce::text, true);
   WITH saved AS (
     UPDATE pgfence.document d
     SET version = d.version + 1, content = p_content, save_id = p_save_id, saved_by = p_saved_by,
@@ -175,9 +186,6 @@ BEGIN
            OR NOT EXISTS (SELECT FROM pgfence.document_revision r
                           WHERE r.document_id = p_id AND r.save_id = p_save_id))
     RETURNING d.id, d.version, d.kind, d.saved_at, k.log_saves
-  ), revision AS (
-    INSERT INTO pgfence.document_revision (document_id, version, op, content, save_id, saved_by, saved_at)
-    SELECT s.id, s.version, 'save', p_content, p_save_id, p_saved_by, s.saved_at FROM saved s
   ), logged AS (
     INSERT INTO pgfence.event (module, item_id, event, from_status, to_status, actor, fence, detail)
     SELECT 'document', s.id, 'save', 'live', 'live', p_saved_by, s.version,
@@ -185,8 +193,10 @@ BEGIN
                                                 'save_id', p_save_id))
     FROM saved s WHERE s.log_saves
   )
-  SELECT s.version, s.saved_at INTO v_version, v_saved_at FROM saved s;
-  PERFORM pg_catalog.set_config('pgfence.document_writing', '', true);
+  INSERT INTO pgfence.document_revision AS r (document_id, version, op, content, save_id, saved_by, saved_at)
+  SELECT s.id, s.version, 'save', p_content, p_save_id, p_saved_by, s.saved_at FROM saved s
+  RETURNING r.version, r.saved_at INTO v_version, v_saved_at;
+  v_set := pg_catalog.set_config('pgfence.document_writing', '', true);
   IF v_version IS NOT NULL THEN
     -- the answer from variables, not a query: the hot path runs no statement after the UPDATE
     outcome := 'saved'; version := v_version; content := NULL; saved_by := p_saved_by;
@@ -195,10 +205,15 @@ BEGIN
     RETURN;
   END IF;
 
-  -- The slow path: the precise error, a replay, a conflict, or a second try after a race.
-  SELECT d.version, d.status, d.kind, k.content_type, k.max_bytes
-  INTO v_version, v_status, v_kind, v_type, v_max
+  -- The slow path: the precise error, a replay, a conflict, or a second try after a race. One
+  -- statement reads the document, its kind and whether save_id has a receipt; a conflict seen
+  -- here is answered from what it read (the stored version and content, read together).
+  SELECT d.version, d.status, d.kind, k.content_type, k.max_bytes, d.content, d.saved_by, d.saved_at,
+         r.version IS NOT NULL
+  INTO v_version, v_status, v_kind, v_type, v_max, v_stored, v_stored_by, v_stored_at, v_receipt
   FROM pgfence.document d JOIN pgfence.document_kind k ON k.kind = d.kind
+  LEFT JOIN pgfence.document_revision r
+    ON p_save_id IS NOT NULL AND r.document_id = d.id AND r.save_id = p_save_id
   WHERE d.id = p_id;
   IF NOT FOUND THEN
     RAISE EXCEPTION 'document_save: no document with id %', p_id
@@ -213,7 +228,7 @@ BEGIN
   END IF;
 
   -- A retry whose first answer was lost: the receipt answers it.
-  IF p_save_id IS NOT NULL THEN
+  IF v_receipt THEN
     SELECT r.* INTO v_rev FROM pgfence.document_revision r
     WHERE r.document_id = p_id AND r.save_id = p_save_id;
     IF FOUND THEN
@@ -225,7 +240,18 @@ BEGIN
     PERFORM pgfence._document_version_unknown(p_id, p_expected_version, v_version);
   END IF;
 
-  IF v_status = 'live' AND v_version = p_expected_version THEN
+  IF v_status <> 'live' OR v_version <> p_expected_version THEN
+    -- A conflict: the answer is the stored version and content read above; a conflict changes
+    -- no document row, so its event is written here (what _document_conflict writes).
+    INSERT INTO pgfence.event (module, item_id, event, from_status, to_status, actor, fence, detail)
+    VALUES ('document', p_id, 'conflict', v_status, v_status, p_saved_by, v_version,
+            jsonb_strip_nulls(jsonb_build_object('op', 'save', 'expected_version', p_expected_version,
+                                                 'save_id', p_save_id)));
+    outcome := 'conflict'; version := v_version; content := v_stored; saved_by := v_stored_by;
+    saved_at := v_stored_at; deleted := v_status = 'deleted'; replayed := false;
+    RETURN NEXT;
+    RETURN;
+  ELSE
     -- The compare-and-swap. A concurrent save of the same version makes us wait for its
     -- commit, after which the row no longer matches and we fall through to the conflict.
     UPDATE pgfence.document d

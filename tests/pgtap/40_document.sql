@@ -3,7 +3,7 @@
 -- SQLSTATE. Cells that need two sessions at once are in 41_document_concurrency.sql.
 BEGIN;
 \ir helpers/setup.sql
-SELECT plan(222);
+SELECT plan(247);
 
 -- =============================================================================================
 -- Catalog: signatures, definer, volatility, privileges
@@ -464,6 +464,9 @@ SELECT is(current_setting('pgfence.document_writing', true), '', 'fast path: the
 SELECT results_eq($$SELECT version, op, content, save_id, saved_by FROM pgfence.document_revision((SELECT id FROM ids WHERE name = 'nonce'), 2)$$,
   $$VALUES (2::bigint, 'save'::text, '{"a": 2}'::jsonb, 'tap-nonce-1'::text, 'ann'::text)$$,
   'fast path: the revision is written in the same statement');
+SELECT is((SELECT write_nonce FROM pgfence.document WHERE id = (SELECT id FROM ids WHERE name = 'nonce')),
+          '00000000-0000-0000-0000-000000000001'::uuid,
+  'fast path: the nonce is the save''s base version as a uuid (a value the row never had: bases only grow)');
 SELECT results_eq($$SELECT event, from_status, to_status, actor, fence, detail FROM pgfence.event WHERE module = 'document' AND item_id = (SELECT id FROM ids WHERE name = 'nonce') AND event = 'save'$$,
   $$VALUES ('save'::text, 'live'::text, 'live'::text, 'ann'::text, 2::bigint, '{"kind": "record", "based_on": 1, "save_id": "tap-nonce-1"}'::jsonb)$$,
   'fast path: the save event is what tg_document_write logs');
@@ -485,6 +488,78 @@ SELECT throws_ok($$INSERT INTO pgfence.document_revision (document_id, version, 
   'PF002', NULL, 'a hand INSERT of a revision: PF002 (it stands in for the foreign key)');
 SELECT throws_ok($$INSERT INTO pgfence.document_revision (document_id, version, op, content, saved_by, saved_at) VALUES (-5, 2, 'save', '{}', 'x', now())$$,
   'PF002', NULL, 'a hand INSERT of a revision of no document: PF002');
+
+-- =============================================================================================
+-- The tables' CHECK constraints live in the guard triggers (migration 0031): a hand-written
+-- write that breaks one fails as before, 23514 with the constraint's name
+-- =============================================================================================
+CREATE FUNCTION pg_temp.violation(p_sql text) RETURNS text LANGUAGE plpgsql AS $$
+DECLARE
+  v_state text;
+  v_name  text;
+BEGIN
+  EXECUTE p_sql;
+  RETURN 'no error';
+EXCEPTION WHEN OTHERS THEN
+  GET STACKED DIAGNOSTICS v_state = RETURNED_SQLSTATE, v_name = CONSTRAINT_NAME;
+  RETURN v_state || ' ' || coalesce(nullif(v_name, ''), '-');
+END
+$$;
+SELECT is((SELECT count(*)::int FROM pg_constraint
+           WHERE contype = 'c' AND conrelid IN ('pgfence.document'::regclass, 'pgfence.document_revision'::regclass)), 0,
+  'document and document_revision declare no CHECK constraint (each would be re-read by every save)');
+INSERT INTO ids SELECT 'chk', pgfence.document_create('record', '{"a": 1}', 'ann');
+CREATE TEMP TABLE hand_writes (constraint_name text, sql text);
+INSERT INTO hand_writes VALUES
+  ('document_idempotency_key_check', $$INSERT INTO pgfence.document (kind, idempotency_key, version, content, created_by, saved_by) VALUES ('record', '', 1, '{}', 'x', 'x')$$),
+  ('document_idempotency_key_check', $$INSERT INTO pgfence.document (kind, idempotency_key, version, content, created_by, saved_by) VALUES ('record', repeat('k', 256), 1, '{}', 'x', 'x')$$),
+  ('document_created_by_check', $$INSERT INTO pgfence.document (kind, version, content, created_by, saved_by) VALUES ('record', 1, '{}', '', 'x')$$),
+  ('document_saved_by_check', $$INSERT INTO pgfence.document (kind, version, content, created_by, saved_by) VALUES ('record', 1, '{}', 'x', repeat('s', 201))$$),
+  ('document_save_id_check', $$INSERT INTO pgfence.document (kind, version, content, created_by, saved_by, save_id) VALUES ('record', 1, '{}', 'x', 'x', '')$$),
+  ('document_content_iff_live', $$INSERT INTO pgfence.document (kind, version, content, created_by, saved_by) VALUES ('record', 1, NULL, 'x', 'x')$$),
+  ('document_save_id_check', $$UPDATE pgfence.document SET version = version + 1, save_id = '' WHERE id = (SELECT id FROM ids WHERE name = 'chk')$$),
+  ('document_save_id_check', $$UPDATE pgfence.document SET version = version + 1, save_id = repeat('i', 256) WHERE id = (SELECT id FROM ids WHERE name = 'chk')$$),
+  ('document_saved_by_check', $$UPDATE pgfence.document SET version = version + 1, saved_by = '' WHERE id = (SELECT id FROM ids WHERE name = 'chk')$$),
+  ('document_saved_by_check', $$UPDATE pgfence.document SET version = version + 1, saved_by = repeat('s', 201) WHERE id = (SELECT id FROM ids WHERE name = 'chk')$$),
+  ('document_content_iff_live', $$UPDATE pgfence.document SET version = version + 1, content = NULL WHERE id = (SELECT id FROM ids WHERE name = 'chk')$$),
+  ('document_content_iff_live', $$UPDATE pgfence.document SET version = version + 1, status = 'deleted' WHERE id = (SELECT id FROM ids WHERE name = 'chk')$$);
+SELECT is(pg_temp.violation(sql), '23514 ' || constraint_name,
+          'a hand-written write breaking ' || constraint_name || ': 23514 with its name (' || left(sql, 6) || ')')
+FROM hand_writes ORDER BY constraint_name, sql;
+-- document_status_check and document_version_check were never reached by a hand-written write:
+-- the machine's own checks refuse those rows first, as they did when the constraints were declared
+SELECT is(pg_temp.violation($$INSERT INTO pgfence.document (kind, status, version, content, created_by, saved_by) VALUES ('record', 'bogus', 1, '{}', 'x', 'x')$$),
+          'PF001 -', 'an unknown status on insert: PF001 before document_status_check');
+SELECT is(pg_temp.violation($$UPDATE pgfence.document SET version = 0 WHERE id = (SELECT id FROM ids WHERE name = 'chk')$$),
+          'PF002 -', 'version 0 on update: PF002 before document_version_check');
+SELECT is(pg_temp.violation($$INSERT INTO pgfence.document (kind, idempotency_key, version, content, created_by, saved_by) VALUES ('record', NULL, 1, '{}', 'x', 'x')$$),
+          'no error', 'NULL passes as in a CHECK: a hand INSERT without an idempotency key and save_id is accepted');
+SELECT results_eq($$SELECT version, content FROM pgfence.document_get((SELECT id FROM ids WHERE name = 'chk'))$$,
+  $$VALUES (1::bigint, '{"a": 1}'::jsonb)$$, 'the refused hand-written writes changed nothing');
+-- Revisions written from inside a trigger (depth > 0) are checked; from the top level they are
+-- refused before any check (PF002, above).
+CREATE TEMP TABLE forge (version bigint, op text, content jsonb);
+CREATE FUNCTION pg_temp.tg_forge() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  INSERT INTO pgfence.document_revision (document_id, version, op, content, saved_by, saved_at)
+  VALUES ((SELECT id FROM ids WHERE name = 'chk'), NEW.version, NEW.op, NEW.content, 'x', now());
+  RETURN NEW;
+END
+$$;
+CREATE TRIGGER forge BEFORE INSERT ON forge FOR EACH ROW EXECUTE FUNCTION pg_temp.tg_forge();
+CREATE TEMP TABLE rev_writes (constraint_name text, sql text);
+INSERT INTO rev_writes VALUES
+  ('document_revision_version_check', $$INSERT INTO forge VALUES (0, 'save', '{}')$$),
+  ('document_revision_op_check', $$INSERT INTO forge VALUES (50, 'bogus', '{}')$$),
+  ('document_revision_content_iff_not_delete', $$INSERT INTO forge VALUES (50, 'save', NULL)$$),
+  ('document_revision_content_iff_not_delete', $$INSERT INTO forge VALUES (50, 'delete', '{}')$$),
+  ('document_revision_create_is_1', $$INSERT INTO forge VALUES (50, 'create', '{}')$$),
+  ('document_revision_create_is_1', $$INSERT INTO forge VALUES (1, 'save', '{}')$$);
+SELECT is(pg_temp.violation(sql), '23514 ' || constraint_name,
+          'a revision written from a trigger breaking ' || constraint_name || ': 23514 with its name')
+FROM rev_writes ORDER BY constraint_name, sql;
+SELECT is(pg_temp.violation($$INSERT INTO forge VALUES (50, 'save', '{}')$$), 'no error',
+  'a well-formed revision written from a trigger passes the guard (as before)');
 
 SELECT * FROM finish();
 ROLLBACK;
