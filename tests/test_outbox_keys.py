@@ -37,8 +37,6 @@ def _enqueue(conn: psycopg.Connection[Any], channel: str, keys: int, per_key: in
 def test_four_executors_keep_each_keys_order_and_limit(db: str, conn: psycopg.Connection[Any],
                                                       tmp_path: Path) -> None:
     outbox.configure_channel(conn, LIMITED, key_max_in_flight=LIMIT)
-    _enqueue(conn, ORDERED, ORDERED_KEYS, ORDERED_PER_KEY)
-    _enqueue(conn, LIMITED, LIMITED_KEYS, LIMITED_PER_KEY)
     total = ORDERED_KEYS * ORDERED_PER_KEY + LIMITED_KEYS * LIMITED_PER_KEY
     record = tmp_path / "receiver.log"
     env = {"PGFENCE_TEST_RECORD": str(record)}
@@ -47,6 +45,14 @@ def test_four_executors_keep_each_keys_order_and_limit(db: str, conn: psycopg.Co
                        "--worker-id", f"kx{i}", "--concurrency", "16", *FAST],
                   tmp_path / f"exec{i}.log", env) for i in range(4)]
     try:
+        # All four listen before the first message: an executor still starting when the others
+        # have drained the lot would deliver none (seen once in four runs), and the test is about
+        # executors running side by side.
+        wait_for(lambda: scalar(db, "SELECT count(*) FROM pg_stat_activity"
+                                    " WHERE application_name LIKE 'pgfence-listener:kx%%'") == 4,
+                 60, "four executors listening")
+        _enqueue(conn, ORDERED, ORDERED_KEYS, ORDERED_PER_KEY)
+        _enqueue(conn, LIMITED, LIMITED_KEYS, LIMITED_PER_KEY)
         wait_for(lambda: scalar(db, "SELECT count(*) FROM pgfence.outbox WHERE status = 'sent'") == total,
                  90, f"all {total} messages sent")
     finally:
@@ -73,3 +79,39 @@ def test_four_executors_keep_each_keys_order_and_limit(db: str, conn: psycopg.Co
         if channel == ORDERED:
             assert seqs == sorted(seqs), f"{key}: delivered in enqueue order"
     assert scalar(db, "SELECT count(*) FROM pgfence.outbox_key") == 0, "every key forgotten at the end"
+
+
+STALL_KEYS, STALL_PER_KEY, STALL_DRAINS, STALL_POLL = 1000, 10, 4, 30.0
+
+
+@pytest.mark.timeout(240)
+def test_a_keyed_drain_never_waits_for_the_poll(db: str, conn: psycopg.Connection[Any],
+                                                tmp_path: Path) -> None:
+    """Four idle executors (batch 50, two claim sweeps in flight each) drain keyed backlogs
+    without a NOTIFY for a key's next turn: a settle's promotions send none, so a sweep that
+    came back short on a snapshot older than a neighbour sweep's commit must not clear the
+    module's due flag. Before the fix about 4 bench drains in 10 stalled until the sweep timer
+    (a 1.6 s gap with --poll-interval 3), and this test failed 3 runs of 3; with a 30 s poll a
+    stall fails the bound."""
+    channel = "stall"
+    procs = [Proc(db, ["--route", f"{channel}=noop", "--worker-id", f"st{i}", "--batch", "50",
+                       "--concurrency", "100", "--poll-interval", str(STALL_POLL),
+                       "--reap-interval", "60"],
+                  tmp_path / f"stall{i}.log") for i in range(4)]
+    try:
+        wait_for(lambda: scalar(db, "SELECT count(*) FROM pg_stat_activity"
+                                    " WHERE application_name LIKE 'pgfence-listener:st%%'") == 4,
+                 60, "four executors listening")
+        total = 0
+        for drain in range(STALL_DRAINS):
+            n = STALL_KEYS * STALL_PER_KEY  # one call, the keys interleaved (k0, k1, ..., k0, ...)
+            outbox.enqueue_many(conn, channel, ["r"] * n, [{"i": i} for i in range(n)],
+                                ordering_keys=[f"d{drain}k{i % STALL_KEYS}" for i in range(n)])
+            total += n
+            # A drain takes about 0.5-2 s here; a stall lasts until the 30 s sweep timer.
+            wait_for(lambda want=total: scalar(db, "SELECT count(*) FROM pgfence.outbox"
+                                                   " WHERE status = 'sent'") == want,
+                     STALL_POLL / 2, f"drain {drain + 1}: all {total} messages sent before the poll")
+    finally:
+        for p in procs:
+            assert p.terminate() == 0, p.output()

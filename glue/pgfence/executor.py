@@ -1035,7 +1035,19 @@ class Executor:
             s.failures = 0
             self.last_sweep = time.monotonic()
             s.full = claimed >= slots > 0
-            if claimed < slots and s.generation == generation:
+            if s.full:
+                # A backlog: more may be due, and a sweep in flight beside this one that comes
+                # back short may have read a snapshot older than this sweep's commits (a keyed
+                # settle's promotions send no NOTIFY): the nudge keeps that one from clearing
+                # ``dirty`` on what it could not see.
+                s.nudge()
+            elif slots == 0:
+                # Outcomes only: the settle may have made messages due (a key's next turn).
+                with contextlib.suppress(Exception):
+                    due = await s.module.next_due()
+                    if due is not None and due <= 0:
+                        s.nudge()
+            elif claimed < slots and s.generation == generation:
                 # Drained (nothing more due now): asked again on a NOTIFY, its due time or the
                 # sweep. A module that answers "due now" although it got fewer units than it
                 # asked for (another executor holds them) looks again a moment later.
