@@ -5,6 +5,8 @@ Both databases get this checkout's migrations; A then gets BASE_FUNCTIONS_DIR/*.
 top (CREATE OR REPLACE: A's functions and triggers are the base's). Each pair runs, in turn, A
 unkeyed, A keyed, B unkeyed, B keyed (4 executors x batch 50, 10,000 messages, 1,000 keys), then
 claim_round_cost keyless and with 1,000 keys on A and B (one settle-50 + claim-50 round, ms).
+Odd pairs run B first (ABBA order: the variant run second has an order bias).
+KEYED_AB_A_SQL=FILE: SQL run on A after the base functions (schema the base had, e.g. indexes).
 """
 import os
 import statistics
@@ -31,6 +33,8 @@ def ab_databases(base: Path, names: tuple[str, str]) -> tuple[str, str]:
     with psycopg.connect(dsns[0]) as conn:
         for f in sorted(base.glob("*.sql")):
             conn.execute(f.read_text().encode())
+        if setup := os.environ.get("KEYED_AB_A_SQL"):  # e.g. the base's indexes back on A
+            conn.execute(Path(setup).read_text().encode())
     return dsns[0], dsns[1]
 
 
@@ -41,7 +45,7 @@ def main() -> None:
     dsns = {"ka": a, "kb": b}
     res: dict[str, list[float]] = {k: [] for k in ("au", "ak", "bu", "bk", "ac", "bc", "ar", "br")}
     for i in range(pairs):
-        for v in ("a", "b"):
+        for v in (("a", "b") if i % 2 == 0 else ("b", "a")):  # ABBA: B after A has an order bias
             dsn = dsns["k" + v]
             res[v + "u"].append(outbox.drain_executor(dsn, 4, 50)["per_second"])
             res[v + "k"].append(outbox.drain_executor(dsn, 4, 50, keys=1000)["per_second"])

@@ -5,7 +5,8 @@ One session runs rounds of outbox_settle_and_claim (settle the previous 50, clai
 10,000 due keyless messages, or 10,000 messages over 1,000 ordering keys (10 a key, as the
 drain); per rep and variant the median of 150 rounds (ms, database and wire time) and the
 server process's CPU time per round (/proc, so a local server; robust to a loaded machine).
-Reps interleave A keyless, A keyed, B keyless, B keyed.
+Reps interleave A keyless, A keyed, B keyless, B keyed (odd reps: B first, ABBA).
+KEYED_AB_A_SQL=FILE: SQL run on A after the base functions (as bench/keyed_ab.py).
 """
 import os
 import statistics
@@ -55,7 +56,7 @@ def main() -> None:
     dsns = {"ra": a, "rb": b}
     res: dict[str, list[float]] = {k: [] for k in ("au", "ak", "bu", "bk", "auc", "akc", "buc", "bkc")}
     for i in range(reps):
-        for v in ("a", "b"):
+        for v in (("a", "b") if i % 2 == 0 else ("b", "a")):  # ABBA: B after A has an order bias
             for kind, keys in (("u", None), ("k", 1000)):
                 wall, cpu = rounds(dsns["r" + v], keys)
                 res[v + kind].append(wall)
