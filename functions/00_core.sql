@@ -2,7 +2,7 @@
 --
 -- Public: schema_version(), backoff(attempt, base, cap, jitter).
 -- Private helpers every module uses: _ts (an instant as UTC text for JSON), _is_name (the rule
--- for channel, action and kind names).
+-- for channel, action and kind names), _check_violated (23514 for a row check a guard holds).
 -- Also here: the comments of the core tables (meta, installed_migration).
 -- The event log writer and the delete guards shared by every module: 01_core_events.sql.
 --
@@ -62,6 +62,29 @@ COMMENT ON FUNCTION pgfence._is_name(text) IS
   'Private: is this a valid pgfence name (outbox channel, plan action, operation kind)?
 1-63 characters of a-z, 0-9, _ . -, starting with a letter or digit. NULL for NULL.
 Errors: none.';
+
+-- A row check that a guard trigger holds instead of a declared CHECK (migrations 0030, 0031:
+-- PostgreSQL prepares every CHECK once per writing statement, and the one-statement fast paths
+-- that skip the guards make their checks hold by construction): raised as PostgreSQL would.
+CREATE OR REPLACE FUNCTION pgfence._check_violated(p_table text, p_constraint text, p_detail text,
+                                                   p_hint text)
+RETURNS void
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pgfence, pg_temp
+AS $$
+BEGIN
+  RAISE EXCEPTION 'new row for relation "%" violates check constraint "%"', p_table, p_constraint
+    USING ERRCODE = 'check_violation', CONSTRAINT = p_constraint, SCHEMA = 'pgfence', TABLE = p_table,
+          DETAIL = p_detail, HINT = p_hint;
+END
+$$;
+REVOKE ALL ON FUNCTION pgfence._check_violated(text, text, text, text) FROM PUBLIC;
+COMMENT ON FUNCTION pgfence._check_violated(text, text, text, text) IS
+  'Private: raises 23514 (check_violation) for a row of pgfence.p_table, naming the constraint.
+With SCHEMA, TABLE and CONSTRAINT set as for a declared CHECK. Called by the guard triggers that hold
+what were CHECK constraints (tg_plan_guard, tg_plan_step_guard, tg_document_write,
+tg_document_revision_insert) and by _plan_step_finish.
+Errors: always 23514.';
 
 CREATE OR REPLACE FUNCTION pgfence.schema_version()
 RETURNS integer

@@ -148,10 +148,8 @@ BEGIN
     WHEN ((NEW.step_begun IS NULL) = (NEW.step_begun_xact IS NULL)) IS FALSE THEN 'plan_step_begun_whole'
   END;
   IF v_check IS NOT NULL THEN
-    RAISE EXCEPTION 'new row for relation "plan" violates check constraint "%"', v_check
-      USING ERRCODE = 'check_violation', SCHEMA = 'pgfence', TABLE = 'plan', CONSTRAINT = v_check,
-            DETAIL = format('Failing row contains %s.', NEW),
-            HINT = 'A row check of pgfence.plan, held by this trigger since migration 0030: write plans only through the pgfence.plan_* functions.';
+    PERFORM pgfence._check_violated('plan', v_check, format('Failing row contains %s.', NEW),
+      'A row check of pgfence.plan, held by this trigger since migration 0030: write plans only through the pgfence.plan_* functions.');
   END IF;
   RETURN NEW;
 END
@@ -263,10 +261,8 @@ BEGIN
           = (NEW.worker IS NULL AND NEW.started_at IS NULL AND NEW.finished_at IS NULL)) IS FALSE THEN 'plan_step_receipt_whole'
   END;
   IF v_check IS NOT NULL THEN
-    RAISE EXCEPTION 'new row for relation "plan_step" violates check constraint "%"', v_check
-      USING ERRCODE = 'check_violation', SCHEMA = 'pgfence', TABLE = 'plan_step', CONSTRAINT = v_check,
-            DETAIL = format('Failing row contains %s.', NEW),
-            HINT = 'A row check of pgfence.plan_step, held by this trigger since migration 0030: write plans only through the pgfence.plan_* functions.';
+    PERFORM pgfence._check_violated('plan_step', v_check, format('Failing row contains %s.', NEW),
+      'A row check of pgfence.plan_step, held by this trigger since migration 0030: write plans only through the pgfence.plan_* functions.');
   END IF;
   RETURN NEW;
 END

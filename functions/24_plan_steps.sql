@@ -341,10 +341,9 @@ BEGIN
   IF NOT p_ok AND (pg_catalog.jsonb_typeof(p_error) IS DISTINCT FROM 'object' OR NOT p_error ? 'message') THEN
     -- The receipt's row check plan_step_error_iff, which the step's commit skips with the guard
     -- trigger that holds it (functions/20_plan_guards.sql): plan_run_step always passes a message.
-    RAISE EXCEPTION 'new row for relation "plan_step" violates check constraint "plan_step_error_iff"'
-      USING ERRCODE = 'check_violation', SCHEMA = 'pgfence', TABLE = 'plan_step', CONSTRAINT = 'plan_step_error_iff',
-            DETAIL = format('An error receipt is an object with a message; got %s.', p_error),
-            HINT = 'Run SQL steps with pgfence.plan_run_step or CALL pgfence.plan_execute; this helper is not for direct use.';
+    PERFORM pgfence._check_violated('plan_step', 'plan_step_error_iff',
+      format('An error receipt is an object with a message; got %s.', p_error),
+      'Run SQL steps with pgfence.plan_run_step or CALL pgfence.plan_execute; this helper is not for direct use.');
   END IF;
   -- Handshake step 4, the fast path: one statement that checks the owner, the token, the step,
   -- that this transaction's top level began it (PF107) and for an ok receipt the approval, and

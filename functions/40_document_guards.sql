@@ -6,7 +6,7 @@
 -- Here: tg_document_write (the one trigger on the write path: the next version, its revision and
 -- event), tg_document_created (revision 1), tg_document_revision_guard (revisions never change),
 -- tg_document_revision_insert (revisions are written only with their version); the last two also
--- hold what were the tables' CHECK constraints (migration 0031, _document_check_violated);
+-- hold what were the tables' CHECK constraints (migration 0031, raised by _check_violated);
 -- the private argument checks shared by the writes (_document_kind, _document_check_*,
 -- _document_version_unknown) and the tables' comments. No public functions.
 -- Errors: functions/ERRORS.md (PF301-PF304 are this module's).
@@ -21,27 +21,6 @@ Status machine live -> deleted (terminal tombstone). version grows by exactly on
 COMMENT ON TABLE pgfence.document_revision IS
   'Every version of every document, as it was written: the history, and the receipts of saves.
 Content NULL for the delete tombstone; written in the same transaction as the version. Immutable. Version v of a save was a compare-and-swap on version v-1. Not an API: use document_revision() and document_history().';
-
--- What were the CHECK constraints of document and document_revision (until migration 0031),
--- raised by their guard triggers as PostgreSQL raised them: 23514 with the constraint's name.
-CREATE OR REPLACE FUNCTION pgfence._document_check_violated(p_table text, p_constraint text, p_detail text)
-RETURNS void
-LANGUAGE plpgsql VOLATILE
-SET search_path = pg_catalog, pgfence, pg_temp
-AS $$
-BEGIN
-  RAISE EXCEPTION 'new row for relation "%" violates check constraint "%"', p_table, p_constraint
-    USING ERRCODE = 'check_violation', CONSTRAINT = p_constraint, SCHEMA = 'pgfence', TABLE = p_table,
-          DETAIL = p_detail,
-          HINT = CASE p_table
-                 WHEN 'document' THEN 'idempotency_key and save_id are 1-255 characters or NULL, created_by and saved_by 1-200 characters, content is present exactly while the document is live; use the pgfence.document_* functions.'
-                 ELSE 'A revision is version 1 exactly when it is the create, and has content unless it is the delete; use the pgfence.document_* functions.' END;
-END
-$$;
-REVOKE ALL ON FUNCTION pgfence._document_check_violated(text, text, text) FROM PUBLIC;
-COMMENT ON FUNCTION pgfence._document_check_violated(text, text, text) IS
-  'Private: raises 23514 (check_violation) for a document or revision row, naming the constraint.
-Called by tg_document_write and tg_document_revision_insert, which check what were these tables'' CHECK constraints until migration 0031 (the save''s fast path skips both triggers and makes them hold by construction).';
 
 -- ---------------------------------------------------------------------------------------------
 -- The document machine, held by tg_document_write for any write (psql included):
@@ -106,8 +85,9 @@ BEGIN
     WHEN NOT ((NEW.status = 'live') = (NEW.content IS NOT NULL)) THEN 'document_content_iff_live'
   END;
   IF v_check IS NOT NULL THEN
-    PERFORM pgfence._document_check_violated('document', v_check,
-                                             format('Document %s, version %s, status %s.', NEW.id, NEW.version, NEW.status));
+    PERFORM pgfence._check_violated('document', v_check,
+      format('Document %s, version %s, status %s.', NEW.id, NEW.version, NEW.status),
+      'idempotency_key and save_id are 1-255 characters or NULL, created_by and saved_by 1-200 characters, content is present exactly while the document is live; use the pgfence.document_* functions.');
   END IF;
   IF TG_OP = 'INSERT' THEN
     NEW.created_at := now();
@@ -252,8 +232,9 @@ BEGIN
     WHEN NOT ((NEW.op = 'create') = (NEW.version = 1)) THEN 'document_revision_create_is_1'
   END;
   IF v_check IS NOT NULL THEN
-    PERFORM pgfence._document_check_violated('document_revision', v_check,
-                                             format('Revision %s of document %s, op %s.', NEW.version, NEW.document_id, NEW.op));
+    PERFORM pgfence._check_violated('document_revision', v_check,
+      format('Revision %s of document %s, op %s.', NEW.version, NEW.document_id, NEW.op),
+      'A revision is version 1 exactly when it is the create, and has content unless it is the delete; use the pgfence.document_* functions.');
   END IF;
   RETURN NEW;
 END

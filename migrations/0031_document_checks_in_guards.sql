@@ -28,4 +28,7 @@ ALTER TABLE pgfence.document_revision
   DROP CONSTRAINT IF EXISTS document_revision_content_iff_not_delete,
   DROP CONSTRAINT IF EXISTS document_revision_create_is_1;
 
+-- Its raiser became the shared pgfence._check_violated (functions/00_core.sql).
+DROP FUNCTION IF EXISTS pgfence._document_check_violated(text, text, text);
+
 UPDATE pgfence.meta SET schema_version = greatest(schema_version, 31);

@@ -695,7 +695,7 @@ CREATE TABLE pgfence.outbox_key (
 --
 -- Public: schema_version(), backoff(attempt, base, cap, jitter).
 -- Private helpers every module uses: _ts (an instant as UTC text for JSON), _is_name (the rule
--- for channel, action and kind names).
+-- for channel, action and kind names), _check_violated (23514 for a row check a guard holds).
 -- Also here: the comments of the core tables (meta, installed_migration).
 -- The event log writer and the delete guards shared by every module: 01_core_events.sql.
 --
@@ -755,6 +755,29 @@ COMMENT ON FUNCTION pgfence._is_name(text) IS
   'Private: is this a valid pgfence name (outbox channel, plan action, operation kind)?
 1-63 characters of a-z, 0-9, _ . -, starting with a letter or digit. NULL for NULL.
 Errors: none.';
+
+-- A row check that a guard trigger holds instead of a declared CHECK (migrations 0030, 0031:
+-- PostgreSQL prepares every CHECK once per writing statement, and the one-statement fast paths
+-- that skip the guards make their checks hold by construction): raised as PostgreSQL would.
+CREATE OR REPLACE FUNCTION pgfence._check_violated(p_table text, p_constraint text, p_detail text,
+                                                   p_hint text)
+RETURNS void
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pgfence, pg_temp
+AS $$
+BEGIN
+  RAISE EXCEPTION 'new row for relation "%" violates check constraint "%"', p_table, p_constraint
+    USING ERRCODE = 'check_violation', CONSTRAINT = p_constraint, SCHEMA = 'pgfence', TABLE = p_table,
+          DETAIL = p_detail, HINT = p_hint;
+END
+$$;
+REVOKE ALL ON FUNCTION pgfence._check_violated(text, text, text, text) FROM PUBLIC;
+COMMENT ON FUNCTION pgfence._check_violated(text, text, text, text) IS
+  'Private: raises 23514 (check_violation) for a row of pgfence.p_table, naming the constraint.
+With SCHEMA, TABLE and CONSTRAINT set as for a declared CHECK. Called by the guard triggers that hold
+what were CHECK constraints (tg_plan_guard, tg_plan_step_guard, tg_document_write,
+tg_document_revision_insert) and by _plan_step_finish.
+Errors: always 23514.';
 
 CREATE OR REPLACE FUNCTION pgfence.schema_version()
 RETURNS integer
@@ -3735,10 +3758,8 @@ BEGIN
     WHEN ((NEW.step_begun IS NULL) = (NEW.step_begun_xact IS NULL)) IS FALSE THEN 'plan_step_begun_whole'
   END;
   IF v_check IS NOT NULL THEN
-    RAISE EXCEPTION 'new row for relation "plan" violates check constraint "%"', v_check
-      USING ERRCODE = 'check_violation', SCHEMA = 'pgfence', TABLE = 'plan', CONSTRAINT = v_check,
-            DETAIL = format('Failing row contains %s.', NEW),
-            HINT = 'A row check of pgfence.plan, held by this trigger since migration 0030: write plans only through the pgfence.plan_* functions.';
+    PERFORM pgfence._check_violated('plan', v_check, format('Failing row contains %s.', NEW),
+      'A row check of pgfence.plan, held by this trigger since migration 0030: write plans only through the pgfence.plan_* functions.');
   END IF;
   RETURN NEW;
 END
@@ -3850,10 +3871,8 @@ BEGIN
           = (NEW.worker IS NULL AND NEW.started_at IS NULL AND NEW.finished_at IS NULL)) IS FALSE THEN 'plan_step_receipt_whole'
   END;
   IF v_check IS NOT NULL THEN
-    RAISE EXCEPTION 'new row for relation "plan_step" violates check constraint "%"', v_check
-      USING ERRCODE = 'check_violation', SCHEMA = 'pgfence', TABLE = 'plan_step', CONSTRAINT = v_check,
-            DETAIL = format('Failing row contains %s.', NEW),
-            HINT = 'A row check of pgfence.plan_step, held by this trigger since migration 0030: write plans only through the pgfence.plan_* functions.';
+    PERFORM pgfence._check_violated('plan_step', v_check, format('Failing row contains %s.', NEW),
+      'A row check of pgfence.plan_step, held by this trigger since migration 0030: write plans only through the pgfence.plan_* functions.');
   END IF;
   RETURN NEW;
 END
@@ -5299,10 +5318,9 @@ BEGIN
   IF NOT p_ok AND (pg_catalog.jsonb_typeof(p_error) IS DISTINCT FROM 'object' OR NOT p_error ? 'message') THEN
     -- The receipt's row check plan_step_error_iff, which the step's commit skips with the guard
     -- trigger that holds it (functions/20_plan_guards.sql): plan_run_step always passes a message.
-    RAISE EXCEPTION 'new row for relation "plan_step" violates check constraint "plan_step_error_iff"'
-      USING ERRCODE = 'check_violation', SCHEMA = 'pgfence', TABLE = 'plan_step', CONSTRAINT = 'plan_step_error_iff',
-            DETAIL = format('An error receipt is an object with a message; got %s.', p_error),
-            HINT = 'Run SQL steps with pgfence.plan_run_step or CALL pgfence.plan_execute; this helper is not for direct use.';
+    PERFORM pgfence._check_violated('plan_step', 'plan_step_error_iff',
+      format('An error receipt is an object with a message; got %s.', p_error),
+      'Run SQL steps with pgfence.plan_run_step or CALL pgfence.plan_execute; this helper is not for direct use.');
   END IF;
   -- Handshake step 4, the fast path: one statement that checks the owner, the token, the step,
   -- that this transaction's top level began it (PF107) and for an ok receipt the approval, and
@@ -6813,7 +6831,7 @@ COMMENT ON COLUMN pgfence.operation_in_flight.age IS 'How long ago the operation
 -- Here: tg_document_write (the one trigger on the write path: the next version, its revision and
 -- event), tg_document_created (revision 1), tg_document_revision_guard (revisions never change),
 -- tg_document_revision_insert (revisions are written only with their version); the last two also
--- hold what were the tables' CHECK constraints (migration 0031, _document_check_violated);
+-- hold what were the tables' CHECK constraints (migration 0031, raised by _check_violated);
 -- the private argument checks shared by the writes (_document_kind, _document_check_*,
 -- _document_version_unknown) and the tables' comments. No public functions.
 -- Errors: functions/ERRORS.md (PF301-PF304 are this module's).
@@ -6828,27 +6846,6 @@ Status machine live -> deleted (terminal tombstone). version grows by exactly on
 COMMENT ON TABLE pgfence.document_revision IS
   'Every version of every document, as it was written: the history, and the receipts of saves.
 Content NULL for the delete tombstone; written in the same transaction as the version. Immutable. Version v of a save was a compare-and-swap on version v-1. Not an API: use document_revision() and document_history().';
-
--- What were the CHECK constraints of document and document_revision (until migration 0031),
--- raised by their guard triggers as PostgreSQL raised them: 23514 with the constraint's name.
-CREATE OR REPLACE FUNCTION pgfence._document_check_violated(p_table text, p_constraint text, p_detail text)
-RETURNS void
-LANGUAGE plpgsql VOLATILE
-SET search_path = pg_catalog, pgfence, pg_temp
-AS $$
-BEGIN
-  RAISE EXCEPTION 'new row for relation "%" violates check constraint "%"', p_table, p_constraint
-    USING ERRCODE = 'check_violation', CONSTRAINT = p_constraint, SCHEMA = 'pgfence', TABLE = p_table,
-          DETAIL = p_detail,
-          HINT = CASE p_table
-                 WHEN 'document' THEN 'idempotency_key and save_id are 1-255 characters or NULL, created_by and saved_by 1-200 characters, content is present exactly while the document is live; use the pgfence.document_* functions.'
-                 ELSE 'A revision is version 1 exactly when it is the create, and has content unless it is the delete; use the pgfence.document_* functions.' END;
-END
-$$;
-REVOKE ALL ON FUNCTION pgfence._document_check_violated(text, text, text) FROM PUBLIC;
-COMMENT ON FUNCTION pgfence._document_check_violated(text, text, text) IS
-  'Private: raises 23514 (check_violation) for a document or revision row, naming the constraint.
-Called by tg_document_write and tg_document_revision_insert, which check what were these tables'' CHECK constraints until migration 0031 (the save''s fast path skips both triggers and makes them hold by construction).';
 
 -- ---------------------------------------------------------------------------------------------
 -- The document machine, held by tg_document_write for any write (psql included):
@@ -6913,8 +6910,9 @@ BEGIN
     WHEN NOT ((NEW.status = 'live') = (NEW.content IS NOT NULL)) THEN 'document_content_iff_live'
   END;
   IF v_check IS NOT NULL THEN
-    PERFORM pgfence._document_check_violated('document', v_check,
-                                             format('Document %s, version %s, status %s.', NEW.id, NEW.version, NEW.status));
+    PERFORM pgfence._check_violated('document', v_check,
+      format('Document %s, version %s, status %s.', NEW.id, NEW.version, NEW.status),
+      'idempotency_key and save_id are 1-255 characters or NULL, created_by and saved_by 1-200 characters, content is present exactly while the document is live; use the pgfence.document_* functions.');
   END IF;
   IF TG_OP = 'INSERT' THEN
     NEW.created_at := now();
@@ -7059,8 +7057,9 @@ BEGIN
     WHEN NOT ((NEW.op = 'create') = (NEW.version = 1)) THEN 'document_revision_create_is_1'
   END;
   IF v_check IS NOT NULL THEN
-    PERFORM pgfence._document_check_violated('document_revision', v_check,
-                                             format('Revision %s of document %s, op %s.', NEW.version, NEW.document_id, NEW.op));
+    PERFORM pgfence._check_violated('document_revision', v_check,
+      format('Revision %s of document %s, op %s.', NEW.version, NEW.document_id, NEW.op),
+      'A revision is version 1 exactly when it is the create, and has content unless it is the delete; use the pgfence.document_* functions.');
   END IF;
   RETURN NEW;
 END
