@@ -1206,10 +1206,10 @@ class Executor:
             _, conn, via = self._via
             bound = self.config.query_timeout if timeout is None else timeout
             async with bounded(conn, bound, "wake-up claim"):
-                cur = conn.cursor(row_factory=row_factory) if row_factory else via
-                await cur.execute(query, params)
-                res = cur.pgresult
-                return await cur.fetchall() if res is not None and res.nfields else []
+                if row_factory is None:
+                    return await _rows(via, query, params)
+                async with conn.cursor(row_factory=row_factory) as cur:
+                    return await _rows(cur, query, params)
         attempt = 0
         while True:
             bound = self.config.query_timeout if timeout is None else timeout
@@ -1222,10 +1222,7 @@ class Executor:
                             cur = conn.cursor(row_factory=row_factory) if row_factory \
                                 else conn.cursor()
                             async with cur:
-                                await cur.execute(query, params)
-                                res = cur.pgresult  # not cur.description: it builds columns
-                                return await cur.fetchall() if res is not None and res.nfields \
-                                    else []
+                                return await _rows(cur, query, params)
                     finally:
                         # When it went back to the pool (an idle one is checked before reuse).
                         # Not the pool's reset callback: that returns every connection through
@@ -1238,6 +1235,13 @@ class Executor:
                     raise
                 logger.warning("database unavailable (%s); retry %d in %.2fs", exc, attempt, delay)
                 await asyncio.sleep(delay)
+
+
+async def _rows(cur: psycopg.AsyncCursor[Any], query: Any, params: Any) -> list[Any]:
+    """Execute ``query`` on ``cur``; its rows, or [] for a statement that returns none."""
+    await cur.execute(query, params)
+    res = cur.pgresult  # not cur.description: it builds columns
+    return await cur.fetchall() if res is not None and res.nfields else []
 
 
 # ===============================================================================================
