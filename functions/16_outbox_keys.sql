@@ -499,9 +499,8 @@ BEGIN
   ), moves AS (  -- the handed keys, whole, within the batch: their next messages and their settled ones
     SELECT next.id, true AS handed, next.lease, NULL::jsonb AS receipt
     FROM next JOIN ready USING (channel, ordering_key) WHERE ready.upto <= p_batch
-    UNION ALL
-    SELECT settled.id, false, NULL::interval, settled.receipt
-    FROM settled JOIN ready USING (channel, ordering_key) WHERE ready.upto <= p_batch
+    UNION ALL  -- every settled message, handed key or not (the others: decided by the trigger)
+    SELECT settled.id, false, NULL::interval, settled.receipt FROM settled
   ), moved AS (
     UPDATE pgfence.outbox o
     SET status = CASE WHEN m.handed THEN 'processing' ELSE 'sent' END,

@@ -45,7 +45,6 @@ DECLARE
   v_keys     text[];
   v_receipts jsonb[];
   c_processing CONSTANT text := 'processing';  -- docs/query-plans.md#constants-instead-of-literals
-  c_sent       CONSTANT text := 'sent';
 BEGIN
   -- Checked before anything is written, so that a bad batch never leaves a half-done call.
   IF p_batch IS NULL OR p_batch NOT BETWEEN 0 AND 10000 THEN
@@ -62,34 +61,30 @@ BEGIN
      AND (p_receipts IS NULL OR cardinality(p_receipts) = cardinality(p_ids)) THEN
     PERFORM pgfence._outbox_check_claimer(p_worker, p_lease);
     -- Lock every row to settle in id order, as outbox_mark_sent_many does (concurrent settles
-    -- wait for each other instead of deadlocking), noting the keyed ones this call may settle.
-    SELECT array_agg(l.id) FILTER (WHERE l.ordering_key IS NOT NULL) INTO v_keyed
-    FROM (SELECT o.id, o.ordering_key FROM pgfence.outbox o
-          WHERE o.id = ANY (p_ids) ORDER BY o.id FOR UPDATE) l;
-    IF v_keyed IS NOT NULL THEN
-      -- of those, the ones fenced as the settle fences them (processing under their attempt)
-      SELECT array_agg(o.id), array_agg(o.channel), array_agg(o.ordering_key), array_agg(u.receipt)
-        INTO v_keyed, v_channels, v_keys, v_receipts
-      FROM unnest(p_ids, p_attempts, p_receipts) AS u(id, attempt, receipt)
-      JOIN pgfence.outbox o ON o.id = u.id
-      WHERE u.id = ANY (v_keyed) AND o.attempts = u.attempt AND o.status = c_processing
-        AND (p_channels IS NULL OR o.channel = ANY (p_channels));
-    END IF;
+    -- wait for each other instead of deadlocking), and in the same statement note the keyed
+    -- ones this call may settle: fenced as the settle fences them (processing under the attempt
+    -- given with the id's first element; LockRows returns the row's latest version). OFFSET 0
+    -- keeps the outer tests above the lock (a qual pushed into the subquery would lock only
+    -- the rows it passes): every row is locked, keyless ones too.
+    SELECT array_agg(l.id), array_agg(l.channel), array_agg(l.ordering_key),
+           array_agg(CASE WHEN p_receipts IS NOT NULL THEN p_receipts[array_position(p_ids, l.id)] END)
+      INTO v_keyed, v_channels, v_keys, v_receipts
+    FROM (SELECT o.id, o.channel, o.ordering_key, o.attempts, o.status FROM pgfence.outbox o
+          WHERE o.id = ANY (p_ids) ORDER BY o.id OFFSET 0 FOR UPDATE) l
+    WHERE l.ordering_key IS NOT NULL AND l.status = c_processing
+      AND (p_channels IS NULL OR l.channel = ANY (p_channels))
+      AND l.attempts = p_attempts[array_position(p_ids, l.id)];
     IF v_keyed IS NOT NULL THEN
       -- The handed-off messages go straight into this call's result (no loop over the rows).
+      -- The hand-off settles every keyed message it is given (they are locked and fenced), the
+      -- keys it hands off and the others alike: so what it settled is v_keyed, without a re-read.
       RETURN QUERY
       SELECT h.id, h.channel, h.recipient, h.payload, h.idempotency_key, h.attempt, h.max_attempts,
              h.lease, h.lease_expires_at, h.created_at, NULL::bigint[], NULL::interval
       FROM pgfence._outbox_keys_hand_off(v_keyed, v_channels, v_keys, v_receipts,
                                          p_worker, p_batch, p_lease) h;
       GET DIAGNOSTICS v_handed = ROW_COUNT;
-      IF v_handed > 0 THEN
-        -- What it settled: of the keyed messages it was given (locked by this call since they
-        -- were found processing under their attempt), those now sent. None when nothing was
-        -- handed off: a key is handed off whole, its settled messages with it.
-        v_sent := ARRAY(SELECT o.id FROM pgfence.outbox o
-                        WHERE o.id = ANY (v_keyed) AND o.status = c_sent);
-      END IF;
+      v_sent := v_keyed;
     END IF;
     -- The others, as outbox_mark_sent_many marks them (the rows are locked already). Its error
     -- (P0002) aborts the whole call, hand-off included.
