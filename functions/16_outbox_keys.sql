@@ -442,7 +442,71 @@ DECLARE
   v_due_by   CONSTANT timestamptz := clock_timestamp();
   v_lock_channels text[];
   v_lock_keys     text[];
+  v_set      pgfence.outbox_channel;
+  v_lease    interval;
+  v_hold_dead boolean;
 BEGIN
+  -- The lean form: one channel (the common case) with key_max_in_flight 1 and no key_rate (the
+  -- defaults). Per settled key two probes instead of a walk of all its unfinished messages: its
+  -- oldest waiting message (outbox_key_waiting_idx, LIMIT 1), handed off if due now, unless a
+  -- message other than the settled one holds or blocks a turn (outbox_key_live_idx; each index's
+  -- predicate is written out as a literal so that the probe can use it). Then the key has room
+  -- for exactly one, the settled one's: what a decision would promote. No key lock
+  -- (docs/design.md#the-hand-off-without-the-key-lock).
+  IF p_channels[1] = ALL (p_channels) THEN
+    v_set := pgfence._outbox_settings(p_channels[1]);
+    IF v_set.key_max_in_flight = 1 AND v_set.key_rate IS NULL THEN
+      v_lease := coalesce(p_lease, v_set.lease);
+      v_hold_dead := v_set.key_dead_policy = 'block';
+      RETURN QUERY
+      WITH settled AS (
+        SELECT u.id, u.k AS ordering_key, u.receipt
+        FROM unnest(p_settled, p_keys, p_receipts) AS u(id, k, receipt)
+      ), nxt AS (  -- the handed messages: due first, at most p_batch
+        SELECT w.id
+        FROM settled s,
+        LATERAL (SELECT o.id, o.next_attempt_at FROM pgfence.outbox o
+                 WHERE o.channel = p_channels[1] AND o.ordering_key = s.ordering_key
+                   AND o.status = 'waiting'  -- outbox_key_waiting_idx
+                 ORDER BY o.id LIMIT 1) w
+        WHERE w.next_attempt_at <= v_due_by
+          AND NOT EXISTS (
+            SELECT FROM pgfence.outbox o
+            WHERE o.channel = p_channels[1] AND o.ordering_key = s.ordering_key
+              AND o.ordering_key IS NOT NULL
+              AND o.status IN ('pending', 'processing', 'failed', 'dead')  -- outbox_key_live_idx
+              AND o.id <> s.id
+              AND (o.status IN ('pending', 'processing')
+                   OR (v_hold_dead AND NOT pgfence._outbox_key_derived(v_set.limit_key, s.ordering_key))))
+        ORDER BY w.next_attempt_at, w.id
+        LIMIT p_batch
+      ), moves AS (  -- the handed messages, and every settled one (the others: the trigger decides)
+        SELECT nxt.id, true AS handed, NULL::jsonb AS receipt FROM nxt
+        UNION ALL
+        SELECT settled.id, false, settled.receipt FROM settled
+      ), moved AS (
+        UPDATE pgfence.outbox o
+        SET status = CASE WHEN m.handed THEN 'processing' ELSE 'sent' END,
+            attempts = CASE WHEN m.handed THEN o.attempts + 1 ELSE o.attempts END,
+            locked_by = CASE WHEN m.handed THEN p_worker END,
+            lease_expires_at = CASE WHEN m.handed THEN now() + v_lease END,
+            claimed_at = CASE WHEN m.handed THEN now() ELSE o.claimed_at END,
+            finished_at = CASE WHEN m.handed THEN NULL ELSE now() END,
+            receipt = CASE WHEN m.handed THEN o.receipt ELSE m.receipt END,
+            last_error = CASE WHEN m.handed THEN o.last_error END,
+            updated_at = now()
+        FROM moves m
+        WHERE o.id = m.id AND o.status = CASE WHEN m.handed THEN c_waiting ELSE c_processing END
+        RETURNING m.handed, o.id, o.channel, o.recipient, o.payload, o.idempotency_key, o.attempts,
+                  o.max_attempts, v_lease AS lease, o.lease_expires_at, o.created_at,
+                  o.next_attempt_at AS due_at)
+      SELECT m.handed, m.id, m.channel, m.recipient, m.payload, m.idempotency_key, m.attempts,
+             m.max_attempts, m.lease, m.lease_expires_at, m.created_at
+      FROM moved m WHERE m.handed ORDER BY m.due_at, m.id;
+      RETURN;
+    END IF;
+  END IF;
+
   -- The keys of channels with key_max_in_flight above 1 are locked, as every decision locks
   -- them. A key of a channel with 1 is not: its settled message is its one turn, processing
   -- under this call's row lock since before this statement, so every decision on the key, in
