@@ -35,6 +35,9 @@ RETURNS TABLE (
 )
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pgfence, pg_temp
+SET plan_cache_mode = force_generic_plan  -- its lock-and-lookup by id: docs/query-plans.md#pinned-settings
+SET enable_seqscan = off
+SET enable_bitmapscan = off
 AS $$
 #variable_conflict use_column
 DECLARE

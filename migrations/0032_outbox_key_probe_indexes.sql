@@ -25,4 +25,11 @@ CREATE INDEX CONCURRENTLY outbox_key_live_idx ON pgfence.outbox (channel, orderi
 COMMENT ON INDEX pgfence.outbox_key_live_idx IS
   'Keyed messages holding or blocking a turn per (channel, key): the hand-off''s probe for another holder.';
 
+-- Together the two hold what outbox_key_idx held (a keyed message that is neither sent nor
+-- canceled is waiting, or pending, processing, failed or dead), so the key decisions read them
+-- too and outbox_key_idx goes: a hand-off (waiting -> processing) writes one index entry fewer.
+-- Between this statement and the new functions (pgfence migrate loads them next) an old
+-- function's key walk finds no index of its own and reads the table.
+DROP INDEX CONCURRENTLY IF EXISTS pgfence.outbox_key_idx;
+
 UPDATE pgfence.meta SET schema_version = greatest(schema_version, 32);

@@ -275,7 +275,6 @@ CREATE INDEX outbox_failed_idx ON pgfence.outbox USING btree (channel) WHERE (st
 COMMENT ON INDEX pgfence.outbox_failed_idx IS
   'Failed and dead messages per channel: the failed and dead depths of audit_metrics, without reading sent history.';
 CREATE UNIQUE INDEX outbox_idempotency_key_idx ON pgfence.outbox USING btree (idempotency_key) WHERE (idempotency_key IS NOT NULL);
-CREATE INDEX outbox_key_idx ON pgfence.outbox USING btree (channel, ordering_key, id) WHERE ((ordering_key IS NOT NULL) AND (status <> 'sent'::text) AND (status <> 'canceled'::text));
 CREATE INDEX outbox_key_live_idx ON pgfence.outbox USING btree (channel, ordering_key) WHERE ((ordering_key IS NOT NULL) AND (status = ANY (ARRAY['pending'::text, 'processing'::text, 'failed'::text, 'dead'::text])));
 COMMENT ON INDEX pgfence.outbox_key_live_idx IS
   'Keyed messages holding or blocking a turn per (channel, key): the hand-off''s probe for another holder.';
@@ -3062,14 +3061,16 @@ BEGIN
   ON CONFLICT (channel, ordering_key) DO UPDATE SET decisions = k.decisions + 1, updated_at = now()
   RETURNING k.tat INTO v_tat;
 
-  SELECT count(*) FILTER (WHERE o.status IN ('pending', 'processing')
-                             OR (o.status IN ('failed', 'dead') AND v_set.key_dead_policy = 'block'
-                                 AND NOT pgfence._outbox_key_derived(v_set.limit_key, p_key))),
-         bool_or(o.status = c_waiting)
-    INTO v_live, v_waiting
+  -- The turns held (outbox_key_live_idx) and whether any message waits (outbox_key_waiting_idx):
+  -- each status test is written as its index's predicate, so that the probe can use it.
+  SELECT count(*) INTO v_live
   FROM pgfence.outbox o
-  WHERE o.channel = p_channel AND o.ordering_key = p_key
-    AND o.status <> 'sent' AND o.status <> 'canceled';  -- matches outbox_key_idx
+  WHERE o.channel = p_channel AND o.ordering_key = p_key AND o.ordering_key IS NOT NULL
+    AND o.status IN ('pending', 'processing', 'failed', 'dead')
+    AND (o.status IN ('pending', 'processing')
+         OR (v_set.key_dead_policy = 'block' AND NOT pgfence._outbox_key_derived(v_set.limit_key, p_key)));
+  v_waiting := EXISTS (SELECT FROM pgfence.outbox o
+                       WHERE o.channel = p_channel AND o.ordering_key = p_key AND o.status = 'waiting');
 
   IF NOT coalesce(v_waiting, false) THEN
     IF v_live = 0 AND (v_tat IS NULL OR v_tat <= now()) THEN
@@ -3086,7 +3087,7 @@ BEGIN
   FOR r IN
     SELECT o.id, o.next_attempt_at FROM pgfence.outbox o
     WHERE o.channel = p_channel AND o.ordering_key = p_key
-      AND o.status <> 'sent' AND o.status <> 'canceled' AND o.status = c_waiting
+      AND o.status = 'waiting'  -- outbox_key_waiting_idx
     ORDER BY o.id
     LIMIT greatest(v_set.key_max_in_flight - v_live, 0)
   LOOP
@@ -3143,21 +3144,25 @@ BEGIN
     SELECT ch.channel, s.key_max_in_flight, s.key_rate, s.key_dead_policy, s.limit_key
     FROM (SELECT DISTINCT keys.channel FROM keys) ch, LATERAL pgfence._outbox_settings(ch.channel) s
   ), st AS (
-    SELECT keys.channel, keys.ordering_key, rules.key_max_in_flight, rules.key_rate, c.live, c.waiting
-    FROM keys JOIN rules ON rules.channel = keys.channel,
-    LATERAL (SELECT count(*) FILTER (WHERE o.status IN ('pending', 'processing')
-                                        OR (o.status IN ('failed', 'dead') AND rules.key_dead_policy = 'block'
-                                            AND NOT pgfence._outbox_key_derived(rules.limit_key, keys.ordering_key))) AS live,
-                    coalesce(bool_or(o.status = c_waiting), false) AS waiting
-             FROM pgfence.outbox o
-             WHERE o.channel = keys.channel AND o.ordering_key = keys.ordering_key
-               AND o.status <> 'sent' AND o.status <> 'canceled') c  -- matches outbox_key_idx
+    -- per key: the turns held (outbox_key_live_idx) and whether any message waits
+    -- (outbox_key_waiting_idx); each status test is its index's predicate, written out
+    SELECT keys.channel, keys.ordering_key, rules.key_max_in_flight, rules.key_rate,
+           (SELECT count(*) FROM pgfence.outbox o
+            WHERE o.channel = keys.channel AND o.ordering_key = keys.ordering_key
+              AND o.ordering_key IS NOT NULL AND o.status IN ('pending', 'processing', 'failed', 'dead')
+              AND (o.status IN ('pending', 'processing')
+                   OR (rules.key_dead_policy = 'block'
+                       AND NOT pgfence._outbox_key_derived(rules.limit_key, keys.ordering_key)))) AS live,
+           EXISTS (SELECT FROM pgfence.outbox o
+                   WHERE o.channel = keys.channel AND o.ordering_key = keys.ordering_key
+                     AND o.status = 'waiting') AS waiting
+    FROM keys JOIN rules ON rules.channel = keys.channel
   ), promoted AS (
     UPDATE pgfence.outbox o SET status = 'pending', updated_at = now()
     FROM (SELECT w.id FROM st,
           LATERAL (SELECT o2.id FROM pgfence.outbox o2
                    WHERE o2.channel = st.channel AND o2.ordering_key = st.ordering_key
-                     AND o2.status <> 'sent' AND o2.status <> 'canceled' AND o2.status = c_waiting
+                     AND o2.status = 'waiting'  -- outbox_key_waiting_idx
                    ORDER BY o2.id
                    LIMIT greatest(st.key_max_in_flight - st.live, 0)) w
           WHERE st.waiting AND st.key_rate IS NULL) p
@@ -3476,29 +3481,26 @@ BEGIN
     SELECT ch.channel, s.key_max_in_flight, s.key_rate, s.key_dead_policy, s.limit_key,
            coalesce(p_lease, s.lease) AS lease
     FROM (SELECT DISTINCT keys.channel FROM keys) ch, LATERAL pgfence._outbox_settings(ch.channel) s
-  ), st AS (  -- per key, one walk of its unfinished messages (id order): the turns free once
-               -- this round's settle is done (as a decision counts them), and what waits
+  ), st AS (  -- per key, the turns free once this round's settle is done (as a decision counts
+               -- them: outbox_key_live_idx, its predicate written out)
     SELECT keys.channel, keys.ordering_key, rules.lease,
-           greatest(rules.key_max_in_flight - c.live, 0) AS room, c.waiting_ids, c.waiting_due
-    FROM keys JOIN rules ON rules.channel = keys.channel,
-    -- The status tests come first: the walk over the settled ids runs only for the few rows
-    -- that hold a turn (first, it ran for every row of the key). The rows come in id order from
-    -- the index (the subquery's ORDER BY, which the index gives for free): the aggregates keep it
-    -- without a sort per key.
-    LATERAL (SELECT count(*) FILTER (WHERE (o.status IN ('pending', 'processing')
-                                            OR (o.status IN ('failed', 'dead') AND rules.key_dead_policy = 'block'
-                                                AND NOT pgfence._outbox_key_derived(rules.limit_key, keys.ordering_key)))
-                                       AND o.id <> ALL (p_settled)) AS live,
-                    array_agg(o.id) FILTER (WHERE o.status = c_waiting) AS waiting_ids,
-                    array_agg(o.next_attempt_at) FILTER (WHERE o.status = c_waiting) AS waiting_due
-             FROM (SELECT o.id, o.status, o.next_attempt_at FROM pgfence.outbox o
-                   WHERE o.channel = keys.channel AND o.ordering_key = keys.ordering_key
-                     AND o.status <> 'sent' AND o.status <> 'canceled'  -- matches outbox_key_idx
-                   ORDER BY o.id) o) c
+           greatest(rules.key_max_in_flight
+                    - (SELECT count(*) FROM pgfence.outbox o
+                       WHERE o.channel = keys.channel AND o.ordering_key = keys.ordering_key
+                         AND o.ordering_key IS NOT NULL AND o.status IN ('pending', 'processing', 'failed', 'dead')
+                         AND (o.status IN ('pending', 'processing')
+                              OR (rules.key_dead_policy = 'block'
+                                  AND NOT pgfence._outbox_key_derived(rules.limit_key, keys.ordering_key)))
+                         AND o.id <> ALL (p_settled)), 0) AS room
+    FROM keys JOIN rules ON rules.channel = keys.channel
     WHERE rules.key_rate IS NULL
   ), next AS (  -- what a decision would promote: the oldest waiting messages the room allows
     SELECT st.channel, st.ordering_key, st.lease, w.id, w.next_attempt_at
-    FROM st, unnest(st.waiting_ids[1:st.room], st.waiting_due[1:st.room]) AS w(id, next_attempt_at)
+    FROM st,
+    LATERAL (SELECT o.id, o.next_attempt_at FROM pgfence.outbox o
+             WHERE o.channel = st.channel AND o.ordering_key = st.ordering_key
+               AND o.status = 'waiting'  -- outbox_key_waiting_idx
+             ORDER BY o.id LIMIT st.room) w
     WHERE st.room > 0
   ), ready AS (  -- keys whose next messages are all due now, earliest due first
     SELECT next.channel, next.ordering_key, count(*) AS n,
@@ -3588,6 +3590,9 @@ RETURNS TABLE (
 )
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pgfence, pg_temp
+SET plan_cache_mode = force_generic_plan  -- its lock-and-lookup by id: docs/query-plans.md#pinned-settings
+SET enable_seqscan = off
+SET enable_bitmapscan = off
 AS $$
 #variable_conflict use_column
 DECLARE

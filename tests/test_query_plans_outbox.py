@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 import psycopg
+from psycopg.types.json import Jsonb
 import pytest
 
 from support import PlanScans
@@ -69,3 +70,49 @@ def test_every_outbox_statement_uses_its_index(conn: psycopg.Connection[Any], an
                  " WHERE status = 'processing'")
     _, scans = plans.scans("SELECT pgfence.outbox_reap()")
     assert scans == {LEASE, PK}, "the reaper walks lapsed leases, then updates by id"
+
+
+WAITING, LIVE = "outbox_key_waiting_idx", "outbox_key_live_idx"
+
+
+@pytest.mark.parametrize("analyze", [False, True], ids=["stats-of-empty-table", "analyzed"])
+@pytest.mark.parametrize("limit", [1, 2], ids=["lean-hand-off", "hand-off-with-key-lock"])
+def test_every_keyed_statement_uses_its_index(conn: psycopg.Connection[Any], analyze: bool,
+                                              limit: int) -> None:
+    """Key decisions and hand-offs read a key through its waiting and live indexes, never the table.
+
+    The lean hand-off (key_max_in_flight 1) probes outbox_key_waiting_idx for the key's next
+    message and outbox_key_live_idx for another turn holder; the hand-off of a channel with a
+    higher limit and every key decision read the same two (migration 0032).
+    """
+    conn.execute("SELECT pgfence.outbox_configure_channel('keyed', p_key_max_in_flight => %s)", (limit,))
+    conn.execute("VACUUM ANALYZE pgfence.outbox")  # statistics of an empty table
+    conn.execute("SELECT count(*) FROM pgfence.outbox_enqueue_many('busy', array_fill('r'::text,"
+                 " ARRAY[2000]), array_fill('{}'::jsonb, ARRAY[2000]))")
+    if analyze:
+        conn.execute("ANALYZE pgfence.outbox")
+    plans = PlanScans(conn, {"outbox"})
+    keys = [f"k{i % 20}" for i in range(200)]
+    _, scans = plans.scans("SELECT count(*) FROM pgfence.outbox_enqueue_many('keyed', %s, %s,"
+                           " NULL, NULL, NULL, %s)", (["r"] * 200, [Jsonb({})] * 200, keys))
+    assert scans <= {WAITING, LIVE, PK}, "the enqueue's decision at commit"
+    assert {WAITING, LIVE} <= scans
+    rows, scans = plans.scans("SELECT id, attempt FROM pgfence.outbox_claim('w', 50, '{keyed}')")
+    assert scans == {CHANNEL_DUE, PK}
+    assert len(rows) == 20 * limit
+    for _ in range(3):
+        ids, attempts = [r[0] for r in rows], [r[1] for r in rows]
+        rows, scans = plans.scans("SELECT id, attempt FROM pgfence.outbox_settle_and_claim(%s, %s, NULL,"
+                                  " 'w', 50, '{keyed}')", (ids, attempts))
+        assert scans <= {WAITING, LIVE, PK, CHANNEL_DUE}, "settle, hand-off, claim, next due"
+        assert {WAITING, LIVE, PK} <= scans
+        rows = [r for r in rows if r[0] is not None]
+        assert len(rows) == 20 * limit, "every key handed on"
+    # the last messages of the keys: nothing to hand on, so the decision forgets the keys
+    conn.execute("UPDATE pgfence.outbox SET status = 'canceled', finished_at = now()"
+                 " WHERE channel = 'keyed' AND status = 'waiting'")
+    ids, attempts = [r[0] for r in rows], [r[1] for r in rows]
+    _, scans = plans.scans("SELECT * FROM pgfence.outbox_settle_and_claim(%s, %s, NULL, 'w', 50,"
+                           " '{keyed}')", (ids, attempts))
+    assert scans <= {WAITING, LIVE, PK, CHANNEL_DUE}
+    assert conn.execute("SELECT count(*) FROM pgfence.outbox_key WHERE channel = 'keyed'").fetchone() == (0,)
