@@ -9,7 +9,7 @@
 -- its section below, and its races in tests/isolation/specs/outbox-key-hand-off.spec.
 BEGIN;
 \ir helpers/setup.sql
-SELECT plan(164);
+SELECT plan(172);
 SET CONSTRAINTS pgfence.outbox_key_enqueued IMMEDIATE;
 
 -- =============================================================================================
@@ -427,6 +427,32 @@ SELECT results_eq($$SELECT count(id)::int, max(sent[1]) FROM pgfence.outbox_sett
   $$SELECT 0, c1 FROM hch$$, 'a round that does not route the key''s channel settles it but hands nothing off');
 SELECT results_eq($$SELECT status FROM pgfence.outbox WHERE id = (SELECT c2 FROM hch)$$, $$VALUES ('pending'::text)$$,
   '... the key''s next message is promoted to pending');
+
+-- the lean hand-off (key_max_in_flight 1, no rate): another message holding or blocking the key's
+-- turn besides the settled one means no hand-off (migration 0032's outbox_key_live_idx)
+SELECT pgfence.outbox_configure_channel('tap-k-lean', p_key_max_in_flight => 2) IS NOT NULL AS configured;
+CREATE TEMP TABLE hl AS SELECT array_agg(id ORDER BY ord) AS m FROM pgfence.outbox_enqueue_many('tap-k-lean',
+  array_fill('r'::text, ARRAY[6]), array_fill('{}'::jsonb, ARRAY[6]), NULL, NULL, NULL,
+  ARRAY['l', 'l', 'l', 'b', 'b', 'b']) WITH ORDINALITY AS e(id, ord);
+SELECT is((SELECT count(*)::int FROM pgfence.outbox_claim('tap-hw', 10, ARRAY['tap-k-lean'])), 4, 'limit 2: two of each key claimed');
+SELECT is(pgfence.outbox_mark_failed((SELECT m[4] FROM hl), 1, 'rejected', false), 'failed', 'the first of key b fails for good (it blocks: block)');
+SELECT pgfence.outbox_configure_channel('tap-k-lean', p_key_max_in_flight => 1) IS NOT NULL AS configured;
+SELECT results_eq($$SELECT count(id)::int, max(cardinality(sent)) FROM pgfence.outbox_settle_and_claim(ARRAY[(SELECT m[2] FROM hl), (SELECT m[5] FROM hl)],
+    ARRAY[1, 1], NULL, 'tap-hw', 10, ARRAY['tap-k-lean'])$$,
+  $$VALUES (0, 2)$$, 'limit lowered to 1: settling the second of each key hands nothing off (another message in flight; a failed blocker)');
+SELECT results_eq($$SELECT status FROM pgfence.outbox WHERE channel = 'tap-k-lean' ORDER BY id$$,
+  $$VALUES ('processing'::text), ('sent'), ('waiting'), ('failed'), ('sent'), ('waiting')$$,
+  '... and the decision promotes nothing either: each key''s turn is held');
+SELECT pgfence.outbox_configure_channel('tap-k-lean2', p_key_dead_policy => 'release') IS NOT NULL AS configured;
+CREATE TEMP TABLE hr AS SELECT array_agg(id ORDER BY ord) AS m FROM pgfence.outbox_enqueue_many('tap-k-lean2',
+  array_fill('r'::text, ARRAY[3]), array_fill('{}'::jsonb, ARRAY[3]), NULL, NULL, NULL,
+  ARRAY['r', 'r', 'r']) WITH ORDINALITY AS e(id, ord);
+SELECT is((SELECT count(*)::int FROM pgfence.outbox_claim('tap-hw', 10, ARRAY['tap-k-lean2'])), 1, 'release: the first of the key is claimed');
+SELECT is(pgfence.outbox_mark_failed((SELECT m[1] FROM hr), 1, 'rejected', false), 'failed', '... fails for good and releases the key');
+SELECT is((SELECT count(*)::int FROM pgfence.outbox_claim('tap-hw', 10, ARRAY['tap-k-lean2'])), 1, '... so the second is claimed');
+SELECT results_eq($$SELECT id FROM pgfence.outbox_settle_and_claim(ARRAY[(SELECT m[2] FROM hr)], ARRAY[1], NULL, 'tap-hw', 10, ARRAY['tap-k-lean2'])
+    WHERE id IS NOT NULL$$,
+  $$SELECT m[3] FROM hr$$, 'settling the second hands the third off: a failed message does not hold a released key');
 
 -- =============================================================================================
 -- Eight sessions at once over committed keys: never more than max_in_flight of a key in flight,
