@@ -407,9 +407,11 @@ CREATE OR REPLACE TRIGGER outbox_key_deleted
 -- key_max_in_flight hold exactly as at a decision. A key is handed off whole or not at all:
 -- all the messages a decision would promote (key_max_in_flight minus the turns it holds, or all
 -- that wait if fewer) must be due now and fit in the round's batch; then that UPDATE's decision
--- (tg_outbox_keys_turns_ended) is skipped for the key: it would promote nothing. Any other key
--- (a message not yet due, a key with a rate, no room left) is settled by outbox_mark_sent_many
--- and decided by its trigger, as without the hand-off.
+-- (tg_outbox_keys_turns_ended) is skipped for the key: it would promote nothing. The same UPDATE
+-- settles the round's other keyed messages too (a next message not yet due, a key with a rate,
+-- no room left): their keys are decided by its trigger, as without the hand-off. On one channel
+-- with key_max_in_flight 1 and no rate (the defaults) the turns are not counted by a walk of the
+-- key but by two probes (the lean form, below); other channels take the general form.
 -- ---------------------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION pgfence._outbox_keys_hand_off(
   p_settled  bigint[],
@@ -594,15 +596,17 @@ COMMENT ON FUNCTION pgfence._outbox_keys_hand_off(bigint[], text[], text[], json
   'Private: settle a round''s keyed messages and claim their keys'' next ones for p_worker, at once.
 Called by outbox_settle_and_claim before its settle, with the keyed messages it is settling
 (element i: id, channel, ordering key, receipt), which it has locked in id order and found
-processing under the attempt it was given. Locks their keys in the global order, except those of
+processing under the attempt it was given; it settles every one of them. Locks their keys in the global order, except those of
 channels with key_max_in_flight 1 (the settled message is the key''s one turn, row-locked by the
 caller: docs/design.md#the-hand-off-without-the-key-lock). A key is handed off when every
 message a decision would promote (its oldest waiting ones, id order, up to key_max_in_flight
 minus the turns it holds besides the settled ones) is due now and they fit in p_batch (keys by
-earliest due); never on a channel with a key_rate. One UPDATE then marks the key''s settled
-messages sent (as outbox_mark_sent_many) and moves its next ones waiting -> processing (attempts
-+ 1, owner p_worker, lease p_lease or the channel''s, as outbox_claim); its statement trigger
-skips the decision of those keys. Returns the claimed ones (handed always true, the columns of
-outbox_claim), due order; the caller reads the settled ones from the table (sent). The caller validates worker
-and lease, and settles the other messages. Errors: 40001 (REPEATABLE READ or SERIALIZABLE: a
+earliest due); never on a channel with a key_rate. One UPDATE then marks every given message
+sent (as outbox_mark_sent_many) and moves the handed keys'' next ones waiting -> processing
+(attempts + 1, owner p_worker, lease p_lease or the channel''s, as outbox_claim); its statement
+trigger skips the decision of the handed keys and decides the others. With one channel of
+key_max_in_flight 1 and no key_rate, a key''s turns are probed (its oldest waiting message on
+outbox_key_waiting_idx, another holder on outbox_key_live_idx) instead of walked. Returns the
+claimed ones (handed always true, the columns of outbox_claim), due order. The caller validates
+worker and lease, and settles the keyless messages. Errors: 40001 (REPEATABLE READ or SERIALIZABLE: a
 concurrent decision on a key; retry).';

@@ -89,7 +89,7 @@ BEGIN
       GET DIAGNOSTICS v_handed = ROW_COUNT;
       v_sent := v_keyed;
     END IF;
-    -- The others, as outbox_mark_sent_many marks them (the rows are locked already). Its error
+    -- The keyless ones, as outbox_mark_sent_many marks them (the rows are locked already). Its error
     -- (P0002) aborts the whole call, hand-off included.
     IF cardinality(v_sent) < cardinality(p_ids) THEN
       v_sent := v_sent || ARRAY(SELECT s FROM pgfence._outbox_mark_sent_rows(p_ids, p_attempts, p_receipts,

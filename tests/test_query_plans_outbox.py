@@ -15,8 +15,8 @@ from __future__ import annotations
 from typing import Any
 
 import psycopg
-from psycopg.types.json import Jsonb
 import pytest
+from psycopg.types.json import Jsonb
 
 from support import PlanScans
 
