@@ -1,0 +1,323 @@
+"""Where an executor's wake-up goes: per-stage timestamps of the real Executor's wake-ups.
+
+Usage: pgfence db run --durable -- python bench/wake_trace.py [SAMPLES [GAP_MS [RUNS]]]
+(defaults 500 samples, 20 ms apart, 1 run; ``--json FILE`` also writes every sample).
+
+One idle executor (``Executor`` + ``OutboxModule``, default settings, a Python handler) in a
+forked process; the parent enqueues one message at a time (its own transaction, ``outbox_enqueue``)
+and sleeps GAP_MS after each, as peers-bench's wake-up test does. The executor's process is
+instrumented from outside (nothing in pgfence changes, nothing costs when this script is not
+running): the event loop's selector, psycopg's ``notifies`` generator (async and sync
+connections) and the executor's statement helpers (``_rows``, and ``_sync_rows`` where a
+variant has it) are wrapped to stamp ``time.monotonic()`` (CLOCK_MONOTONIC, one clock for both
+processes). Per wake-up the stages are:
+
+    commit    the producer's enqueue (and its commit) returned
+    select    the event loop's select() returned with the listener's socket readable (async
+              listener only; with a thread listener: the notifies wait returned)
+    ready     psycopg's notifies generator was resumed with the socket readable
+    note      notifies() handed the Notify to the executor
+    sent      the claim statement was about to be sent (``outbox_claim``)
+    answer    its execute() returned (the answer read and parsed)
+    rows      its rows were fetched
+    handler   the handler started
+
+and the deltas between them (``commit->select`` includes the server's commit and NOTIFY and the
+kernel's wake-up of the executor's process; ``answer`` includes the claim's server time and its
+durable commit). It prints p50 / p90 / p99 of the total and of every delta, and, for the slowest
+1% and 5% of wake-ups, the mean of each delta against the median wake-up's, so a tail can be
+placed. ``idle`` = the loop was idle (in select) when the producer's commit returned.
+
+A diagnostic, not a target.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import multiprocessing as mp
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from psycopg.types.json import Jsonb
+
+sys.path.insert(0, str(Path(__file__).parent))
+import outbox as ob
+from pgfence.db import create_database, drop_database, resolve_dsn
+from pgfence.migrate import migrate
+
+CHANNEL = ob.CHANNEL
+CTX = mp.get_context("fork")
+STAGES = ("select_in", "select", "ready", "note", "sent", "answer", "rows", "handler")
+DELTAS = (("commit", "select"), ("select", "ready"), ("ready", "note"), ("note", "sent"),
+          ("sent", "answer"), ("answer", "rows"), ("rows", "handler"))
+
+
+def _instrument(stamps: dict[str, float]) -> None:
+    """Wrap the selector, psycopg's notifies generator and the executor's statement helpers so
+    that they write into ``stamps`` (called in the executor's process, before it runs)."""
+    import psycopg.connection as pc
+    import psycopg.connection_async as pca
+    import psycopg.generators as pg
+
+    from pgfence import executor as ex
+
+    state: dict[str, Any] = {"fd": -1, "sel_in": 0.0, "sel": 0.0}
+    orig_notifies = pg.notifies
+
+    def notifies(pgconn: Any) -> Any:
+        state["fd"] = pgconn.socket
+        gen = orig_notifies(pgconn)
+        s = next(gen)
+        while True:
+            ready = yield s
+            if ready:
+                stamps["ready"] = time.monotonic()
+                stamps["select"] = state["sel"] or stamps["ready"]
+                stamps["select_in"] = state["sel_in"] or stamps["ready"]
+                state["sel"] = state["sel_in"] = 0.0
+            try:
+                s = gen.send(ready)
+            except StopIteration as stop:
+                return stop.value
+
+    pca.notifies = pc.notifies = notifies  # type: ignore[assignment]
+
+    orig_anotifies = psycopg.AsyncConnection.notifies
+
+    async def anotifies(self: Any, **kw: Any) -> Any:
+        async for n in orig_anotifies(self, **kw):
+            stamps["note"] = time.monotonic()
+            yield n
+
+    psycopg.AsyncConnection.notifies = anotifies  # type: ignore[method-assign]
+    orig_snotifies = psycopg.Connection.notifies
+
+    def snotifies(self: Any, **kw: Any) -> Any:
+        for n in orig_snotifies(self, **kw):
+            stamps["note"] = time.monotonic()
+            yield n
+
+    psycopg.Connection.notifies = snotifies  # type: ignore[method-assign]
+
+    claim_sql = ex.sql.SQL_CLAIM
+    orig_rows = ex._rows
+
+    async def rows(cur: Any, query: Any, params: Any) -> Any:
+        if query != claim_sql:
+            return await orig_rows(cur, query, params)
+        stamps["sent"] = time.monotonic()
+        await cur.execute(query, params)
+        stamps["answer"] = time.monotonic()
+        res = cur.pgresult
+        out = await cur.fetchall() if res is not None and res.nfields else []
+        stamps["rows"] = time.monotonic()
+        return out
+
+    ex._rows = rows
+    orig_sync = getattr(ex, "_sync_rows", None)
+    if orig_sync is not None:
+        def sync_rows(cur: Any, query: Any, params: Any) -> Any:
+            if query != claim_sql:
+                return orig_sync(cur, query, params)
+            stamps["sent"] = time.monotonic()
+            cur.execute(query, params)
+            stamps["answer"] = time.monotonic()
+            res = cur.pgresult
+            out = cur.fetchall() if res is not None and res.nfields else []
+            stamps["rows"] = time.monotonic()
+            return out
+
+        ex._sync_rows = sync_rows
+
+    def hook_loop() -> None:
+        sel = asyncio.get_running_loop()._selector  # type: ignore[attr-defined]
+        orig_select = sel.select
+
+        def select(timeout: float | None = None) -> Any:
+            t_in = time.monotonic()
+            events = orig_select(timeout)
+            if events:
+                fd = state["fd"]
+                for key, _ in events:
+                    if key.fd == fd:
+                        state["sel_in"], state["sel"] = t_in, time.monotonic()
+                        break
+            return events
+
+        sel.select = select
+
+    stamps["_hook_loop"] = hook_loop  # type: ignore[assignment]
+
+
+def _serve(dsn: str, out: Any, count: Any, go: Any, stop: Any, n: int) -> None:
+    """The executor's process: instrument, wait for ``go``, serve until ``stop``."""
+    from pgfence.executor import Executor, ExecutorConfig, OutboxModule
+    from pgfence.transports import CallableTransport
+
+    stamps: dict[str, float] = {}
+    _instrument(stamps)
+    hook_loop = stamps.pop("_hook_loop")
+    k = len(STAGES)
+
+    async def handler(message: Any) -> None:
+        t = time.monotonic()
+        seq = message.payload["seq"]
+        if 0 <= seq < n:
+            for i, name in enumerate(STAGES[:-1]):
+                out[seq * k + i] = stamps.get(name, 0.0)
+            out[seq * k + k - 1] = t
+        stamps.clear()
+        with count.get_lock():
+            count.value += 1
+
+    executor = Executor(dsn, [OutboxModule({CHANNEL: CallableTransport(handler)})],
+                        ExecutorConfig(worker_id="bench-trace"))
+
+    async def main() -> None:
+        hook_loop()  # type: ignore[operator]
+
+        async def watch() -> None:
+            while not stop.is_set():
+                await asyncio.sleep(0.02)
+            executor.stop()
+        watcher = asyncio.create_task(watch())
+        await executor.run()
+        watcher.cancel()
+
+    go.wait()
+    asyncio.run(main())
+
+
+def trace(dsn: str, samples: int, gap: float) -> list[dict[str, float]]:
+    """One run: ``samples`` wake-ups; each a dict of stage -> ms after the commit returned."""
+    ob._reset(dsn)
+    k = len(STAGES)
+    n = samples + 1
+    out = CTX.Array("d", n * k, lock=False)
+    count = CTX.Value("l", 0)
+    go, stop = CTX.Event(), CTX.Event()
+    p = CTX.Process(target=_serve, args=(dsn, out, count, go, stop, n))
+    p.start()
+    time.sleep(1.0)
+    go.set()
+    committed = [0.0] * n
+    try:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            for seq in [samples, *range(samples)]:  # the first one warms the executor up
+                conn.execute("SELECT pgfence.outbox_enqueue(%s, 'r', %s)",
+                             (CHANNEL, Jsonb({"seq": seq})))
+                committed[seq] = time.monotonic()
+                if seq == samples:
+                    deadline = time.monotonic() + 60
+                    while count.value < 1:
+                        if time.monotonic() > deadline:
+                            raise TimeoutError("the executor never took the warm-up message")
+                        time.sleep(0.005)
+                    time.sleep(0.5)
+                else:
+                    time.sleep(gap)
+            deadline = time.monotonic() + 60
+            while count.value < n:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"only {count.value} of {n} delivered")
+                time.sleep(0.005)
+    finally:
+        stop.set()
+        p.join(60)
+        if p.is_alive():
+            p.kill()
+    rows = []
+    for seq in range(samples):
+        c = committed[seq]
+        r = {"commit": 0.0}
+        for i, name in enumerate(STAGES):
+            v = out[seq * k + i]
+            r[name] = (v - c) * 1000 if v else float("nan")
+        r["idle"] = 1.0 if r["select_in"] <= 0 else 0.0
+        rows.append(r)
+    return rows
+
+
+def _q(values: list[float], q: float) -> float:
+    xs = sorted(v for v in values if v == v)
+    if not xs:
+        return float("nan")
+    i = q * (len(xs) - 1)
+    lo = int(i)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (i - lo)
+
+
+def report(rows: list[dict[str, float]]) -> dict[str, Any]:
+    """Print and return the percentiles of the total and of each stage delta."""
+    total = [r["handler"] for r in rows]
+    res: dict[str, Any] = {"samples": len(rows)}
+    print(f"{len(rows)} wake-ups; ms      p50     p90     p99    max")
+    print(f"  total commit->handler {_q(total, .5):6.3f}  {_q(total, .9):6.3f}  "
+          f"{_q(total, .99):6.3f} {max(total):6.2f}")
+    res["total"] = {"p50": _q(total, .5), "p90": _q(total, .9), "p99": _q(total, .99)}
+    deltas: dict[str, list[float]] = {}
+    for a, b in DELTAS:
+        name = f"{a}->{b}"
+        deltas[name] = [r[b] - r[a] for r in rows]
+        d = deltas[name]
+        print(f"  {name:<21} {_q(d, .5):6.3f}  {_q(d, .9):6.3f}  {_q(d, .99):6.3f} "
+              f"{max(x for x in d if x == x) if any(x == x for x in d) else float('nan'):6.2f}")
+        res[name] = {"p50": _q(d, .5), "p90": _q(d, .9), "p99": _q(d, .99)}
+    order = sorted(range(len(rows)), key=lambda i: total[i])
+    mid = order[len(order) * 2 // 5: len(order) * 3 // 5]
+    print("  mean of each delta:   median 20%  slowest 5%  slowest 1%")
+    for name, d in deltas.items():
+        def mean(idx: list[int], d: list[float] = d) -> float:
+            xs = [d[i] for i in idx if d[i] == d[i]]
+            return statistics.fmean(xs) if xs else float("nan")
+        top5 = order[-max(1, len(order) // 20):]
+        top1 = order[-max(1, len(order) // 100):]
+        print(f"  {name:<21} {mean(mid):6.3f}      {mean(top5):6.3f}      {mean(top1):6.3f}")
+        res[name]["mean_mid"], res[name]["mean_top5"], res[name]["mean_top1"] = \
+            mean(mid), mean(top5), mean(top1)
+    idle = statistics.fmean(r["idle"] for r in rows)
+    print(f"  loop idle in select when the commit returned: {idle:.0%} of wake-ups; "
+          f"load {os.getloadavg()[0]:.2f}")
+    res["idle_share"] = idle
+    return res
+
+
+def main(argv: list[str]) -> None:
+    """Run and print (argv: [SAMPLES [GAP_MS [RUNS]]] [--json FILE])."""
+    dump = None
+    if "--json" in argv:
+        i = argv.index("--json")
+        dump = argv[i + 1]
+        argv = argv[:i] + argv[i + 2:]
+    samples = int(argv[0]) if argv else 500
+    gap = float(argv[1]) / 1000 if len(argv) > 1 else 0.02
+    runs = int(argv[2]) if len(argv) > 2 else 1
+    admin = resolve_dsn()
+    drop_database(admin, "wake_trace")
+    dsn = create_database(admin, "wake_trace")
+    every: list[dict[str, float]] = []
+    try:
+        migrate(dsn)
+        for run in range(runs):
+            rows = trace(dsn, samples, gap)
+            print(f"run {run + 1}/{runs}")
+            report(rows)
+            every.extend(rows)
+    finally:
+        drop_database(admin, "wake_trace")
+    if runs > 1:
+        print("all runs")
+        report(every)
+    if dump:
+        Path(dump).write_text(json.dumps(every))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
