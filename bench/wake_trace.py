@@ -155,8 +155,44 @@ def _instrument(stamps: dict[str, float]) -> None:
     stamps["_hook_loop"] = hook_loop  # type: ignore[assignment]
 
 
-def _serve(dsn: str, out: Any, count: Any, go: Any, stop: Any, n: int) -> None:
+def _variant_imports(variant: str) -> None:
+    """In the executor's process: make ``variant``'s pgfence the one imported. ``exec`` (this
+    interpreter's pgfence), ``exec=GLUE`` (the pgfence package under the directory GLUE, e.g.
+    another checkout's ``glue``), ``cls=MODULE:ATTR`` (an Executor subclass, a prototype; MODULE
+    on PYTHONPATH) or ``loop`` (a plain SQL loop, the peers-bench ``pgfence`` adapter's)."""
+    if variant.startswith("exec="):
+        for name in [m for m in sys.modules if m == "pgfence" or m.startswith("pgfence.")]:
+            del sys.modules[name]
+        sys.path.insert(0, variant[5:])
+    elif variant.startswith("cls="):
+        import importlib
+        importlib.import_module(variant[4:].partition(":")[0])
+
+
+def _sql_loop(dsn: str, stamps: dict[str, float], handler: Any, stop: Any) -> None:
+    """The SQL loop of peers-bench's ``pgfence`` adapter: LISTEN; claim 50; run and mark each;
+    wait for a NOTIFY only after an empty claim (all on one session, sync psycopg)."""
+    from pgfence import outbox as sql
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(f"LISTEN {sql.NOTIFY_CHANNEL}")
+        while not stop.is_set():
+            stamps["sent"] = time.monotonic()
+            cur = conn.execute(sql.SQL_CLAIM, ("bench-loop", 50, [CHANNEL], None))
+            stamps["answer"] = time.monotonic()
+            rows = cur.fetchall()
+            stamps["rows"] = time.monotonic()
+            if not rows:
+                for _ in conn.notifies(timeout=0.2, stop_after=1):
+                    pass
+                continue
+            for r in rows:
+                handler(r[3])
+                conn.execute(sql.SQL_MARK_SENT, (r[0], r[5], None))
+
+
+def _serve(dsn: str, variant: str, out: Any, count: Any, go: Any, stop: Any, n: int) -> None:
     """The executor's process: instrument, wait for ``go``, serve until ``stop``."""
+    _variant_imports(variant)
     from pgfence.executor import Executor, ExecutorConfig, OutboxModule
     from pgfence.transports import CallableTransport
 
@@ -165,9 +201,9 @@ def _serve(dsn: str, out: Any, count: Any, go: Any, stop: Any, n: int) -> None:
     hook_loop = stamps.pop("_hook_loop")
     k = len(STAGES)
 
-    async def handler(message: Any) -> None:
+    def record(payload: Any) -> None:
         t = time.monotonic()
-        seq = message.payload["seq"]
+        seq = payload["seq"]
         if 0 <= seq < n:
             for i, name in enumerate(STAGES[:-1]):
                 out[seq * k + i] = stamps.get(name, 0.0)
@@ -176,8 +212,21 @@ def _serve(dsn: str, out: Any, count: Any, go: Any, stop: Any, n: int) -> None:
         with count.get_lock():
             count.value += 1
 
-    executor = Executor(dsn, [OutboxModule({CHANNEL: CallableTransport(handler)})],
-                        ExecutorConfig(worker_id="bench-trace"))
+    if variant == "loop":
+        go.wait()
+        _sql_loop(dsn, stamps, record, stop)
+        return
+
+    async def handler(message: Any) -> None:
+        record(message.payload)
+
+    cls: Any = Executor
+    if variant.startswith("cls="):
+        import importlib
+        mod, _, attr = variant[4:].partition(":")
+        cls = getattr(importlib.import_module(mod), attr)
+    executor = cls(dsn, [OutboxModule({CHANNEL: CallableTransport(handler)})],
+                   ExecutorConfig(worker_id="bench-trace"))
 
     async def main() -> None:
         hook_loop()  # type: ignore[operator]
@@ -194,7 +243,7 @@ def _serve(dsn: str, out: Any, count: Any, go: Any, stop: Any, n: int) -> None:
     asyncio.run(main())
 
 
-def trace(dsn: str, samples: int, gap: float) -> list[dict[str, float]]:
+def trace(dsn: str, samples: int, gap: float, variant: str = "exec") -> list[dict[str, float]]:
     """One run: ``samples`` wake-ups; each a dict of stage -> ms after the commit returned."""
     ob._reset(dsn)
     k = len(STAGES)
@@ -202,7 +251,7 @@ def trace(dsn: str, samples: int, gap: float) -> list[dict[str, float]]:
     out = CTX.Array("d", n * k, lock=False)
     count = CTX.Value("l", 0)
     go, stop = CTX.Event(), CTX.Event()
-    p = CTX.Process(target=_serve, args=(dsn, out, count, go, stop, n))
+    p = CTX.Process(target=_serve, args=(dsn, variant, out, count, go, stop, n))
     p.start()
     time.sleep(1.0)
     go.set()
@@ -290,33 +339,41 @@ def report(rows: list[dict[str, float]]) -> dict[str, Any]:
 
 
 def main(argv: list[str]) -> None:
-    """Run and print (argv: [SAMPLES [GAP_MS [RUNS]]] [--json FILE])."""
-    dump = None
-    if "--json" in argv:
-        i = argv.index("--json")
-        dump = argv[i + 1]
-        argv = argv[:i] + argv[i + 2:]
+    """Run and print (argv: [SAMPLES [GAP_MS [RUNS]]] [--variants A,B,...] [--json FILE])."""
+    opts: dict[str, str] = {}
+    for flag in ("--json", "--variants"):
+        if flag in argv:
+            i = argv.index(flag)
+            opts[flag] = argv[i + 1]
+            argv = argv[:i] + argv[i + 2:]
+    variants = opts.get("--variants", "exec").split(",")
     samples = int(argv[0]) if argv else 500
     gap = float(argv[1]) / 1000 if len(argv) > 1 else 0.02
     runs = int(argv[2]) if len(argv) > 2 else 1
     admin = resolve_dsn()
     drop_database(admin, "wake_trace")
     dsn = create_database(admin, "wake_trace")
-    every: list[dict[str, float]] = []
+    every: dict[str, list[dict[str, float]]] = {v: [] for v in variants}
+    summary: dict[str, list[dict[str, Any]]] = {v: [] for v in variants}
     try:
         migrate(dsn)
         for run in range(runs):
-            rows = trace(dsn, samples, gap)
-            print(f"run {run + 1}/{runs}")
-            report(rows)
-            every.extend(rows)
+            # ABBA-like: odd runs in reverse order, so no variant always runs first
+            for v in (variants if run % 2 == 0 else variants[::-1]):
+                rows = trace(dsn, samples, gap, v)
+                print(f"run {run + 1}/{runs} {v}")
+                summary[v].append(report(rows))
+                every[v].extend(rows)
     finally:
         drop_database(admin, "wake_trace")
-    if runs > 1:
-        print("all runs")
-        report(every)
-    if dump:
-        Path(dump).write_text(json.dumps(every))
+    if runs > 1 or len(variants) > 1:
+        for v in variants:
+            print(f"== {v}: all runs; per-run total p50 "
+                  + " ".join(f"{r['total']['p50']:.3f}" for r in summary[v]) + ", p99 "
+                  + " ".join(f"{r['total']['p99']:.3f}" for r in summary[v]))
+            report(every[v])
+    if "--json" in opts:
+        Path(opts["--json"]).write_text(json.dumps(every))
 
 
 if __name__ == "__main__":
