@@ -173,7 +173,7 @@ def _sql_loop(dsn: str, stamps: dict[str, float], handler: Any, stop: Any) -> No
     """The SQL loop of peers-bench's ``pgfence`` adapter: LISTEN; claim 50; run and mark each;
     wait for a NOTIFY only after an empty claim (all on one session, sync psycopg)."""
     from pgfence import outbox as sql
-    with psycopg.connect(dsn, autocommit=True) as conn:
+    with psycopg.connect(dsn, autocommit=True, application_name="bench-trace-loop") as conn:
         conn.execute(f"LISTEN {sql.NOTIFY_CHANNEL}")
         while not stop.is_set():
             stamps["sent"] = time.monotonic()
@@ -240,7 +240,33 @@ def _serve(dsn: str, variant: str, out: Any, count: Any, go: Any, stop: Any, n: 
         watcher.cancel()
 
     go.wait()
-    asyncio.run(main())
+    prof = os.environ.get("WAKE_TRACE_PROFILE")  # a file: cProfile of the executor's process
+    if prof:
+        import cProfile
+        with cProfile.Profile() as pr:
+            asyncio.run(main())
+        pr.dump_stats(f"{prof}.{variant.replace('/', '_')}")
+    else:
+        asyncio.run(main())
+
+
+def _task_ns(pid: int) -> int:
+    """CPU time (ns) of every thread of process ``pid`` so far (/proc schedstat; 0 if gone)."""
+    total = 0
+    try:
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{task}/schedstat") as f:
+                total += int(f.read().split()[0])
+    except OSError:
+        pass
+    return total
+
+
+def _backends(conn: psycopg.Connection[Any]) -> dict[int, int]:
+    """The traced process's server backends (by application_name) -> their CPU ns so far."""
+    pids = [r[0] for r in conn.execute(
+        "SELECT pid FROM pg_stat_activity WHERE application_name LIKE '%bench-trace%'")]
+    return {pid: _task_ns(pid) for pid in pids}
 
 
 def trace(dsn: str, samples: int, gap: float, variant: str = "exec") -> list[dict[str, float]]:
@@ -269,6 +295,7 @@ def trace(dsn: str, samples: int, gap: float, variant: str = "exec") -> list[dic
                             raise TimeoutError("the executor never took the warm-up message")
                         time.sleep(0.005)
                     time.sleep(0.5)
+                    cpu0 = _backends(conn), _task_ns(p.pid or 0)
                 else:
                     time.sleep(gap)
             deadline = time.monotonic() + 60
@@ -276,6 +303,9 @@ def trace(dsn: str, samples: int, gap: float, variant: str = "exec") -> list[dic
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"only {count.value} of {n} delivered")
                 time.sleep(0.005)
+            time.sleep(0.1)  # the last outcome recorded
+            server = sum(ns - cpu0[0].get(pid, 0) for pid, ns in _backends(conn).items())
+            client = _task_ns(p.pid or 0) - cpu0[1]
     finally:
         stop.set()
         p.join(60)
@@ -289,6 +319,8 @@ def trace(dsn: str, samples: int, gap: float, variant: str = "exec") -> list[dic
             v = out[seq * k + i]
             r[name] = (v - c) * 1000 if v else float("nan")
         r["idle"] = 1.0 if r["select_in"] <= 0 else 0.0
+        r["server_cpu"] = server / samples / 1e6
+        r["client_cpu"] = client / samples / 1e6
         rows.append(r)
     return rows
 
@@ -332,6 +364,10 @@ def report(rows: list[dict[str, float]]) -> dict[str, Any]:
         res[name]["mean_mid"], res[name]["mean_top5"], res[name]["mean_top1"] = \
             mean(mid), mean(top5), mean(top1)
     idle = statistics.fmean(r["idle"] for r in rows)
+    res["server_cpu_ms"] = statistics.fmean(r["server_cpu"] for r in rows)
+    res["client_cpu_ms"] = statistics.fmean(r["client_cpu"] for r in rows)
+    print(f"  CPU per wake-up (every call of it, /proc schedstat): server backends "
+          f"{res['server_cpu_ms']:.3f} ms, executor process {res['client_cpu_ms']:.3f} ms")
     print(f"  loop idle in select when the commit returned: {idle:.0%} of wake-ups; "
           f"load {os.getloadavg()[0]:.2f}")
     res["idle_share"] = idle
@@ -370,7 +406,9 @@ def main(argv: list[str]) -> None:
         for v in variants:
             print(f"== {v}: all runs; per-run total p50 "
                   + " ".join(f"{r['total']['p50']:.3f}" for r in summary[v]) + ", p99 "
-                  + " ".join(f"{r['total']['p99']:.3f}" for r in summary[v]))
+                  + " ".join(f"{r['total']['p99']:.3f}" for r in summary[v]) + "; server CPU "
+                  + " ".join(f"{r['server_cpu_ms']:.3f}" for r in summary[v]) + ", client CPU "
+                  + " ".join(f"{r['client_cpu_ms']:.3f}" for r in summary[v]))
             report(every[v])
     if "--json" in opts:
         Path(opts["--json"]).write_text(json.dumps(every))
