@@ -1302,7 +1302,9 @@ class OutboxModule(Module):
     database that lacks it, ``outbox_mark_sent_many`` then ``outbox_claim``). A round with
     nothing to settle (a wake-up, the first claim) is ``outbox_claim`` alone, the quickest
     answer; when it comes back short, ``outbox_next_due`` is asked after its messages were
-    handed to the slots, not before.
+    handed to the slots, not before. A wake-up round whose deliveries finished within a loop
+    turn settles them at once and claims again on the listener's session (one
+    ``outbox_settle_and_claim``: the next due time comes with it; see :meth:`Executor._sweep`).
 
     Args:
         routes: channel → transport. The key ``"*"`` is the fallback for other channels.
