@@ -17,6 +17,7 @@ processes). Per wake-up the stages are:
               listener only; with a thread listener: the notifies wait returned)
     ready     psycopg's notifies generator was resumed with the socket readable
     note      notifies() handed the Notify to the executor
+    wake      the executor's wake-up claim began (``Executor._wake_claim``; absent in a loop)
     sent      the claim statement was about to be sent (``outbox_claim``)
     answer    its execute() returned (the answer read and parsed)
     rows      its rows were fetched
@@ -53,8 +54,9 @@ from pgfence.migrate import migrate
 
 CHANNEL = ob.CHANNEL
 CTX = mp.get_context("fork")
-STAGES = ("select_in", "select", "ready", "note", "sent", "answer", "rows", "handler")
-DELTAS = (("commit", "select"), ("select", "ready"), ("ready", "note"), ("note", "sent"),
+STAGES = ("select_in", "select", "ready", "note", "wake", "sent", "answer", "rows", "handler")
+DELTAS = (("commit", "select"), ("select", "ready"), ("ready", "note"), ("note", "wake"),
+          ("wake", "sent"),
           ("sent", "answer"), ("answer", "rows"), ("rows", "handler"))
 
 
@@ -120,6 +122,13 @@ def _instrument(stamps: dict[str, float]) -> None:
         return out
 
     ex._rows = rows
+    orig_wake = ex.Executor._wake_claim
+
+    async def wake_claim(self: Any, *args: Any) -> None:
+        stamps["wake"] = time.monotonic()
+        await orig_wake(self, *args)
+
+    ex.Executor._wake_claim = wake_claim  # type: ignore[method-assign]
     orig_sync = getattr(ex, "_sync_rows", None)
     if orig_sync is not None:
         def sync_rows(cur: Any, query: Any, params: Any) -> Any:
