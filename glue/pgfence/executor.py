@@ -1028,9 +1028,9 @@ class Executor:
                     and not self._stopping.is_set():
                 # The wake-up's units already finished (quick handlers): record them and claim
                 # again on the same session, one round (settle and claim in one statement: its
-                # answer also says when more is due). The next wake-up then finds the module idle
-                # and its claim a session that just claimed (cheaper on the server than one that
-                # only claimed and asked for the next due time), and no pooled call is made.
+                # answer also says when more is due), as a plain SQL loop does: two statements
+                # per wake-up on one session instead of three on two (claim and next due here,
+                # the settle on a pooled connection), and the next wake-up finds the module idle.
                 async for jobs in s.module.claim(held):
                     done = min(len(jobs), held)
                     held -= done
