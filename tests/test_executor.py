@@ -280,3 +280,35 @@ def test_bursts_of_notifies_are_all_claimed_without_the_sweep(db: str, conn: psy
         assert proc.terminate() == 0
     assert took < 30, f"delivered in {took:.1f}s: some NOTIFY was lost (the sweep is 60 s away)"
     assert attempts == 1, "each message claimed once"
+
+
+@pytest.mark.timeout(60)
+def test_a_quick_wake_up_is_settled_and_claimed_again_on_the_listeners_session(
+        db: str, conn: psycopg.Connection, tmp_path: Path) -> None:
+    # A wake-up whose delivery is already done when its claim round ends records the outcome
+    # and claims again on the listener's own session (outbox_settle_and_claim), as a plain SQL
+    # loop does: no pooled call per wake-up, and the next wake-up finds the module idle.
+    proc = Proc(db, ["--route", "quick=noop", "--worker-id", "lsettle", "--poll-interval", "60",
+                     "--reap-interval", "60"], tmp_path / "exec.log")
+    listener = ("SELECT query FROM pg_stat_activity"
+                " WHERE application_name = 'pgfence-listener:lsettle'")
+    try:
+        wait_for(lambda: scalar(db, listener), 20, "the listener connection")
+        time.sleep(0.3)  # the start-up self-check and first sweep done: idle
+        ids = []
+        for i in range(3):
+            mid = outbox.enqueue(conn, "quick", "r", {"n": i})
+            ids.append(mid)
+            wait_for(lambda mid=mid: status(db, mid) == "sent", 10, "the wake-up's delivery")
+            # the listener's last statement: the settle of this wake-up (and an empty claim)
+            wait_for(lambda: "outbox_settle_and_claim" in str(scalar(db, listener)), 5,
+                     f"the listener's session to record wake-up {i}")
+            time.sleep(0.1)
+        pooled = scalar(db, "SELECT count(*) FROM pg_stat_activity"
+                            " WHERE application_name = 'pgfence-executor:lsettle'"
+                            " AND query LIKE '%%outbox_settle_and_claim%%'")
+        attempts = scalar(db, "SELECT max(attempts) FROM pgfence.outbox")
+    finally:
+        assert proc.terminate() == 0
+    assert pooled == 0, "no wake-up outcome was recorded on a pooled connection"
+    assert attempts == 1, "each message claimed once"
