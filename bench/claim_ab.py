@@ -8,7 +8,8 @@ across that one call (/proc/<pid>/schedstat, ns; the backend is idle around it, 
 machine disturbs it less than wall time). Modes: ch1 (one channel, batch 1, 1 message), all1
 (all channels, batch 1), ch50 (one channel, batch 50, 50 messages), ch1e (as ch1, then an empty
 claim after the settle: issue 18's "empty claim" effect). Per rep, variant and mode: the median
-of ROUNDS (default 200) claims, in µs, CPU and wall. Reps alternate A,B / B,A (ABBA).
+of ROUNDS (default 200) claims, in µs, CPU and wall. Reps alternate A,B / B,A (ABBA). The
+summary gives medians and the paired per-rep difference B - A (median, range, reps B lower).
 KEYED_AB_A_SQL=FILE: SQL run on A after the base functions (as bench/keyed_ab.py).
 """
 import os
@@ -88,7 +89,12 @@ def main() -> None:
                 xs = res[(v, mode, m)]
                 parts.append(f"{v.upper()} {statistics.median(xs):.0f} ({min(xs):.0f}-{max(xs):.0f})")
             ratio = statistics.median(res[("b", mode, m)]) / statistics.median(res[("a", mode, m)])
-            print(f"{mode} {m} µs per claim: " + ", ".join(parts) + f"; B/A {ratio:.2f}")
+            # paired: each rep's B minus the same rep's A (the reps spread more than A and B differ)
+            diffs = [b - a for a, b in zip(res[("a", mode, m)], res[("b", mode, m)], strict=True)]
+            lower = sum(d < 0 for d in diffs)
+            print(f"{mode} {m} µs per claim: " + ", ".join(parts) + f"; B/A {ratio:.2f};"
+                  f" paired B-A median {statistics.median(diffs):+.0f}"
+                  f" ({min(diffs):+.0f}..{max(diffs):+.0f}), B lower in {lower} of {len(diffs)}")
 
 
 if __name__ == "__main__":
