@@ -346,11 +346,25 @@ SET enable_bitmapscan = off
 AS $$
 DECLARE
   v_due     timestamptz;
-  v_st      bigint[] := pgfence._outbox_claim_hint_state(pgfence._outbox_claim_hint_name(p_channels));
-  -- from the claim hint, as the claim walks (docs/design.md#claim-hint)
-  v_from_at timestamptz := coalesce('epoch'::timestamptz + interval '1 microsecond' * v_st[1], '-infinity');
-  v_from_id bigint := coalesce(v_st[2], -9223372036854775808);
+  -- the claim hint's name and state read inline, as outbox_claim does (a call of
+  -- _outbox_claim_hint_name / _state, functions with SET, costs more than its body)
+  v_raw     text := current_setting(CASE WHEN p_channels IS NULL THEN 'pgfence.claim_hint_all'
+                                         WHEN cardinality(p_channels) = 1 THEN 'pgfence.claim_hint_' || md5(p_channels[1])
+                                         ELSE pgfence._outbox_claim_hint_name(p_channels) END, true);
+  v_now_us  bigint := (extract(epoch FROM clock_timestamp()) * 1000000)::bigint;
+  -- 8 optional fields of up to 18 digits, as _outbox_claim_hint_state checks it
+  v_st      bigint[] := CASE WHEN v_raw ~ '^(-?[0-9]+)?(,(-?[0-9]+)?){7}$' AND v_raw !~ '[0-9]{19}'
+                             THEN string_to_array(v_raw, ',', '')::bigint[] END;
+  v_from_at timestamptz;
+  v_from_id bigint;
 BEGIN
+  -- a time after the clock reads as no state
+  IF v_st[1] > v_now_us OR v_st[3] > v_now_us OR v_st[8] > v_now_us THEN
+    v_st := NULL;
+  END IF;
+  -- from the claim hint, as the claim walks (docs/design.md#claim-hint)
+  v_from_at := coalesce('epoch'::timestamptz + interval '1 microsecond' * v_st[1], '-infinity');
+  v_from_id := coalesce(v_st[2], '-9223372036854775808'::bigint);
   IF p_channels IS NULL THEN
     SELECT o.next_attempt_at INTO v_due FROM pgfence.outbox o
     WHERE o.status = 'pending' AND o.attempts < o.max_attempts  -- matches outbox_due_idx
