@@ -139,6 +139,7 @@ DECLARE
   v_raw     text;
   v_st      bigint[];     -- pgfence._outbox_claim_hint_state
   v_full    boolean;      -- this walk starts at the front
+  v_passed  boolean;      -- the candidate's bound has passed (v_st[7] = 1, or passes now)
   v_from_at timestamptz;
   v_from_id bigint;
   v_own     bigint;       -- this transaction's xid before the walk (NULL: none yet)
@@ -149,7 +150,8 @@ BEGIN
   IF p_worker IS NULL OR p_worker = '' OR length(p_worker) > 200
      OR (p_lease IS NOT NULL AND (p_lease <= interval '0' OR p_lease > interval '1 day'))
      OR p_batch IS NULL OR p_batch NOT BETWEEN 1 AND 10000
-     OR array_ndims(p_channels) > 1 OR array_lower(p_channels, 1) <> 1 THEN
+     OR array_ndims(p_channels) > 1 OR array_lower(p_channels, 1) <> 1
+     OR (cardinality(p_channels) = 1 AND p_channels[1] IS NULL) THEN
     IF p_worker IS NULL OR p_worker = '' OR length(p_worker) > 200
        OR (p_lease IS NOT NULL AND (p_lease <= interval '0' OR p_lease > interval '1 day')) THEN
       PERFORM pgfence._outbox_check_claimer(p_worker, p_lease);  -- raises the precise 22023
@@ -162,6 +164,9 @@ BEGIN
     -- A channel array of any shape means its elements: '[0:0]={c}' or '{{c}}' is channel c (the
     -- one-channel path below reads p_channels[1], which is NULL for those).
     p_channels := ARRAY(SELECT u.ch FROM unnest(p_channels) AS u(ch));
+    IF cardinality(p_channels) = 1 AND p_channels[1] IS NULL THEN
+      RETURN;  -- '{NULL}': the channel NULL, which has no message (and no hint)
+    END IF;
   END IF;
 
   -- The claim hint (docs/design.md#claim-hint): each scope (all channels, a channel set) walks
@@ -172,9 +177,6 @@ BEGIN
   v_name := CASE WHEN p_channels IS NULL THEN 'pgfence.claim_hint_all'
                  WHEN cardinality(p_channels) = 1 THEN 'pgfence.claim_hint_' || md5(p_channels[1])
                  ELSE pgfence._outbox_claim_hint_name(p_channels) END;
-  IF v_name IS NULL THEN
-    RETURN;  -- '{NULL}': the channel NULL, which has no message
-  END IF;
   v_now_us := (extract(epoch FROM v_now) * 1000000)::bigint;
   v_raw := current_setting(v_name, true);
   -- 8 optional fields of up to 18 digits, as _outbox_claim_hint_state checks it
@@ -197,11 +199,9 @@ BEGIN
     v_st[5] := v_own;
   END IF;
   -- Passed: every transaction that had an xid when the candidate's walk took its snapshot
-  -- has ended (all of them are below the bound), so all their writes are visible now.
-  IF v_st[5] IS NOT NULL AND v_st[7] IS DISTINCT FROM 1
-     AND pg_snapshot_xmin(pg_current_snapshot())::text::bigint >= v_st[5] THEN
-    v_st[7] := 1;
-  END IF;
+  -- has ended (all of them are below the bound), so all their writes are visible now. (NULL:
+  -- not passed; the state's element 7 is written below, where the state is built.)
+  v_passed := v_st[7] = 1 OR pg_snapshot_xmin(pg_current_snapshot())::text::bigint >= v_st[5];
 
   -- The walk locks the due rows (index order, p_batch, SKIP LOCKED); the UPDATE claims them by
   -- primary key. All channels -> outbox_due_idx; some channels -> outbox_channel_due_idx once
@@ -247,7 +247,7 @@ BEGIN
 
   -- The hint's next state (v_st[8]: this walk's clock if it was a full walk). The last claimed
   -- key L is (v_l_us, v_ids[v_n]), NULL when nothing was claimed.
-  IF v_st[7] = 1 THEN
+  IF v_passed THEN
     -- The candidate's bound has passed: no writer can make a message pending below it any
     -- more, and this walk saw every one that did. Everything this walk passed is done: the
     -- hint moves to the candidate (all due rows claimed) or to the last claimed key.
@@ -255,7 +255,7 @@ BEGIN
       v_st := ARRAY[v_st[3], v_st[4], NULL, NULL, NULL, NULL, NULL,
                     CASE WHEN v_full THEN v_now_us ELSE v_st[8] END];
     ELSE
-      v_st := ARRAY[v_l_us, v_ids[v_n], v_st[3], v_st[4], v_st[5], v_st[6], v_st[7],
+      v_st := ARRAY[v_l_us, v_ids[v_n], v_st[3], v_st[4], v_st[5], v_st[6], 1,
                     CASE WHEN v_full THEN v_now_us ELSE v_st[8] END];
     END IF;
   ELSIF v_full THEN
