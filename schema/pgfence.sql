@@ -2116,8 +2116,22 @@ BEGIN
 
   IF v_n = 0 THEN
     RETURN;
-  END IF;
-  IF cardinality(p_channels) = 1 THEN
+  ELSIF v_n = 1 THEN
+    -- An executor's wake-up (one message, any channels): nothing to order, so no CTE and no
+    -- sort (each executor node costs the claim its start-up); the lease looked up for its row.
+    RETURN QUERY
+    UPDATE pgfence.outbox o
+    SET status = 'processing', attempts = o.attempts + 1, locked_by = p_worker,
+        claimed_at = now(), updated_at = now(),
+        lease_expires_at = now() + coalesce(
+          p_lease,
+          (SELECT c.lease FROM pgfence.outbox_channel c WHERE c.channel = o.channel),
+          (SELECT c.lease FROM pgfence.outbox_channel c WHERE c.channel = '*'))
+    WHERE o.id = ANY (v_ids)
+      AND o.status = c_pending  -- a constant: docs/query-plans.md#constants-instead-of-literals
+    RETURNING o.id, o.channel, o.recipient, o.payload, o.idempotency_key, o.attempts,
+              o.max_attempts, o.lease_expires_at - now(), o.lease_expires_at, o.created_at;
+  ELSIF cardinality(p_channels) = 1 THEN
     -- The common case (an executor routing one channel): the lease looked up once, by the
     -- UPDATE's InitPlans (uncorrelated: no statement of its own, no per-row look-up).
     RETURN QUERY

@@ -73,21 +73,26 @@ def test_every_outbox_statement_uses_its_index(conn: psycopg.Connection[Any], an
 
 
 def test_one_channel_claim_is_two_statements(conn: psycopg.Connection[Any]) -> None:
-    """The wake-up claim runs the walk and the UPDATE, nothing else: the channel's lease is read
-    by the UPDATE's InitPlans (its own key, then '*' only if needed), not by a statement of its
-    own (each statement start costs the claim CPU: docs/query-plans.md#outbox)."""
+    """A one-channel claim runs the walk and the UPDATE, nothing else: the channel's lease is read
+    inside the UPDATE, not by a statement of its own (each statement start costs the claim CPU:
+    docs/query-plans.md#outbox). One message (the executor's wake-up): a plain UPDATE ...
+    RETURNING, its lease looked up for its row; several: InitPlans, once per claim."""
     _fill(conn, analyze=True)
     plans = PlanScans(conn, {"outbox", "outbox_channel"})
-    rows, scans = plans.scans("SELECT id, lease FROM pgfence.outbox_claim('w', 1, '{busy}')")
-    assert [r[1].total_seconds() for r in rows] == [3600.0], "busy's own lease"
-    assert scans == {CHANNEL_DUE, PK, "outbox_channel_pkey"}
-    statements = [json.loads(m.split("plan:", 1)[1])["Plan"] for m in plans.notices if "plan:" in m]
-    # the walk, the UPDATE (in a CTE under the sort), and the call itself
-    assert len(statements) == 3, [s["Node Type"] for s in statements]
 
-    def init_plans(node: dict[str, Any]) -> list[str]:
-        own = [node.get("Index Name", node["Node Type"])] if node.get("Subplan Name", "").startswith("InitPlan") else []
-        return own + [name for child in node.get("Plans", []) for name in init_plans(child)]
+    def sub_plans(node: dict[str, Any]) -> list[str]:
+        name = node.get("Subplan Name", "")
+        own = [f"{name.split()[0]}:{node.get('Index Name', node['Node Type'])}"] if name.startswith(("InitPlan", "SubPlan")) else []
+        return own + [found for child in node.get("Plans", []) for found in sub_plans(child)]
 
-    update, = [s for s in statements if "ModifyTable" in json.dumps(s)]
-    assert init_plans(update) == ["outbox_channel_pkey", "outbox_channel_pkey"]
+    # one message: its channel's row per row (a SubPlan; one row), '*' once; several: both once
+    for batch, shape in ((1, ["InitPlan:outbox_channel_pkey", "SubPlan:outbox_channel_pkey"]),
+                         (2, ["InitPlan:outbox_channel_pkey"] * 2)):
+        rows, scans = plans.scans("SELECT id, lease FROM pgfence.outbox_claim('w', %s, '{busy}')", (batch,))
+        assert [r[1].total_seconds() for r in rows] == [3600.0] * batch, "busy's own lease"
+        assert scans == {CHANNEL_DUE, PK, "outbox_channel_pkey"}
+        statements = [json.loads(m.split("plan:", 1)[1])["Plan"] for m in plans.notices if "plan:" in m]
+        # the walk, the UPDATE, and the call itself
+        assert len(statements) == 3, [s["Node Type"] for s in statements]
+        update, = [s for s in statements if '"ModifyTable"' in json.dumps(s)]
+        assert sorted(sub_plans(update)) == shape, batch
