@@ -1870,8 +1870,8 @@ REVOKE ALL ON FUNCTION pgfence._outbox_claim_hint_name(text[]) FROM PUBLIC;
 COMMENT ON FUNCTION pgfence._outbox_claim_hint_name(text[]) IS
   'The session setting that holds the claim hint of a claim scope: all channels, or a channel set.
 One channel, or a set of them in any order (channel names have no comma). NULL for a one-channel
-array whose element is NULL. outbox_claim computes the first two cases inline (the call of a
-function with SET costs more than its body). docs/design.md#claim-hint.';
+array whose element is NULL. outbox_claim and outbox_next_due compute the first two cases inline
+(the call of a function with SET costs more than its body). docs/design.md#claim-hint.';
 
 CREATE OR REPLACE FUNCTION pgfence._outbox_claim_hint_state(p_name text)
 RETURNS bigint[]
@@ -1904,8 +1904,9 @@ COMMENT ON FUNCTION pgfence._outbox_claim_hint_state(text) IS
   'Reads a claim scope''s hint state from its session setting (NULL if absent or malformed).
 Elements: hint due (µs since epoch), hint id, candidate due, candidate id, candidate xid bound,
 candidate''s own xid, passed (1 once every writer older than the bound has ended), last full walk
-(µs). outbox_claim reads it the same way inline (the call of a function with SET costs more than
-its body; pgTAP 12_outbox_claim_hint covers both). docs/design.md#claim-hint.';
+(µs). outbox_claim and outbox_next_due read it the same way inline (the call of a function with
+SET costs more than its body), so nothing calls this one: it is the reference of the check, for
+an operator reading a session''s hint (pgTAP 12_outbox_claim_hint covers both). docs/design.md#claim-hint.';
 
 CREATE OR REPLACE FUNCTION pgfence._outbox_check_claimer(p_worker text, p_lease interval)
 RETURNS void

@@ -10,7 +10,7 @@
 -- one from its first statement. So each statement here commits on its own; what it leaves is
 -- in temporary tables and functions (pg_temp), and the peers' rows are deleted at the end.
 \ir helpers/setup.sql
-SELECT plan(44);
+SELECT plan(47);
 
 SELECT tap_helpers.peer('cl'), tap_helpers.peer('ad'), tap_helpers.peer('wr');
 -- the safety net out of the way, except where it is the subject
@@ -219,6 +219,15 @@ SELECT pg_temp.hset('tap-h-nd', (SELECT format('%s,%s,,,,,,%s', us, id + 1, now_
 SELECT is(pg_temp.hnext('tap-h-nd'), interval '0', 'next_due: a state with a time after the clock reads as none');
 SELECT pg_temp.hset('tap-h-nd', (SELECT format('%s,%s,,,,,,%s', us, id + 1, now_us) || ',' FROM nd_key));
 SELECT is(pg_temp.hnext('tap-h-nd'), interval '0', 'next_due: a malformed state (9 fields) reads as none');
+
+-- _outbox_claim_hint_state, the reference of the state check that both functions copy inline
+SELECT set_config('pgfence.claim_hint_tap_ref', '5,6,,,,,,7', false);
+SELECT is(pgfence._outbox_claim_hint_state('pgfence.claim_hint_tap_ref'), ARRAY[5, 6, NULL, NULL, NULL, NULL, NULL, 7]::bigint[],
+  '_outbox_claim_hint_state: 8 fields, empty ones NULL');
+SELECT set_config('pgfence.claim_hint_tap_ref', '5,6,,,,,,1234567890123456789', false);
+SELECT is(pgfence._outbox_claim_hint_state('pgfence.claim_hint_tap_ref'), NULL, '... a run of 19 digits is malformed');
+SELECT set_config('pgfence.claim_hint_tap_ref', '999999999999999999,6,,,,,,7', false);
+SELECT is(pgfence._outbox_claim_hint_state('pgfence.claim_hint_tap_ref'), NULL, '... a time after the clock reads as none');
 
 SELECT dblink_exec('ad', $$SET pgfence.purging = on;
   DELETE FROM pgfence.outbox WHERE channel LIKE 'tap-h-%'; DELETE FROM pgfence.outbox_key WHERE channel LIKE 'tap-h-%';
