@@ -1982,6 +1982,7 @@ DECLARE
   v_ids     bigint[];
   v_n       integer;
   v_l_us    bigint;       -- the last claimed key: due (µs), id (v_ids[v_n])
+  v_lease   interval;
 BEGIN
   IF p_worker IS NULL OR p_worker = '' OR length(p_worker) > 200
      OR (p_lease IS NOT NULL AND (p_lease <= interval '0' OR p_lease > interval '1 day'))
@@ -2133,17 +2134,15 @@ BEGIN
     RETURNING o.id, o.channel, o.recipient, o.payload, o.idempotency_key, o.attempts,
               o.max_attempts, o.lease_expires_at - now(), o.lease_expires_at, o.created_at;
   ELSIF cardinality(p_channels) = 1 THEN
-    -- The common case (an executor routing one channel): the lease looked up once, by the
-    -- UPDATE's InitPlans (uncorrelated: no statement of its own, no per-row look-up).
+    -- The common case (an executor routing one channel): the lease looked up once.
+    v_lease := coalesce(p_lease,
+                        (SELECT c.lease FROM pgfence.outbox_channel c WHERE c.channel = p_channels[1]),
+                        (SELECT c.lease FROM pgfence.outbox_channel c WHERE c.channel = '*'));
     RETURN QUERY
     WITH claimed AS (
       UPDATE pgfence.outbox o
       SET status = 'processing', attempts = o.attempts + 1, locked_by = p_worker,
-          claimed_at = now(), updated_at = now(),
-          lease_expires_at = now() + coalesce(
-            p_lease,
-            (SELECT c.lease FROM pgfence.outbox_channel c WHERE c.channel = p_channels[1]),
-            (SELECT c.lease FROM pgfence.outbox_channel c WHERE c.channel = '*'))
+          claimed_at = now(), updated_at = now(), lease_expires_at = now() + v_lease
       WHERE o.id = ANY (v_ids)
         AND o.status = c_pending  -- a constant: docs/query-plans.md#constants-instead-of-literals
       RETURNING o.id, o.channel, o.recipient, o.payload, o.idempotency_key, o.attempts,

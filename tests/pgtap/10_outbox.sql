@@ -124,7 +124,8 @@ SELECT is((SELECT attempt FROM pgfence.outbox_claim('tap-w1', 1, ARRAY['tap-a'],
   'claim returns the attempt number (fence token)');
 SELECT is((SELECT lease_expires_at FROM pgfence.outbox WHERE id = (SELECT id FROM ids WHERE name = 'm1')), now() + interval '30 seconds', 'an explicit lease overrides the channel''s');
 -- the lease without p_lease: the channel's, else the '*' row's, on each path of the claim's
--- UPDATE: one message (a look-up for its row), one channel (InitPlans), several (per row)
+-- UPDATE: one message (a look-up for its row), a batch of one channel (one look-up before the
+-- UPDATE), of several (per row)
 SELECT pgfence.outbox_configure_channel('tap-lease', p_lease => '7 minutes');
 SELECT count(*) FROM pgfence.outbox_enqueue_many('tap-lease', array_fill('r'::text, ARRAY[4]), array_fill('{}'::jsonb, ARRAY[4]));
 SELECT count(*) FROM pgfence.outbox_enqueue_many('tap-nolease', array_fill('r'::text, ARRAY[4]), array_fill('{}'::jsonb, ARRAY[4]));
