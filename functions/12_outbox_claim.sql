@@ -358,10 +358,8 @@ SET plan_cache_mode = force_generic_plan
 SET enable_seqscan = off
 SET enable_bitmapscan = off
 AS $$
--- Few statements on purpose, as in outbox_claim: each expression PL/pgSQL evaluates is prepared
--- again in every transaction.
 DECLARE
-  v_wait    interval;
+  v_due     timestamptz;
   -- the claim hint's name and state read inline, as outbox_claim does (a call of
   -- _outbox_claim_hint_name / _state, functions with SET, costs more than its body)
   v_raw     text := current_setting(CASE WHEN p_channels IS NULL THEN 'pgfence.claim_hint_all'
@@ -371,36 +369,37 @@ DECLARE
   -- 8 optional fields of up to 18 digits, as _outbox_claim_hint_state checks it
   v_st      bigint[] := CASE WHEN v_raw ~ '^(-?[0-9]+)?(,(-?[0-9]+)?){7}$' AND v_raw !~ '[0-9]{19}'
                              THEN string_to_array(v_raw, ',', '')::bigint[] END;
-  -- from the claim hint, as the claim walks (docs/design.md#claim-hint); a state with a time
-  -- after the clock reads as none
-  v_from_at timestamptz := CASE WHEN v_st[1] > v_now_us OR v_st[3] > v_now_us OR v_st[8] > v_now_us THEN '-infinity'
-                                ELSE coalesce('epoch'::timestamptz + interval '1 microsecond' * v_st[1], '-infinity') END;
-  v_from_id bigint := CASE WHEN v_st[1] > v_now_us OR v_st[3] > v_now_us OR v_st[8] > v_now_us
-                           THEN '-9223372036854775808'::bigint
-                           ELSE coalesce(v_st[2], '-9223372036854775808'::bigint) END;
+  v_from_at timestamptz;
+  v_from_id bigint;
 BEGIN
-  -- the wait from the clock, as the claim decides what is due
-  IF cardinality(p_channels) = 1 THEN
-    SELECT greatest(o.next_attempt_at - clock_timestamp(), interval '0') INTO v_wait FROM pgfence.outbox o
-    WHERE o.channel = p_channels[1] AND o.status = 'pending'
-      AND (o.next_attempt_at, o.id) >= (v_from_at, v_from_id)
-    ORDER BY o.next_attempt_at, o.id LIMIT 1;
-  ELSIF p_channels IS NULL THEN
-    SELECT greatest(o.next_attempt_at - clock_timestamp(), interval '0') INTO v_wait FROM pgfence.outbox o
+  -- a time after the clock reads as no state
+  IF v_st[1] > v_now_us OR v_st[3] > v_now_us OR v_st[8] > v_now_us THEN
+    v_st := NULL;
+  END IF;
+  -- from the claim hint, as the claim walks (docs/design.md#claim-hint)
+  v_from_at := coalesce('epoch'::timestamptz + interval '1 microsecond' * v_st[1], '-infinity');
+  v_from_id := coalesce(v_st[2], '-9223372036854775808'::bigint);
+  IF p_channels IS NULL THEN
+    SELECT o.next_attempt_at INTO v_due FROM pgfence.outbox o
     WHERE o.status = 'pending' AND o.attempts < o.max_attempts  -- matches outbox_due_idx
       AND (o.next_attempt_at, o.id) >= (v_from_at, v_from_id)
     ORDER BY o.next_attempt_at, o.id LIMIT 1;
+  ELSIF cardinality(p_channels) = 1 THEN
+    SELECT o.next_attempt_at INTO v_due FROM pgfence.outbox o
+    WHERE o.channel = p_channels[1] AND o.status = 'pending'
+      AND (o.next_attempt_at, o.id) >= (v_from_at, v_from_id)
+    ORDER BY o.next_attempt_at, o.id LIMIT 1;
   ELSE
-    SELECT greatest(min(n.at) - clock_timestamp(), interval '0') INTO v_wait
+    SELECT min(n.at) INTO v_due
     FROM unnest(p_channels) AS c(ch)
     CROSS JOIN LATERAL (
       SELECT o.next_attempt_at AS at FROM pgfence.outbox o
       WHERE o.channel = c.ch AND o.status = 'pending'
         AND (o.next_attempt_at, o.id) >= (v_from_at, v_from_id)
-      ORDER BY o.next_attempt_at, o.id LIMIT 1) n
-    HAVING min(n.at) IS NOT NULL;  -- none pending: no row, NULL
+      ORDER BY o.next_attempt_at, o.id LIMIT 1) n;
   END IF;
-  RETURN v_wait;  -- a variable: no expression to prepare
+  -- from the clock, as the claim decides what is due
+  RETURN CASE WHEN v_due IS NOT NULL THEN greatest(v_due - clock_timestamp(), interval '0') END;
 END
 $$;
 REVOKE ALL ON FUNCTION pgfence.outbox_next_due(text[]) FROM PUBLIC;
