@@ -8,7 +8,10 @@ across that one call (/proc/<pid>/schedstat, ns; the backend is idle around it, 
 machine disturbs it less than wall time). Modes: ch1 (one channel, batch 1, 1 message), all1
 (all channels, batch 1), ch50 (one channel, batch 50, 50 messages), ch1e (as ch1, then an empty
 claim after the settle: issue 18's "empty claim" effect). Per rep, variant and mode: the median
-of ROUNDS (default 200) claims, in µs, CPU and wall. Reps alternate A,B / B,A (ABBA).
+of ROUNDS (default 200) claims, in µs, CPU and wall, and of the rounds' outbox_next_due calls
+(CPU: "next_due cpu"). A's and B's rounds are interleaved within each rep (ABBA round by
+round; reps alternate which goes first). The summary gives medians and the paired per-rep
+difference B - A (median, range, reps B lower).
 KEYED_AB_A_SQL=FILE: SQL run on A after the base functions (as bench/keyed_ab.py).
 """
 import os
@@ -33,35 +36,53 @@ def _run_ns(pid: int) -> int:
     return int(Path(f"/proc/{pid}/schedstat").read_text().split()[0])
 
 
-def rounds(dsn: str, mode: str, n: int) -> tuple[float, float]:
-    """Median server CPU (µs) and wall time (µs) of ``n`` wake-up claims of ``mode``."""
-    outbox._reset(dsn)
+def rounds(dsns: dict[str, str], mode: str, n: int) -> dict[str, tuple[float, float, float]]:
+    """Median server CPU (µs) and wall time (µs) of ``n`` wake-up claims of ``mode`` on each
+    database of ``dsns`` (variant -> DSN), and the median server CPU (µs) of the round's
+    ``outbox_next_due``; the variants' rounds interleaved (ABBA round by round: a burst of load
+    on the machine hits both alike)."""
     batch = 50 if mode == "ch50" else 1
     chans: Any = None if mode == "all1" else [outbox.CHANNEL]
-    cpu: list[float] = []
-    wall: list[float] = []
-    with (psycopg.connect(dsn, autocommit=True) as enq, psycopg.connect(dsn, autocommit=True) as cl,
-          psycopg.connect(dsn, autocommit=True) as st):
-        pid = cl.execute("SELECT pg_backend_pid()").fetchone()[0]  # type: ignore[index]
+    cpu: dict[str, list[float]] = {v: [] for v in dsns}
+    wall: dict[str, list[float]] = {v: [] for v in dsns}
+    due: dict[str, list[float]] = {v: [] for v in dsns}
+    sessions = {}
+    for v, dsn in dsns.items():
+        outbox._reset(dsn)
+        conns = [psycopg.connect(dsn, autocommit=True) for _ in range(3)]
+        pid = conns[1].execute("SELECT pg_backend_pid()").fetchone()[0]  # type: ignore[index]
+        sessions[v] = (conns, pid)
+    order = list(dsns)
+    try:
         for i in range(n + 20):
-            enq.execute("SELECT count(*) FROM pgfence.outbox_enqueue_many(%s, %s, %s)",
-                        (outbox.CHANNEL, ["r"] * batch, [Jsonb({"i": i})] * batch))
-            c0 = _run_ns(pid)
-            t0 = time.perf_counter()
-            rows = cl.execute("SELECT id, attempt FROM pgfence.outbox_claim('bench-w', %s, %s)",
-                              (batch, chans)).fetchall()
-            t1 = time.perf_counter()
-            c1 = _run_ns(pid)
-            assert len(rows) == batch, (mode, len(rows))
-            if i >= 20:  # warm-up: plans cached, hint settled
-                cpu.append((c1 - c0) / 1000)
-                wall.append((t1 - t0) * 1e6)
-            st.execute("SELECT count(*) FROM pgfence.outbox_mark_sent_many(%s, %s)",
-                       ([r[0] for r in rows], [r[1] for r in rows]))
-            if mode == "ch1e":
-                cl.execute("SELECT count(*) FROM pgfence.outbox_claim('bench-w', 1, %s)", (chans,))
-            cl.execute("SELECT pgfence.outbox_next_due(%s)", (chans,))
-    return statistics.median(cpu), statistics.median(wall)
+            for v in (order if i % 2 == 0 else order[::-1]):
+                (enq, cl, st), pid = sessions[v]
+                enq.execute("SELECT count(*) FROM pgfence.outbox_enqueue_many(%s, %s, %s)",
+                            (outbox.CHANNEL, ["r"] * batch, [Jsonb({"i": i})] * batch))
+                c0 = _run_ns(pid)
+                t0 = time.perf_counter()
+                rows = cl.execute("SELECT id, attempt FROM pgfence.outbox_claim('bench-w', %s, %s)",
+                                  (batch, chans)).fetchall()
+                t1 = time.perf_counter()
+                c1 = _run_ns(pid)
+                assert len(rows) == batch, (mode, len(rows))
+                if i >= 20:  # warm-up: plans cached, hint settled
+                    cpu[v].append((c1 - c0) / 1000)
+                    wall[v].append((t1 - t0) * 1e6)
+                st.execute("SELECT count(*) FROM pgfence.outbox_mark_sent_many(%s, %s)",
+                           ([r[0] for r in rows], [r[1] for r in rows]))
+                if mode == "ch1e":
+                    cl.execute("SELECT count(*) FROM pgfence.outbox_claim('bench-w', 1, %s)", (chans,))
+                c2 = _run_ns(pid)
+                cl.execute("SELECT pgfence.outbox_next_due(%s)", (chans,))
+                if i >= 20:
+                    due[v].append((_run_ns(pid) - c2) / 1000)
+    finally:
+        for conns, _ in sessions.values():
+            for conn in conns:
+                conn.close()
+    return {v: (statistics.median(cpu[v]), statistics.median(wall[v]), statistics.median(due[v]))
+            for v in dsns}
 
 
 def main() -> None:
@@ -75,20 +96,26 @@ def main() -> None:
     for i in range(reps):
         line = []
         for mode in modes:
-            for v in (("a", "b") if i % 2 == 0 else ("b", "a")):
-                c, w = rounds(dsns[v], mode, n)
+            ab = ("a", "b") if i % 2 == 0 else ("b", "a")
+            for v, (c, w, d) in rounds({v: dsns[v] for v in ab}, mode, n).items():
                 res.setdefault((v, mode, "cpu"), []).append(c)
                 res.setdefault((v, mode, "wall"), []).append(w)
+                res.setdefault((v, mode, "next_due cpu"), []).append(d)
             line.append(f"{mode} A {res[('a', mode, 'cpu')][-1]:.0f} B {res[('b', mode, 'cpu')][-1]:.0f}")
         print(f"rep {i} cpu µs: " + " | ".join(line) + f" | load {os.getloadavg()[0]:.1f}", flush=True)
     for mode in modes:
-        for m in ("cpu", "wall"):
+        for m in ("cpu", "wall", "next_due cpu"):
             parts = []
             for v in ("a", "b"):
                 xs = res[(v, mode, m)]
                 parts.append(f"{v.upper()} {statistics.median(xs):.0f} ({min(xs):.0f}-{max(xs):.0f})")
             ratio = statistics.median(res[("b", mode, m)]) / statistics.median(res[("a", mode, m)])
-            print(f"{mode} {m} µs per claim: " + ", ".join(parts) + f"; B/A {ratio:.2f}")
+            # paired: each rep's B minus the same rep's A (the reps spread more than A and B differ)
+            diffs = [b - a for a, b in zip(res[("a", mode, m)], res[("b", mode, m)], strict=True)]
+            lower = sum(d < 0 for d in diffs)
+            print(f"{mode} {m} µs per call: " + ", ".join(parts) + f"; B/A {ratio:.2f};"
+                  f" paired B-A median {statistics.median(diffs):+.0f}"
+                  f" ({min(diffs):+.0f}..{max(diffs):+.0f}), B lower in {lower} of {len(diffs)}")
 
 
 if __name__ == "__main__":

@@ -12,6 +12,8 @@ all-channels index, which would read other channels' backlogs), all-channels wal
 
 from __future__ import annotations
 
+import json
+from datetime import timedelta
 from typing import Any
 
 import psycopg
@@ -116,3 +118,35 @@ def test_every_keyed_statement_uses_its_index(conn: psycopg.Connection[Any], ana
                            " '{keyed}')", (ids, attempts))
     assert scans <= {WAITING, LIVE, PK, CHANNEL_DUE}
     assert conn.execute("SELECT count(*) FROM pgfence.outbox_key WHERE channel = 'keyed'").fetchone() == (0,)
+
+
+def test_wake_up_claim_is_two_statements(conn: psycopg.Connection[Any]) -> None:
+    """A claim that gets one message (an executor's wake-up) runs the walk and one UPDATE ...
+    RETURNING, nothing else: no CTE, no sort, and the lease is read inside the UPDATE (its row's
+    channel, then '*'), not by a statement of its own; each statement and executor node costs the
+    claim its start-up (docs/query-plans.md#outbox)."""
+    _fill(conn, analyze=True)
+    conn.execute("SELECT pgfence.outbox_configure_channel('one', p_lease => '7 minutes')")
+    default, = conn.execute("SELECT lease FROM pgfence.outbox_channel WHERE channel = '*'").fetchone()  # type: ignore[misc]
+    plans = PlanScans(conn, {"outbox", "outbox_channel"})
+
+    def nodes(node: dict[str, Any]) -> list[str]:
+        return [node["Node Type"]] + [n for child in node.get("Plans", []) for n in nodes(child)]
+
+    for channel, chans, lease in (("one", "{one}", timedelta(minutes=7)), ("two", "{one,two}", default),
+                                  ("two", None, default)):
+        conn.execute("SELECT pgfence.outbox_enqueue(%s, 'r', '{}')", (channel,))
+        if chans is None:  # all channels: the others' backlogs out of the way
+            conn.execute("UPDATE pgfence.outbox SET next_attempt_at = now() + interval '1 hour'"
+                         " WHERE channel IN ('busy', 'mine')")
+        rows, scans = plans.scans("SELECT channel, lease FROM pgfence.outbox_claim('w', 4, %s)", (chans,))
+        assert rows == [(channel, lease)], chans
+        assert scans == {CHANNEL_DUE if chans else DUE, PK, "outbox_channel_pkey"}, chans
+        statements = [json.loads(m.split("plan:", 1)[1])["Plan"] for m in plans.notices if "plan:" in m]
+        # the walk, the UPDATE, and the call itself (for a channel set, also the sub-select in
+        # _outbox_claim_hint_name that sorts the set)
+        kinds = sorted(s["Node Type"] for s in statements)
+        assert kinds == sorted(["Aggregate", "ModifyTable", "Function Scan"] + ["Result"] * (chans == "{one,two}")), chans
+        update, = [s for s in statements if s["Node Type"] == "ModifyTable"]
+        # the UPDATE by primary key, and the lease's two look-ups by outbox_channel_pkey
+        assert sorted(nodes(update)) == ["Index Scan"] * 3 + ["ModifyTable"], nodes(update)

@@ -2,7 +2,7 @@
 -- documented SQLSTATE. Concurrency cells use real second sessions (dblink, see helpers/).
 BEGIN;
 \ir helpers/setup.sql
-SELECT plan(175);
+SELECT plan(180);
 
 -- =============================================================================================
 -- Catalog: signatures, definer, volatility, privileges
@@ -123,6 +123,32 @@ SELECT is((SELECT count(*)::int FROM pgfence.outbox_claim('tap-w2', 10, ARRAY['t
 SELECT is((SELECT attempt FROM pgfence.outbox_claim('tap-w1', 1, ARRAY['tap-a'], interval '30 seconds') WHERE id = (SELECT id FROM ids WHERE name = 'm1')), 1,
   'claim returns the attempt number (fence token)');
 SELECT is((SELECT lease_expires_at FROM pgfence.outbox WHERE id = (SELECT id FROM ids WHERE name = 'm1')), now() + interval '30 seconds', 'an explicit lease overrides the channel''s');
+-- the lease without p_lease: the channel's, else the '*' row's, on each path of the claim's
+-- UPDATE: one message (a look-up for its row), a batch of one channel (one look-up before the
+-- UPDATE), of several (per row)
+SELECT pgfence.outbox_configure_channel('tap-lease', p_lease => '7 minutes');
+SELECT count(*) FROM pgfence.outbox_enqueue_many('tap-lease', array_fill('r'::text, ARRAY[4]), array_fill('{}'::jsonb, ARRAY[4]));
+SELECT count(*) FROM pgfence.outbox_enqueue_many('tap-nolease', array_fill('r'::text, ARRAY[4]), array_fill('{}'::jsonb, ARRAY[4]));
+SELECT results_eq(
+  $$SELECT lease, lease_expires_at FROM pgfence.outbox_claim('tap-wl', 1, ARRAY['tap-lease'])$$,
+  $$VALUES (interval '7 minutes', now() + interval '7 minutes')$$,
+  'one message: its channel''s lease (returned and stored)');
+SELECT results_eq(
+  $$SELECT lease FROM pgfence.outbox_claim('tap-wl', 1, ARRAY['tap-nolease'])$$,
+  $$SELECT lease FROM pgfence.outbox_channel WHERE channel = '*'$$,
+  'one message of a channel without settings: the ''*'' lease');
+SELECT results_eq(
+  $$SELECT lease, lease_expires_at FROM pgfence.outbox_claim('tap-wl', 2, ARRAY['tap-lease'])$$,
+  $$VALUES (interval '7 minutes', now() + interval '7 minutes'), (interval '7 minutes', now() + interval '7 minutes')$$,
+  'one channel, several messages: the channel''s lease');
+SELECT results_eq(
+  $$SELECT lease FROM pgfence.outbox_claim('tap-wl', 2, ARRAY['tap-nolease'])$$,
+  $$SELECT lease FROM pgfence.outbox_channel, generate_series(1, 2) WHERE channel = '*'$$,
+  'one channel without settings, several messages: the ''*'' lease');
+SELECT results_eq(
+  $$SELECT channel, lease FROM pgfence.outbox_claim('tap-wl', 2, ARRAY['tap-nolease', 'tap-lease']) ORDER BY channel$$,
+  $$VALUES ('tap-lease'::text, interval '7 minutes'), ('tap-nolease', (SELECT lease FROM pgfence.outbox_channel WHERE channel = '*'))$$,
+  'several channels: each message its channel''s lease, else the ''*'' one');
 CREATE TEMP TABLE nd AS SELECT clock_timestamp() AS before, pgfence.outbox_next_due(ARRAY['tap-order']) AS due, clock_timestamp() AS after;
 SELECT ok((SELECT nd.due BETWEEN o.next_attempt_at - nd.after AND o.next_attempt_at - nd.before
            FROM nd, pgfence.outbox o WHERE o.id = (SELECT id FROM ids WHERE name = 'future')),

@@ -10,7 +10,7 @@
 -- one from its first statement. So each statement here commits on its own; what it leaves is
 -- in temporary tables and functions (pg_temp), and the peers' rows are deleted at the end.
 \ir helpers/setup.sql
-SELECT plan(39);
+SELECT plan(47);
 
 SELECT tap_helpers.peer('cl'), tap_helpers.peer('ad'), tap_helpers.peer('wr');
 -- the safety net out of the way, except where it is the subject
@@ -193,6 +193,41 @@ SELECT tap_helpers.peer_value('cl', format($$SELECT set_config(%L, '999999999999
 SELECT is(cardinality(pg_temp.hclaim('tap-h-forge', 1)), 1, 'a hint after the clock reads as none');
 SELECT dblink_exec('cl', $$SET pgfence.claim_full_walk_ms = 'soon'$$);
 SELECT is(cardinality(pg_temp.hclaim('tap-h-forge', 1)), 0, 'a malformed bound is the default (and nothing is left)');
+
+-- ---------------------------------------------------------------------------------------------
+-- outbox_next_due walks from the same hint, read the same way (its own inline copy of the
+-- state check): a forged or stale setting reads as none
+-- ---------------------------------------------------------------------------------------------
+CREATE FUNCTION pg_temp.hnext(p_channel text) RETURNS interval LANGUAGE sql AS $f$
+  SELECT x::interval FROM dblink('cl', format($$SELECT pgfence.outbox_next_due(ARRAY[%L])::text$$, p_channel)) AS t(x text)
+$f$;
+CREATE FUNCTION pg_temp.hset(p_channel text, p_state text) RETURNS text LANGUAGE sql AS $f$
+  SELECT tap_helpers.peer_value('cl', format($$SELECT set_config(%L, %L, false)$$, pgfence._outbox_claim_hint_name(ARRAY[p_channel]), p_state))
+$f$;
+CREATE TEMP TABLE nd AS SELECT pg_temp.henq('tap-h-nd', 1) AS ids;
+SELECT pg_temp.hval('ad', $$SELECT pgfence.outbox_enqueue('tap-h-nd', 'r', '{}', NULL, now() + interval '1 hour')$$);
+CREATE TEMP TABLE nd_key AS
+  SELECT (extract(epoch FROM o.next_attempt_at) * 1000000)::bigint AS us, o.id, (extract(epoch FROM clock_timestamp()) * 1000000)::bigint AS now_us
+  FROM dblink('ad', format($$SELECT next_attempt_at, id FROM pgfence.outbox WHERE id = %s$$, (SELECT ids[1] FROM nd))) AS o(next_attempt_at timestamptz, id bigint);
+SELECT is(pg_temp.hnext('tap-h-nd'), interval '0', 'next_due: the due message, without a hint');
+SELECT pg_temp.hset('tap-h-nd', (SELECT format('%s,%s,,,,,,%s', us, id + 1, now_us) FROM nd_key));
+SELECT ok(pg_temp.hnext('tap-h-nd') BETWEEN interval '59 minutes' AND interval '1 hour',
+  'next_due walks from the hint: a message below it is not seen (the one due in an hour is)');
+SELECT pg_temp.hset('tap-h-nd', (SELECT format(',%s,,,,,,%s', id + 1, now_us) FROM nd_key));
+SELECT is(pg_temp.hnext('tap-h-nd'), interval '0', 'next_due: a hint without a due time starts at the front');
+SELECT pg_temp.hset('tap-h-nd', (SELECT format('%s,%s,,,,,,%s', us, id + 1, now_us + 3600000000) FROM nd_key));
+SELECT is(pg_temp.hnext('tap-h-nd'), interval '0', 'next_due: a state with a time after the clock reads as none');
+SELECT pg_temp.hset('tap-h-nd', (SELECT format('%s,%s,,,,,,%s', us, id + 1, now_us) || ',' FROM nd_key));
+SELECT is(pg_temp.hnext('tap-h-nd'), interval '0', 'next_due: a malformed state (9 fields) reads as none');
+
+-- _outbox_claim_hint_state, the reference of the state check that both functions copy inline
+SELECT set_config('pgfence.claim_hint_tap_ref', '5,6,,,,,,7', false);
+SELECT is(pgfence._outbox_claim_hint_state('pgfence.claim_hint_tap_ref'), ARRAY[5, 6, NULL, NULL, NULL, NULL, NULL, 7]::bigint[],
+  '_outbox_claim_hint_state: 8 fields, empty ones NULL');
+SELECT set_config('pgfence.claim_hint_tap_ref', '5,6,,,,,,1234567890123456789', false);
+SELECT is(pgfence._outbox_claim_hint_state('pgfence.claim_hint_tap_ref'), NULL, '... a run of 19 digits is malformed');
+SELECT set_config('pgfence.claim_hint_tap_ref', '999999999999999999,6,,,,,,7', false);
+SELECT is(pgfence._outbox_claim_hint_state('pgfence.claim_hint_tap_ref'), NULL, '... a time after the clock reads as none');
 
 SELECT dblink_exec('ad', $$SET pgfence.purging = on;
   DELETE FROM pgfence.outbox WHERE channel LIKE 'tap-h-%'; DELETE FROM pgfence.outbox_key WHERE channel LIKE 'tap-h-%';
