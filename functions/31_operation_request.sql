@@ -65,6 +65,10 @@ BEGIN
   -- one-in-flight index (another operation holds the target: PF201). ON CONFLICT DO NOTHING
   -- waits for a concurrent inserter of either, then the lookups below see its committed row.
   -- If that row is gone again by then (rolled back / finished), try once more.
+  -- The xid before the id (the identity's nextval runs before the row's insert would assign it):
+  -- a request whose xid is newer than a claim hint's candidate bound then gets an id above the
+  -- candidate (docs/design.md#claim-hint, "writers stamp above").
+  v_try := pg_current_xact_id()::text::bigint;
   FOR v_try IN 1..5 LOOP
     INSERT INTO pgfence.operation AS o (kind, target, params, idempotency_key, requested_by)
     VALUES (p_kind, p_target, p_params, p_idempotency_key, v_by)

@@ -44,6 +44,11 @@ DECLARE
   v_lease interval := coalesce(p_lease, interval '2 minutes');
   v_got   integer;
   v_ids   bigint[];
+  v_n     integer;
+  v_name  text;         -- the claim hint's setting (docs/design.md#claim-hint), then its state
+  v_st    bigint[];     -- pgfence._claim_hint_open
+  v_now_us bigint;
+  v_from  bigint := -9223372036854775808;
 BEGIN
   IF p_worker IS NULL OR p_worker = '' OR length(p_worker) > 200 THEN
     RAISE EXCEPTION 'operation_claim: worker must be a non-empty name of at most 200 characters'
@@ -91,12 +96,30 @@ BEGIN
   -- oldest of those, so a backlog of a kind this executor does not serve is never read. At most
   -- p_batch rows are locked per kind; those not claimed are released when this transaction ends
   -- (a moment later: executors claim in autocommit). Query plans: docs/query-plans.md#operation
+  -- The claim hint (docs/design.md#claim-hint, as the outbox's): each scope (all kinds, a kind
+  -- set) walks from its session's hint, an id below which no request of the scope is queued,
+  -- instead of the front of the queue index (the entries of claimed operations stay there while
+  -- a snapshot older than them is open), and from the front once per pgfence.claim_full_walk_ms.
+  -- Read here, after the orphans: their locks may have given this transaction its xid.
+  v_name := 'pgfence.operation_claim_hint_' ||
+            CASE WHEN p_kinds IS NULL THEN 'all'
+                 WHEN cardinality(p_kinds) = 1 THEN md5(p_kinds[1])
+                 -- a set of kinds: the same set in any order, with repeats, is the same scope
+                 ELSE md5(array_to_string(ARRAY(SELECT DISTINCT u.k FROM unnest(p_kinds) AS u(k)
+                                                WHERE u.k IS NOT NULL ORDER BY 1), ',')) END;
+  IF v_name IS NOT NULL THEN
+    v_now_us := (extract(epoch FROM clock_timestamp()) * 1000000)::bigint;
+    v_st := pgfence._claim_hint_open(v_name, v_now_us);
+    IF v_st[9] = 0 THEN
+      v_from := v_st[2];
+    END IF;
+  END IF;
   IF p_kinds IS NULL THEN
     v_ids := ARRAY(
       SELECT o.id FROM pgfence.operation o
       -- no lease: true of every queued operation (CHECK operation_lease_iff_running); stated
       -- for the index (operation_queued_idx)
-      WHERE o.status = 'queued' AND o.lease_expires_at IS NULL
+      WHERE o.status = 'queued' AND o.lease_expires_at IS NULL AND o.id >= v_from
       ORDER BY o.id
       LIMIT p_batch - v_got
       FOR UPDATE SKIP LOCKED);
@@ -108,14 +131,21 @@ BEGIN
         -- "kind = ks.k ORDER BY id", written so that only operation_kind_queued_idx gives
         -- the order (docs/query-plans.md#operation)
         SELECT o.id FROM pgfence.operation o
-        WHERE o.kind = ANY (ARRAY[ks.k]) AND o.status = 'queued'
+        WHERE o.kind = ANY (ARRAY[ks.k]) AND o.status = 'queued' AND o.id >= v_from
         ORDER BY o.kind, o.id
         LIMIT p_batch - v_got
         FOR UPDATE SKIP LOCKED) b
       ORDER BY b.id
       LIMIT p_batch - v_got);
   END IF;
-  IF cardinality(v_ids) = 0 THEN
+  v_n := cardinality(v_ids);
+  IF v_name IS NOT NULL THEN
+    -- the key of an operation is (0, id): the queue's order is the id's
+    -- an assignment, not PERFORM: a simple expression, no SPI query
+    v_name := pgfence._claim_hint_close(v_name, v_st, v_n, p_batch - v_got,
+                                        CASE WHEN v_n > 0 THEN 0 END, v_ids[v_n], v_now_us);
+  END IF;
+  IF v_n = 0 THEN
     PERFORM pgfence._set_actor(NULL);
     RETURN;
   END IF;
