@@ -2009,7 +2009,9 @@ DECLARE
   v_s   bigint[];
   v_now bigint := (extract(epoch FROM clock_timestamp()) * 1000000)::bigint;
 BEGIN
-  IF v_raw IS NULL OR v_raw !~ '^(-?[0-9]{1,18})?(,(-?[0-9]{1,18})?){7}$' THEN
+  -- 8 optional fields of up to 18 digits: written as "digits, and no run of 19" (the same
+  -- strings; the counted {1,18} inside {7} costs ~14 us a match, this ~3)
+  IF v_raw IS NULL OR v_raw !~ '^(-?[0-9]+)?(,(-?[0-9]+)?){7}$' OR v_raw ~ '[0-9]{19}' THEN
     RETURN NULL;
   END IF;
   v_s := string_to_array(v_raw, ',', '')::bigint[];
@@ -2130,7 +2132,8 @@ BEGIN
   v_now_us := (extract(epoch FROM v_now) * 1000000)::bigint;
   IF v_name IS NOT NULL THEN
     v_raw := current_setting(v_name, true);
-    IF v_raw IS NOT NULL AND v_raw ~ '^(-?[0-9]{1,18})?(,(-?[0-9]{1,18})?){7}$' THEN
+    -- 8 optional fields of up to 18 digits, as _outbox_claim_hint_state checks it
+    IF v_raw IS NOT NULL AND v_raw ~ '^(-?[0-9]+)?(,(-?[0-9]+)?){7}$' AND v_raw !~ '[0-9]{19}' THEN
       v_st := string_to_array(v_raw, ',', '')::bigint[];
     END IF;
     -- none, malformed, or a time after the clock: no state (a walk from the front)
