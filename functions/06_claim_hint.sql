@@ -29,7 +29,10 @@ DECLARE
   v_bound bigint;
   v_own   bigint := pg_catalog.pg_current_xact_id_if_assigned()::text::bigint;
 BEGIN
-  IF v_raw IS NOT NULL AND v_raw OPERATOR(pg_catalog.~) '^(-?[0-9]{1,18})?(,(-?[0-9]{1,18})?){7}$' THEN
+  -- 8 optional fields of up to 18 digits, written as "digits, and no run of 19" (the same
+  -- strings as the counted {1,18} inside {7}, at ~3 us a match instead of ~14: b0cd27a)
+  IF v_raw IS NOT NULL AND v_raw OPERATOR(pg_catalog.~) '^(-?[0-9]+)?(,(-?[0-9]+)?){7}$'
+     AND v_raw OPERATOR(pg_catalog.!~) '[0-9]{19}' THEN
     v_st := pg_catalog.string_to_array(v_raw, ',', '')::bigint[];
   END IF;
   -- none, malformed, or a time after the clock (forged, or the clock stepped back): no state

@@ -1223,7 +1223,10 @@ DECLARE
   v_bound bigint;
   v_own   bigint := pg_catalog.pg_current_xact_id_if_assigned()::text::bigint;
 BEGIN
-  IF v_raw IS NOT NULL AND v_raw OPERATOR(pg_catalog.~) '^(-?[0-9]{1,18})?(,(-?[0-9]{1,18})?){7}$' THEN
+  -- 8 optional fields of up to 18 digits, written as "digits, and no run of 19" (the same
+  -- strings as the counted {1,18} inside {7}, at ~3 us a match instead of ~14: b0cd27a)
+  IF v_raw IS NOT NULL AND v_raw OPERATOR(pg_catalog.~) '^(-?[0-9]+)?(,(-?[0-9]+)?){7}$'
+     AND v_raw OPERATOR(pg_catalog.!~) '[0-9]{19}' THEN
     v_st := pg_catalog.string_to_array(v_raw, ',', '')::bigint[];
   END IF;
   -- none, malformed, or a time after the clock (forged, or the clock stepped back): no state
@@ -6175,6 +6178,7 @@ DECLARE
   v_by  text := coalesce(nullif(p_requested_by, ''), session_user::text);
   v_row pgfence.operation;
   v_try integer;
+  v_xid xid8;
 BEGIN
   IF p_kind IS NULL OR p_target IS NULL OR p_params IS NULL THEN
     RAISE EXCEPTION 'operation_request: kind, target and params are required'
@@ -6218,7 +6222,7 @@ BEGIN
   -- The xid before the id (the identity's nextval runs before the row's insert would assign it):
   -- a request whose xid is newer than a claim hint's candidate bound then gets an id above the
   -- candidate (docs/design.md#claim-hint, "writers stamp above").
-  v_try := pg_current_xact_id()::text::bigint;
+  v_xid := pg_current_xact_id();
   FOR v_try IN 1..5 LOOP
     INSERT INTO pgfence.operation AS o (kind, target, params, idempotency_key, requested_by)
     VALUES (p_kind, p_target, p_params, p_idempotency_key, v_by)
@@ -9829,6 +9833,7 @@ ALTER FUNCTION pgfence.plan_reap(integer) SET jit = off;
 -- operations
 ALTER FUNCTION pgfence.operation_request(text, text, jsonb, text, text) SET jit = off;
 ALTER FUNCTION pgfence.operation_claim(text, text[], interval, integer) SET jit = off;
+-- (pgfence._claim_hint_open / _close, 06_claim_hint.sql, run only inside operation_claim: its SET covers them)
 ALTER FUNCTION pgfence.operation_begin_issue(bigint, integer, boolean, interval) SET jit = off;
 ALTER FUNCTION pgfence.operation_record_external(bigint, integer, text, jsonb) SET jit = off;
 ALTER FUNCTION pgfence.operation_poll(bigint, integer, jsonb, interval) SET jit = off;

@@ -171,7 +171,9 @@ def test_plan_statements_use_their_index(db: str, conn: psycopg.Connection[Any],
 # ---------------------------------------------------------------------------------------------
 # Operations
 # ---------------------------------------------------------------------------------------------
-OP_PK, OP_LEASE, OP_QUEUE = "operation_pkey", "operation_lease_idx", "operation_queued_idx (walk)"
+# the queue walk of all kinds starts at the claim hint (docs/design.md#operation-claim-hint): an index
+# condition id >= hint on operation_queued_idx, not a walk from its front
+OP_PK, OP_LEASE, OP_QUEUE = "operation_pkey", "operation_lease_idx", "operation_queued_idx"
 # a claim for some kinds walks each kind's queue: an index condition on the kind, never a walk of
 # the queue of every kind (a backlog of a kind nobody serves would be read by every claim)
 OP_KIND_QUEUE = "operation_kind_queued_idx"
