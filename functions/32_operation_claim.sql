@@ -64,20 +64,38 @@ BEGIN
   PERFORM pgfence._set_actor(p_worker);
 
   -- First the orphans (running, lease lapsed: their external call may be in flight, resume
-  -- them), then the queue in request order. SKIP LOCKED: concurrent claimers never collide.
-  -- query plans: docs/query-plans.md#operation
+  -- them), then the requeued ones (the reaper put them back: their lease lapsed before their
+  -- external call), then the queue in request order. SKIP LOCKED: concurrent claimers never
+  -- collide. The requeued keep their old ids, below the claim hint the queue walks start at
+  -- (docs/design.md#operation-claim-hint), so they have their own index, walked from its front
+  -- (operation_requeued_idx: queued with fence > 0, only they are). The Append stops at the
+  -- batch: no requeued row is locked once the orphans fill it. Query plans:
+  -- docs/query-plans.md#operation
   RETURN QUERY
-  WITH cand AS (
+  WITH lapsed AS (
     SELECT o.id, o.locked_by AS prev_owner FROM pgfence.operation o
     WHERE o.lease_expires_at < now()  -- running, lease lapsed: a lease is set only while running
       AND (p_kinds IS NULL OR o.kind = ANY (p_kinds))
     ORDER BY o.lease_expires_at, o.id
     LIMIT p_batch
     FOR UPDATE SKIP LOCKED
+  ), requeued AS (
+    -- locked_by is NULL: the reaper clears it (so taken_over_from is NULL, as for the queue)
+    SELECT o.id, o.locked_by AS prev_owner FROM pgfence.operation o
+    WHERE o.status = 'queued' AND o.fence > 0 AND (p_kinds IS NULL OR o.kind = ANY (p_kinds))
+    ORDER BY o.id
+    LIMIT p_batch
+    FOR UPDATE SKIP LOCKED
+  ), cand AS (
+    SELECT l.id, l.prev_owner FROM lapsed l
+    UNION ALL
+    SELECT r.id, r.prev_owner FROM requeued r
+    LIMIT p_batch
   ), upd AS (
+    -- status: running already for an orphan; started_at: set at the first claim of either
     UPDATE pgfence.operation o
-    SET fence = o.fence + 1, locked_by = p_worker, claimed_at = now(), lease = v_lease,
-        lease_expires_at = now() + v_lease
+    SET status = 'running', fence = o.fence + 1, locked_by = p_worker, claimed_at = now(),
+        lease = v_lease, lease_expires_at = now() + v_lease
     WHERE o.id = ANY (ARRAY(SELECT c.id FROM cand c))  -- by primary key
     RETURNING o.*, (SELECT c.prev_owner FROM cand c WHERE c.id = o.id) AS prev_owner
   )
