@@ -305,8 +305,8 @@ def test_operation_statements_use_their_index(db: str, conn: psycopg.Connection[
         assert scans == {OP_LEASE, OP_REQUEUED, OP_PK}, "requeued: by operation_requeued_idx, taken by id"
         rows, scans = plans.scans("SELECT id FROM pgfence.operation_claim('w2', NULL, '1 hour', 4)")
         # the released and the lapsed one (running[1], running[2]), the last requeued, the queue's oldest
-        assert [r[0] for r in rows] == sorted([running[1][0], running[2][0], requeued[2]]) + [oldest["other"][4]], \
-            "all kinds: lapsed leases and requeued, then the queue"
+        first = sorted([running[1][0], running[2][0], requeued[2]])
+        assert [r[0] for r in rows] == [*first, oldest["other"][4]], "all kinds: lapsed and requeued, then the queue"
         assert scans == {OP_LEASE, OP_REQUEUED, OP_QUEUE, OP_PK}
 
 
