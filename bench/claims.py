@@ -277,7 +277,8 @@ def _print_pinned(op: dict[str, Any]) -> None:
     print(f"  target: pinned claim p50 <= {TARGET}x clean: {op['pinned']['p50_ratio']}x"
           f" {_verdict(op['pinned']['p50_ratio'] <= TARGET)}")
     bufs = op["pinned"]["buffers_last"] / op["clean"]["buffers_last"]
-    print(f"  target: pinned claim buffers (last claim) <= {TARGET}x clean: {bufs:.2f}x {_verdict(bufs <= TARGET)}")
+    print(f"  target: pinned claim buffers (last claim) <= {TARGET}x clean: {bufs:.2f}x"
+          f" {_verdict(bufs <= TARGET)}")
 
 
 def main() -> int:
