@@ -45,10 +45,16 @@ DECLARE
   v_got   integer;
   v_ids   bigint[];
   v_n     integer;
-  v_name  text;         -- the claim hint's setting (docs/design.md#claim-hint), then its state
-  v_st    bigint[];     -- pgfence._claim_hint_open
+  -- the claim hint (docs/design.md#operation-claim-hint)
+  v_name  text;         -- its session setting, NULL = none (a one-kind array holding NULL)
+  v_raw   text;
+  v_st    bigint[];     -- its state: hint id, candidate id, candidate xid bound, candidate's
+                        -- transaction, passed (0/1), last full walk (µs); NULL elements = none
+  v_full  boolean;      -- this walk starts at the front
+  v_own   bigint;       -- this transaction's xid before the walk
   v_now_us bigint;
   v_from  bigint := -9223372036854775808;
+  v_l     bigint;       -- the last id claimed from the queue
 BEGIN
   IF p_worker IS NULL OR p_worker = '' OR length(p_worker) > 200 THEN
     RAISE EXCEPTION 'operation_claim: worker must be a non-empty name of at most 200 characters'
@@ -114,22 +120,42 @@ BEGIN
   -- oldest of those, so a backlog of a kind this executor does not serve is never read. At most
   -- p_batch rows are locked per kind; those not claimed are released when this transaction ends
   -- (a moment later: executors claim in autocommit). Query plans: docs/query-plans.md#operation
-  -- The claim hint (docs/design.md#claim-hint, as the outbox's): each scope (all kinds, a kind
-  -- set) walks from its session's hint, an id below which no request of the scope is queued,
-  -- instead of the front of the queue index (the entries of claimed operations stay there while
-  -- a snapshot older than them is open), and from the front once per pgfence.claim_full_walk_ms.
-  -- Read here, after the orphans: their locks may have given this transaction its xid.
-  v_name := 'pgfence.operation_claim_hint_' ||
-            CASE WHEN p_kinds IS NULL THEN 'all'
-                 WHEN cardinality(p_kinds) = 1 THEN md5(p_kinds[1])
+  -- The claim hint (docs/design.md#operation-claim-hint, the outbox's algorithm with the id as
+  -- the key): each scope (all kinds, one kind, a set of kinds) walks its queue from its session's
+  -- hint, an id below which no fresh request of the scope is queued (a requeued one, below it,
+  -- was taken above), instead of the front of the queue index (the entries of claimed
+  -- operations stay there while a snapshot older than them is open); from the front once the
+  -- last full walk is older than pgfence.claim_full_walk_ms (default 1000, at most 60000; 0 =
+  -- always). Read here, after the lapsed and requeued ones: their locks may have given this
+  -- transaction its xid. Written inline, one expression per step where it can be: each PL/pgSQL
+  -- expression is set up again in every transaction, and the call of a helper costs more than
+  -- its body (the two helpers of the first version cost ~60 µs of a ~500 µs claim).
+  v_name := CASE WHEN p_kinds IS NULL THEN 'pgfence.operation_claim_hint_all'
+                 WHEN cardinality(p_kinds) = 1 THEN 'pgfence.operation_claim_hint_' || md5(p_kinds[1])
                  -- a set of kinds: the same set in any order, with repeats, is the same scope
-                 ELSE md5(array_to_string(ARRAY(SELECT DISTINCT u.k FROM unnest(p_kinds) AS u(k)
-                                                WHERE u.k IS NOT NULL ORDER BY 1), ',')) END;
+                 ELSE 'pgfence.operation_claim_hint_' || md5(array_to_string(ARRAY(
+                        SELECT DISTINCT u.k FROM unnest(p_kinds) AS u(k) WHERE u.k IS NOT NULL ORDER BY 1), ',')) END;
   IF v_name IS NOT NULL THEN
     v_now_us := (extract(epoch FROM clock_timestamp()) * 1000000)::bigint;
-    v_st := pgfence._claim_hint_open(v_name, v_now_us);
-    IF v_st[9] = 0 THEN
-      v_from := v_st[2];
+    v_raw := current_setting(v_name, true);
+    -- 6 optional fields of up to 18 digits ("digits, and no run of 19", as the outbox's check);
+    -- none or malformed: none
+    v_st := CASE WHEN v_raw ~ '^(-?[0-9]+)?(,(-?[0-9]+)?){5}$' AND v_raw !~ '[0-9]{19}'
+                 THEN string_to_array(v_raw, ',', '')::bigint[] ELSE '{NULL,NULL,NULL,NULL,NULL,NULL}' END;
+    -- from the front: no hint, no full walk yet, the last one at least the bound ago, or one
+    -- after the clock (forged, or the clock stepped back)
+    v_full := v_st[1] IS NULL OR v_st[6] IS NULL OR v_now_us - v_st[6] NOT BETWEEN 0 AND 1000 * CASE
+                WHEN current_setting('pgfence.claim_full_walk_ms', true) ~ '^[0-9]{1,5}$'
+                THEN least(current_setting('pgfence.claim_full_walk_ms', true)::bigint, 60000) ELSE 1000 END - 1;
+    v_from := CASE WHEN v_full THEN -9223372036854775808 ELSE v_st[1] END;
+    v_own := pg_current_xact_id_if_assigned()::text::bigint;
+    IF v_st[2] IS NOT NULL AND v_st[5] IS DISTINCT FROM 1 THEN
+      -- A candidate taken in a transaction that already had its xid gets its bound from the
+      -- xid of a later transaction of this session (assigned after the candidate's walk).
+      v_st[3] := coalesce(v_st[3], CASE WHEN v_own <> v_st[4] THEN v_own END);
+      -- Passed: every transaction that had an xid when the candidate's walk took its snapshot
+      -- has ended (all of them are below the bound), so all their writes are visible now.
+      v_st[5] := CASE WHEN pg_snapshot_xmin(pg_current_snapshot())::text::bigint >= v_st[3] THEN 1 ELSE 0 END;
     END IF;
   END IF;
   IF p_kinds IS NULL THEN
@@ -158,10 +184,39 @@ BEGIN
   END IF;
   v_n := cardinality(v_ids);
   IF v_name IS NOT NULL THEN
-    -- the key of an operation is (0, id): the queue's order is the id's
+    v_l := v_ids[v_n];  -- NULL when none
+    v_st := CASE
+      -- The candidate's bound has passed: no writer can queue a fresh request below it any
+      -- more, and this walk saw every one that did. Everything this walk passed is done: the
+      -- hint moves to the candidate (all queued claimed: the candidate is used up) ...
+      WHEN v_st[5] = 1 AND (v_n < p_batch - v_got OR v_st[2] <= v_l) THEN ARRAY[v_st[2], NULL, NULL, NULL, NULL, v_st[6]]
+      -- ... or to the last claimed id
+      WHEN v_st[5] = 1 THEN ARRAY[v_l, v_st[2], v_st[3], v_st[4], v_st[5], v_st[6]]
+      -- A full walk that ended below the hint found requests the hint skipped (a locked row):
+      -- walk from here next time.
+      WHEN v_full AND v_n = p_batch - v_got AND v_l < v_st[1] THEN ARRAY[v_l, v_st[2], v_st[3], v_st[4], v_st[5], v_st[6]]
+      ELSE v_st END;
+    IF v_full THEN
+      v_st[6] := v_now_us;
+    END IF;
+    IF v_st[2] IS NULL THEN
+      IF v_n > 0 THEN
+        -- The next candidate: this walk's last id (not below the hint), bounded by an xid
+        -- assigned after this walk's snapshot: this transaction's, when the walk assigned it.
+        v_st := ARRAY[v_st[1], greatest(v_l, v_st[1]),
+                      CASE WHEN v_own IS NULL THEN pg_current_xact_id_if_assigned()::text::bigint END,
+                      pg_current_xact_id_if_assigned()::text::bigint, 0, v_st[6]];
+      END IF;
+    ELSIF v_st[3] IS NULL THEN
+      -- A candidate still without a bound (taken by a transaction that had its xid before its
+      -- walk): this later transaction's xid, when its walk assigned one, is a bound. Without
+      -- this step such a candidate would wait for a claim that has its xid before its walk,
+      -- which only lapsed or requeued operations give: the hint would stop moving.
+      v_st[3] := CASE WHEN pg_current_xact_id_if_assigned()::text::bigint <> v_st[4]
+                      THEN pg_current_xact_id_if_assigned()::text::bigint END;
+    END IF;
     -- an assignment, not PERFORM: a simple expression, no SPI query
-    v_name := pgfence._claim_hint_close(v_name, v_st, v_n, p_batch - v_got,
-                                        CASE WHEN v_n > 0 THEN 0 END, v_ids[v_n], v_now_us);
+    v_raw := set_config(v_name, array_to_string(v_st, ',', ''), false);
   END IF;
   IF v_n = 0 THEN
     PERFORM pgfence._set_actor(NULL);

@@ -46,7 +46,6 @@ ALTER FUNCTION pgfence.plan_reap(integer) SET jit = off;
 -- operations
 ALTER FUNCTION pgfence.operation_request(text, text, jsonb, text, text) SET jit = off;
 ALTER FUNCTION pgfence.operation_claim(text, text[], interval, integer) SET jit = off;
--- (pgfence._claim_hint_open / _close, 06_claim_hint.sql, run only inside operation_claim: its SET covers them)
 ALTER FUNCTION pgfence.operation_begin_issue(bigint, integer, boolean, interval) SET jit = off;
 ALTER FUNCTION pgfence.operation_record_external(bigint, integer, text, jsonb) SET jit = off;
 ALTER FUNCTION pgfence.operation_poll(bigint, integer, jsonb, interval) SET jit = off;

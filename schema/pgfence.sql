@@ -1194,131 +1194,6 @@ p_module: outbox, plan or operation; p_ids: at most 10000.
 Errors: 22004 (module or ids NULL), 22023 (unknown module, more than 10000 ids).';
 
 
--- ==== functions/06_claim_hint.sql
--- pgfence functions/06_claim_hint.sql — every module: the claim hint's state machine, shared.
---
--- Public: none. Private: _claim_hint_open(setting name, now µs) -> the state before a walk,
---                        _claim_hint_close(setting name, state, claimed, batch, last key) -> stores it.
--- A claim walks its queue index from its session's hint (a key below which nothing of its scope
--- is claimable, and none will be) instead of the front, where the dead entries of claimed rows
--- stay while a snapshot older than them is open: docs/design.md#claim-hint. The state is the
--- outbox's (functions/12_outbox_claim.sql, which inlines the same steps for its cost): 8 numbers,
--- a key being two of them, (due µs, id) for the outbox and (0, id) for the operations' id order.
--- Used by operation_claim (functions/32_operation_claim.sql). Both helpers are called between the
--- caller's checks and its walk / right after its walk, in the caller's transaction.
--- No SET clause on either, on purpose: the call of a PL/pgSQL function with SET costs more than
--- these bodies (~12 µs, functions/12_outbox_claim.sql); both are private (no EXECUTE for
--- PUBLIC), called only from SECURITY DEFINER functions that pin search_path, and name only
--- pg_catalog objects, qualified.
-
-CREATE OR REPLACE FUNCTION pgfence._claim_hint_open(p_name text, p_now_us bigint)
-RETURNS bigint[]
-LANGUAGE plpgsql VOLATILE
-AS $$
--- Returns 10 numbers: the 8 of the state (docs/design.md#claim-hint; NULL elements = none) —
--- hint key (2), candidate key (2), candidate xid bound, candidate's transaction, passed (0/1),
--- last full walk (µs) — then [9] 1 if this walk starts at the front (else 0) and [10] 1 if the
--- transaction had its xid before the walk (else 0). Call it right before the walk: [5], [7]
--- and [10] are read from the transaction and snapshot as they are then.
-DECLARE
-  v_raw   text := pg_catalog.current_setting(p_name, true);
-  v_st    bigint[];
-  v_bound bigint;
-  v_own   bigint := pg_catalog.pg_current_xact_id_if_assigned()::text::bigint;
-BEGIN
-  -- 8 optional fields of up to 18 digits, written as "digits, and no run of 19" (the same
-  -- strings as the counted {1,18} inside {7}, at ~3 us a match instead of ~14: b0cd27a)
-  IF v_raw IS NOT NULL AND v_raw OPERATOR(pg_catalog.~) '^(-?[0-9]+)?(,(-?[0-9]+)?){7}$'
-     AND v_raw OPERATOR(pg_catalog.!~) '[0-9]{19}' THEN
-    v_st := pg_catalog.string_to_array(v_raw, ',', '')::bigint[];
-  END IF;
-  -- none, malformed, or a time after the clock (forged, or the clock stepped back): no state
-  IF v_st IS NULL OR v_st[1] > p_now_us OR v_st[3] > p_now_us OR v_st[8] > p_now_us THEN
-    v_st := pg_catalog.array_fill(NULL::bigint, ARRAY[8]);
-  END IF;
-  -- from the front once per pgfence.claim_full_walk_ms (default 1000, at most 60000; 0 = always)
-  v_raw := pg_catalog.current_setting('pgfence.claim_full_walk_ms', true);
-  v_bound := CASE WHEN v_raw OPERATOR(pg_catalog.~) '^[0-9]{1,5}$' THEN least(v_raw::bigint, 60000) ELSE 1000 END * 1000;
-  -- A candidate taken in a transaction that already had its xid gets its bound from the xid of
-  -- a later transaction of this session (assigned after the candidate's walk).
-  IF v_st[4] IS NOT NULL AND v_st[5] IS NULL AND v_own IS DISTINCT FROM v_st[6] THEN
-    v_st[5] := v_own;
-  END IF;
-  -- Passed: every transaction that had an xid when the candidate's walk took its snapshot has
-  -- ended (all of them are below the bound), so all their writes are visible to this walk.
-  IF v_st[5] IS NOT NULL AND v_st[7] IS DISTINCT FROM 1
-     AND pg_catalog.pg_snapshot_xmin(pg_catalog.pg_current_snapshot())::text::bigint >= v_st[5] THEN
-    v_st[7] := 1;
-  END IF;
-  v_st[9] := CASE WHEN v_st[1] IS NULL OR v_st[8] IS NULL OR p_now_us - v_st[8] >= v_bound THEN 1 ELSE 0 END;
-  v_st[10] := CASE WHEN v_own IS NULL THEN 0 ELSE 1 END;
-  RETURN v_st;
-END
-$$;
-REVOKE ALL ON FUNCTION pgfence._claim_hint_open(text, bigint) FROM PUBLIC;
-COMMENT ON FUNCTION pgfence._claim_hint_open(text, bigint) IS
-  'Private: a claim scope''s hint state before its walk, from its session setting p_name.
-10 numbers: hint key (2), candidate key (2), candidate xid bound, candidate''s transaction,
-passed (1 once every writer older than the bound ended), last full walk (µs); then 1 if this
-walk starts at the front, 1 if the transaction had its xid. Malformed or future state reads
-as none. p_now_us: the claim''s clock (µs since epoch). docs/design.md#claim-hint.';
-
-CREATE OR REPLACE FUNCTION pgfence._claim_hint_close(
-  p_name text, p_st bigint[], p_n integer, p_batch integer, p_l1 bigint, p_l2 bigint, p_now_us bigint)
-RETURNS text
-LANGUAGE plpgsql VOLATILE
-AS $$
--- p_st: what _claim_hint_open returned before the walk; p_n rows claimed of p_batch; (p_l1,
--- p_l2) the last claimed key (NULL when none). Moves the hint as the outbox claim does
--- (docs/design.md#claim-hint, steps 1-3) and stores the 8 numbers in the session setting
--- (set_config(..., false): it rolls back with the claim's transaction); returns what it stored
--- (the caller assigns it: a simple expression, where PERFORM would run an SPI query).
-DECLARE
-  v_st   bigint[] := p_st[1:8];
-  v_full boolean := p_st[9] = 1;
-  v_l1   bigint := p_l1;
-  v_l2   bigint := p_l2;
-BEGIN
-  IF v_full THEN
-    v_st[8] := p_now_us;
-  END IF;
-  IF v_st[7] = 1 THEN
-    -- The candidate's bound has passed: no writer can make a row claimable below it any more,
-    -- and this walk saw every one that did. Everything this walk passed is done: the hint moves
-    -- to the candidate (all claimable rows claimed) or to the last claimed key.
-    IF p_n < p_batch OR (v_st[3], v_st[4]) <= (v_l1, v_l2) THEN
-      v_st[1] := v_st[3]; v_st[2] := v_st[4];
-      v_st[3] := NULL; v_st[4] := NULL; v_st[5] := NULL; v_st[6] := NULL; v_st[7] := NULL;
-    ELSE
-      v_st[1] := v_l1; v_st[2] := v_l2;
-    END IF;
-  ELSIF v_full AND p_n = p_batch AND v_st[1] IS NOT NULL AND (v_l1, v_l2) < (v_st[1], v_st[2]) THEN
-    -- A full walk that ended below the hint found rows the hint skipped (a locked row): walk
-    -- from here next time.
-    v_st[1] := v_l1; v_st[2] := v_l2;
-  END IF;
-  IF v_st[3] IS NULL AND p_n > 0 THEN
-    -- The next candidate: this walk's last key (not below the hint), bounded by an xid assigned
-    -- after this walk's snapshot: this transaction's, when the walk assigned it.
-    IF v_st[1] IS NOT NULL AND (v_l1, v_l2) < (v_st[1], v_st[2]) THEN
-      v_l1 := v_st[1]; v_l2 := v_st[2];
-    END IF;
-    v_st[3] := v_l1; v_st[4] := v_l2;
-    v_st[6] := pg_catalog.pg_current_xact_id_if_assigned()::text::bigint;
-    v_st[5] := CASE WHEN p_st[10] = 1 THEN NULL ELSE v_st[6] END;
-    v_st[7] := 0;
-  END IF;
-  RETURN pg_catalog.set_config(p_name, pg_catalog.array_to_string(v_st, ',', ''), false);
-END
-$$;
-REVOKE ALL ON FUNCTION pgfence._claim_hint_close(text, bigint[], integer, integer, bigint, bigint, bigint) FROM PUBLIC;
-COMMENT ON FUNCTION pgfence._claim_hint_close(text, bigint[], integer, integer, bigint, bigint, bigint) IS
-  'Private: moves a claim scope''s hint after its walk and stores it in session setting p_name.
-p_st from _claim_hint_open before the walk; p_n rows claimed of p_batch; (p_l1, p_l2) the last
-claimed key. Candidate, bound, promotion and the full walk''s correction as in
-docs/design.md#claim-hint (the outbox claim inlines the same steps). Returns the stored state.';
-
-
 -- ==== functions/10_outbox_guards.sql
 -- pgfence functions/10_outbox_guards.sql — outbox (module 1): the table's guards and private helpers.
 --
@@ -6371,10 +6246,16 @@ DECLARE
   v_got   integer;
   v_ids   bigint[];
   v_n     integer;
-  v_name  text;         -- the claim hint's setting (docs/design.md#claim-hint), then its state
-  v_st    bigint[];     -- pgfence._claim_hint_open
+  -- the claim hint (docs/design.md#operation-claim-hint)
+  v_name  text;         -- its session setting, NULL = none (a one-kind array holding NULL)
+  v_raw   text;
+  v_st    bigint[];     -- its state: hint id, candidate id, candidate xid bound, candidate's
+                        -- transaction, passed (0/1), last full walk (µs); NULL elements = none
+  v_full  boolean;      -- this walk starts at the front
+  v_own   bigint;       -- this transaction's xid before the walk
   v_now_us bigint;
   v_from  bigint := -9223372036854775808;
+  v_l     bigint;       -- the last id claimed from the queue
 BEGIN
   IF p_worker IS NULL OR p_worker = '' OR length(p_worker) > 200 THEN
     RAISE EXCEPTION 'operation_claim: worker must be a non-empty name of at most 200 characters'
@@ -6440,22 +6321,42 @@ BEGIN
   -- oldest of those, so a backlog of a kind this executor does not serve is never read. At most
   -- p_batch rows are locked per kind; those not claimed are released when this transaction ends
   -- (a moment later: executors claim in autocommit). Query plans: docs/query-plans.md#operation
-  -- The claim hint (docs/design.md#claim-hint, as the outbox's): each scope (all kinds, a kind
-  -- set) walks from its session's hint, an id below which no request of the scope is queued,
-  -- instead of the front of the queue index (the entries of claimed operations stay there while
-  -- a snapshot older than them is open), and from the front once per pgfence.claim_full_walk_ms.
-  -- Read here, after the orphans: their locks may have given this transaction its xid.
-  v_name := 'pgfence.operation_claim_hint_' ||
-            CASE WHEN p_kinds IS NULL THEN 'all'
-                 WHEN cardinality(p_kinds) = 1 THEN md5(p_kinds[1])
+  -- The claim hint (docs/design.md#operation-claim-hint, the outbox's algorithm with the id as
+  -- the key): each scope (all kinds, one kind, a set of kinds) walks its queue from its session's
+  -- hint, an id below which no fresh request of the scope is queued (a requeued one, below it,
+  -- was taken above), instead of the front of the queue index (the entries of claimed
+  -- operations stay there while a snapshot older than them is open); from the front once the
+  -- last full walk is older than pgfence.claim_full_walk_ms (default 1000, at most 60000; 0 =
+  -- always). Read here, after the lapsed and requeued ones: their locks may have given this
+  -- transaction its xid. Written inline, one expression per step where it can be: each PL/pgSQL
+  -- expression is set up again in every transaction, and the call of a helper costs more than
+  -- its body (the two helpers of the first version cost ~60 µs of a ~500 µs claim).
+  v_name := CASE WHEN p_kinds IS NULL THEN 'pgfence.operation_claim_hint_all'
+                 WHEN cardinality(p_kinds) = 1 THEN 'pgfence.operation_claim_hint_' || md5(p_kinds[1])
                  -- a set of kinds: the same set in any order, with repeats, is the same scope
-                 ELSE md5(array_to_string(ARRAY(SELECT DISTINCT u.k FROM unnest(p_kinds) AS u(k)
-                                                WHERE u.k IS NOT NULL ORDER BY 1), ',')) END;
+                 ELSE 'pgfence.operation_claim_hint_' || md5(array_to_string(ARRAY(
+                        SELECT DISTINCT u.k FROM unnest(p_kinds) AS u(k) WHERE u.k IS NOT NULL ORDER BY 1), ',')) END;
   IF v_name IS NOT NULL THEN
     v_now_us := (extract(epoch FROM clock_timestamp()) * 1000000)::bigint;
-    v_st := pgfence._claim_hint_open(v_name, v_now_us);
-    IF v_st[9] = 0 THEN
-      v_from := v_st[2];
+    v_raw := current_setting(v_name, true);
+    -- 6 optional fields of up to 18 digits ("digits, and no run of 19", as the outbox's check);
+    -- none or malformed: none
+    v_st := CASE WHEN v_raw ~ '^(-?[0-9]+)?(,(-?[0-9]+)?){5}$' AND v_raw !~ '[0-9]{19}'
+                 THEN string_to_array(v_raw, ',', '')::bigint[] ELSE '{NULL,NULL,NULL,NULL,NULL,NULL}' END;
+    -- from the front: no hint, no full walk yet, the last one at least the bound ago, or one
+    -- after the clock (forged, or the clock stepped back)
+    v_full := v_st[1] IS NULL OR v_st[6] IS NULL OR v_now_us - v_st[6] NOT BETWEEN 0 AND 1000 * CASE
+                WHEN current_setting('pgfence.claim_full_walk_ms', true) ~ '^[0-9]{1,5}$'
+                THEN least(current_setting('pgfence.claim_full_walk_ms', true)::bigint, 60000) ELSE 1000 END - 1;
+    v_from := CASE WHEN v_full THEN -9223372036854775808 ELSE v_st[1] END;
+    v_own := pg_current_xact_id_if_assigned()::text::bigint;
+    IF v_st[2] IS NOT NULL AND v_st[5] IS DISTINCT FROM 1 THEN
+      -- A candidate taken in a transaction that already had its xid gets its bound from the
+      -- xid of a later transaction of this session (assigned after the candidate's walk).
+      v_st[3] := coalesce(v_st[3], CASE WHEN v_own <> v_st[4] THEN v_own END);
+      -- Passed: every transaction that had an xid when the candidate's walk took its snapshot
+      -- has ended (all of them are below the bound), so all their writes are visible now.
+      v_st[5] := CASE WHEN pg_snapshot_xmin(pg_current_snapshot())::text::bigint >= v_st[3] THEN 1 ELSE 0 END;
     END IF;
   END IF;
   IF p_kinds IS NULL THEN
@@ -6484,10 +6385,39 @@ BEGIN
   END IF;
   v_n := cardinality(v_ids);
   IF v_name IS NOT NULL THEN
-    -- the key of an operation is (0, id): the queue's order is the id's
+    v_l := v_ids[v_n];  -- NULL when none
+    v_st := CASE
+      -- The candidate's bound has passed: no writer can queue a fresh request below it any
+      -- more, and this walk saw every one that did. Everything this walk passed is done: the
+      -- hint moves to the candidate (all queued claimed: the candidate is used up) ...
+      WHEN v_st[5] = 1 AND (v_n < p_batch - v_got OR v_st[2] <= v_l) THEN ARRAY[v_st[2], NULL, NULL, NULL, NULL, v_st[6]]
+      -- ... or to the last claimed id
+      WHEN v_st[5] = 1 THEN ARRAY[v_l, v_st[2], v_st[3], v_st[4], v_st[5], v_st[6]]
+      -- A full walk that ended below the hint found requests the hint skipped (a locked row):
+      -- walk from here next time.
+      WHEN v_full AND v_n = p_batch - v_got AND v_l < v_st[1] THEN ARRAY[v_l, v_st[2], v_st[3], v_st[4], v_st[5], v_st[6]]
+      ELSE v_st END;
+    IF v_full THEN
+      v_st[6] := v_now_us;
+    END IF;
+    IF v_st[2] IS NULL THEN
+      IF v_n > 0 THEN
+        -- The next candidate: this walk's last id (not below the hint), bounded by an xid
+        -- assigned after this walk's snapshot: this transaction's, when the walk assigned it.
+        v_st := ARRAY[v_st[1], greatest(v_l, v_st[1]),
+                      CASE WHEN v_own IS NULL THEN pg_current_xact_id_if_assigned()::text::bigint END,
+                      pg_current_xact_id_if_assigned()::text::bigint, 0, v_st[6]];
+      END IF;
+    ELSIF v_st[3] IS NULL THEN
+      -- A candidate still without a bound (taken by a transaction that had its xid before its
+      -- walk): this later transaction's xid, when its walk assigned one, is a bound. Without
+      -- this step such a candidate would wait for a claim that has its xid before its walk,
+      -- which only lapsed or requeued operations give: the hint would stop moving.
+      v_st[3] := CASE WHEN pg_current_xact_id_if_assigned()::text::bigint <> v_st[4]
+                      THEN pg_current_xact_id_if_assigned()::text::bigint END;
+    END IF;
     -- an assignment, not PERFORM: a simple expression, no SPI query
-    v_name := pgfence._claim_hint_close(v_name, v_st, v_n, p_batch - v_got,
-                                        CASE WHEN v_n > 0 THEN 0 END, v_ids[v_n], v_now_us);
+    v_raw := set_config(v_name, array_to_string(v_st, ',', ''), false);
   END IF;
   IF v_n = 0 THEN
     PERFORM pgfence._set_actor(NULL);
@@ -9854,7 +9784,6 @@ ALTER FUNCTION pgfence.plan_reap(integer) SET jit = off;
 -- operations
 ALTER FUNCTION pgfence.operation_request(text, text, jsonb, text, text) SET jit = off;
 ALTER FUNCTION pgfence.operation_claim(text, text[], interval, integer) SET jit = off;
--- (pgfence._claim_hint_open / _close, 06_claim_hint.sql, run only inside operation_claim: its SET covers them)
 ALTER FUNCTION pgfence.operation_begin_issue(bigint, integer, boolean, interval) SET jit = off;
 ALTER FUNCTION pgfence.operation_record_external(bigint, integer, text, jsonb) SET jit = off;
 ALTER FUNCTION pgfence.operation_poll(bigint, integer, jsonb, interval) SET jit = off;
