@@ -6210,6 +6210,8 @@ Queued, or running with no external call issued yet: canceled at once (returns '
 -- the (worker, batch, filter, lease) order of outbox_claim and plan_claim; an overload in that
 -- order would make named calls ambiguous (42725, tests/pgtap/30_operation.sql), so it stays.
 -- Both are pinned to one generic plan with index access only: docs/query-plans.md#operation.
+-- The claim walks each queue from its session's claim hint (the outbox's, with the id as the
+-- key), requeued operations from their own index: docs/design.md#operation-claim-hint.
 
 CREATE OR REPLACE FUNCTION pgfence.operation_claim(
   p_worker text,
@@ -6442,7 +6444,7 @@ REVOKE ALL ON FUNCTION pgfence.operation_claim(text, text[], interval, integer) 
 GRANT EXECUTE ON FUNCTION pgfence.operation_claim(text, text[], interval, integer) TO pgfence_executor, pgfence_admin;
 COMMENT ON FUNCTION pgfence.operation_claim(text, text[], interval, integer) IS
   'Claim up to p_batch operations of p_kinds (NULL = all): lapsed leases first, then the queue.
-First running ones whose lease lapsed by the database clock (a takeover: taken_over_from names the old owner), then queued ones in request order; FOR UPDATE SKIP LOCKED, so concurrent claimers never share one. Bumps the fence and returns it: the token for begin_issue / record_external / poll / finish / release. issue_started and external_ref say whether the external call was already made: with a reference, only poll it; otherwise call operation_begin_issue, which decides. idempotency_key is the one to pass to the external API (pgfence-operation-<id> when the request had none). Parameter order (worker, kinds, lease, batch), unlike outbox_claim and plan_claim (worker, batch, filter, lease): kept, since an overload in their order would make named calls ambiguous. Errors: 22023 (empty worker, lease outside (0, 1 day], batch outside 1..1000).';
+First running ones whose lease lapsed by the database clock (a takeover: taken_over_from names the old owner), then ones the reaper requeued, then queued ones in request order (walked from this session''s claim hint for these kinds, and from the front at least once per pgfence.claim_full_walk_ms: docs/design.md#operation-claim-hint); FOR UPDATE SKIP LOCKED, so concurrent claimers never share one. Bumps the fence and returns it: the token for begin_issue / record_external / poll / finish / release. issue_started and external_ref say whether the external call was already made: with a reference, only poll it; otherwise call operation_begin_issue, which decides. idempotency_key is the one to pass to the external API (pgfence-operation-<id> when the request had none). Parameter order (worker, kinds, lease, batch), unlike outbox_claim and plan_claim (worker, batch, filter, lease): kept, since an overload in their order would make named calls ambiguous. Errors: 22023 (empty worker, lease outside (0, 1 day], batch outside 1..1000).';
 
 -- ---------------------------------------------------------------------------------------------
 -- The reaper (<module>_reap, like outbox_reap and plan_reap)
