@@ -68,7 +68,8 @@ BEGIN
   -- If that row is gone again by then (rolled back / finished), try once more.
   -- The xid before the id (the identity's nextval runs before the row's insert would assign it):
   -- a request whose xid is newer than a claim hint's candidate bound then gets an id above the
-  -- candidate (docs/design.md#claim-hint, "writers stamp above").
+  -- candidate, the sequence having CACHE 1 (docs/design.md#operation-claim-hint, "writers stamp
+  -- above: the id after the xid").
   v_xid := pg_current_xact_id();
   FOR v_try IN 1..5 LOOP
     INSERT INTO pgfence.operation AS o (kind, target, params, idempotency_key, requested_by)

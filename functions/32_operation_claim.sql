@@ -129,9 +129,9 @@ BEGIN
   -- operations stay there while a snapshot older than them is open); from the front once the
   -- last full walk is older than pgfence.claim_full_walk_ms (default 1000, at most 60000; 0 =
   -- always). Read here, after the lapsed and requeued ones: their locks may have given this
-  -- transaction its xid. Written inline, one expression per step where it can be: each PL/pgSQL
-  -- expression is set up again in every transaction, and the call of a helper costs more than
-  -- its body (the two helpers of the first version cost ~60 µs of a ~500 µs claim).
+  -- transaction its xid. Written with as few PL/pgSQL expressions as it can be: each one is set
+  -- up again in every transaction (the hint costs ~40-55 µs of a ~500 µs claim; as two helper
+  -- functions it cost the same).
   v_name := CASE WHEN p_kinds IS NULL THEN 'pgfence.operation_claim_hint_all'
                  WHEN cardinality(p_kinds) = 1 THEN 'pgfence.operation_claim_hint_' || md5(p_kinds[1])
                  -- a set of kinds: the same set in any order, with repeats, is the same scope
