@@ -15,6 +15,17 @@ median time of a call:
   ``jit_above_cost``). Target: buffers within 1.5x from 10k to 1M, and no JIT (time at 1M within
   1.5x of 10k).
 
+- ``operation_claim`` under a pinned snapshot: one executor session claims (batch 1, one kind)
+  and finishes PINNED_OPS operations one at a time, clean and with one ``REPEATABLE READ``
+  snapshot held open on another connection for the whole run (the entries of claimed operations
+  then stay at the front of the kind's queue index), and pinned with 1-second leases (the dead
+  entries of finished leases then lie below ``now()`` in ``operation_lease_idx``, which the
+  lapsed-lease walk reads from its front). p50/p99 of the claim call (client side) and the
+  backend's CPU per claim (``/proc/<pid>/schedstat``), and the buffers of every 10th claim (median
+  and last: under a pinned snapshot a walk from the front reads more the longer the run), side by
+  side. Targets: pinned p50, and the last claim's buffers, within 1.5x of clean
+  (docs/design.md#operation-claim-hint). The buffers are what a loaded machine does not disturb.
+
 ``run(dsn)`` returns the numbers and the ratios; ``python bench/claims.py`` runs against
 ``$DATABASE_URL``.
 """
@@ -26,12 +37,14 @@ import os
 import statistics
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import psycopg
 
 from pgfence.migrate import migrate
 
+PINNED_OPS = int(os.environ.get("PGFENCE_BENCH_PINNED_OPS", "5000"))
 IN_FLIGHT = (200, 2000, 20000)
 QUEUED = (10_000, 1_000_000)
 CALLS = 30
@@ -139,6 +152,91 @@ def operation_claim(dsn: str) -> dict[str, Any]:
     return out
 
 
+def _run_ns(pid: int) -> int:
+    """Run time of a local server process so far, in ns (/proc/<pid>/schedstat, first field)."""
+    return int(Path(f"/proc/{pid}/schedstat").read_text().split()[0])
+
+
+def _reset_operations(conn: psycopg.Connection[Any], n: int) -> None:
+    """An empty operation table (the owner's purge switch), then n fresh requests of one kind."""
+    with conn.transaction():
+        conn.execute("SET LOCAL pgfence.purging = on")
+        conn.execute("DELETE FROM pgfence.operation")
+        conn.execute("DELETE FROM pgfence.event")
+    conn.execute("VACUUM ANALYZE pgfence.operation, pgfence.event")
+    conn.execute(f"""DO $$ BEGIN FOR i IN 1..{n} LOOP
+                       PERFORM pgfence.operation_request('bench.pin', 'target-' || i);
+                     END LOOP; END $$""")
+    conn.execute("ANALYZE pgfence.operation")
+
+
+def operation_pinned_run(dsn: str, pinned: bool, lease: str = "2 minutes",
+                         n: int = PINNED_OPS) -> dict[str, Any]:
+    """Claim (batch 1, kind bench.pin) and finish n operations in one session; with ``pinned``,
+    a REPEATABLE READ snapshot taken before the first claim is held open on another connection
+    until the last. Returns p50/p99 of the claim (ms, client side) and the claimer backend's
+    median CPU per claim (µs)."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        _reset_operations(conn, n)
+    holder = psycopg.connect(dsn)
+    lat: list[float] = []
+    cpu: list[float] = []
+    bufs: list[int] = []
+    try:
+        if pinned:
+            holder.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+            holder.execute("SELECT count(*) FROM pgfence.operation").fetchone()  # takes the snapshot
+        with psycopg.connect(dsn, autocommit=True) as ex:
+            pid = ex.execute("SELECT pg_backend_pid()").fetchone()[0]  # type: ignore[index]
+            claim = ("SELECT id, fence FROM pgfence.operation_claim('bench-w', ARRAY['bench.pin'],"
+                     " %s::interval, 1)")
+            i = 0
+            while True:
+                i += 1
+                if i % 10 == 0:  # every 10th claim under EXPLAIN: its buffers (not timed)
+                    plan = ex.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + claim, (lease,)).fetchone()
+                    assert plan is not None
+                    top = plan[0][0]["Plan"]
+                    if top["Actual Rows"] == 0:
+                        break
+                    bufs.append(int(top.get("Shared Hit Blocks", 0)) + int(top.get("Shared Read Blocks", 0)))
+                    rows = ex.execute("SELECT id, fence FROM pgfence.operation WHERE locked_by = 'bench-w'"
+                                      " AND status = 'running'").fetchall()
+                else:
+                    c0 = _run_ns(pid)
+                    t0 = time.perf_counter()
+                    rows = ex.execute(claim, (lease,)).fetchall()
+                    t1 = time.perf_counter()
+                    c1 = _run_ns(pid)
+                    if not rows:
+                        break
+                    lat.append((t1 - t0) * 1000)
+                    cpu.append((c1 - c0) / 1000)
+                ex.execute("SELECT pgfence.operation_finish(%s, %s, false)", rows[0])
+    finally:
+        holder.rollback()
+        holder.close()
+    assert len(lat) + len(bufs) == n, (len(lat), len(bufs), n)
+    q = statistics.quantiles(lat, n=100)
+    return {"pinned": pinned, "lease": lease, "claims": n, "p50_ms": round(statistics.median(lat), 3),
+            "p99_ms": round(q[98], 3), "cpu_us": round(statistics.median(cpu), 1),
+            "buffers": statistics.median(bufs), "buffers_last": bufs[-1]}
+
+
+PINNED_CASES = (("clean", False, "2 minutes"), ("pinned", True, "2 minutes"),
+                ("pinned, 1 s leases", True, "1 second"))
+
+
+def operation_pinned(dsn: str) -> dict[str, Any]:
+    """The three cases of ``operation_pinned_run`` in one run, with the pinned/clean ratios."""
+    out: dict[str, Any] = {name: operation_pinned_run(dsn, pinned, lease)
+                           for name, pinned, lease in PINNED_CASES}
+    for name, _, _ in PINNED_CASES[1:]:
+        out[name]["p50_ratio"] = round(out[name]["p50_ms"] / out["clean"]["p50_ms"], 2)
+        out[name]["p99_ratio"] = round(out[name]["p99_ms"] / out["clean"]["p99_ms"], 2)
+    return out
+
+
 def _verdict(ok: bool) -> str:
     return "MET" if ok else "MISSED"
 
@@ -163,7 +261,24 @@ def run(dsn: str) -> dict[str, Any]:
     print(f"  target: buffers at {QUEUED[-1]} <= {TARGET}x at {QUEUED[0]}: {oc['buffers_ratio']}x"
           f" {_verdict(oc['buffers_ratio'] <= TARGET)}; time {oc['p50_ratio']}x"
           f" {_verdict(oc['p50_ratio'] <= TARGET)}")
+    res["operation_pinned"] = operation_pinned(dsn)
+    _print_pinned(res["operation_pinned"])
     return res
+
+
+def _print_pinned(op: dict[str, Any]) -> None:
+    print(f"  operation_claim + finish, {PINNED_OPS} operations, one session:")
+    for name, _, _ in PINNED_CASES:
+        r = op[name]
+        ratio = f"  ({r['p50_ratio']}x / {r['p99_ratio']}x clean)" if "p50_ratio" in r else ""
+        print(f"    {name:19} p50 {r['p50_ms']:.3f} ms, p99 {r['p99_ms']:.3f} ms,"
+              f" {r['cpu_us']:.0f} µs backend CPU, {r['buffers']:.0f} buffers"
+              f" (last {r['buffers_last']}){ratio}")
+    print(f"  target: pinned claim p50 <= {TARGET}x clean: {op['pinned']['p50_ratio']}x"
+          f" {_verdict(op['pinned']['p50_ratio'] <= TARGET)}")
+    bufs = op["pinned"]["buffers_last"] / op["clean"]["buffers_last"]
+    print(f"  target: pinned claim buffers (last claim) <= {TARGET}x clean: {bufs:.2f}x"
+          f" {_verdict(bufs <= TARGET)}")
 
 
 def main() -> int:

@@ -25,6 +25,7 @@ DECLARE
   v_by  text := coalesce(nullif(p_requested_by, ''), session_user::text);
   v_row pgfence.operation;
   v_try integer;
+  v_xid xid8;
 BEGIN
   IF p_kind IS NULL OR p_target IS NULL OR p_params IS NULL THEN
     RAISE EXCEPTION 'operation_request: kind, target and params are required'
@@ -65,6 +66,11 @@ BEGIN
   -- one-in-flight index (another operation holds the target: PF201). ON CONFLICT DO NOTHING
   -- waits for a concurrent inserter of either, then the lookups below see its committed row.
   -- If that row is gone again by then (rolled back / finished), try once more.
+  -- The xid before the id (the identity's nextval runs before the row's insert would assign it):
+  -- a request whose xid is newer than a claim hint's candidate bound then gets an id above the
+  -- candidate, the sequence having CACHE 1 (docs/design.md#operation-claim-hint, "writers stamp
+  -- above: the id after the xid").
+  v_xid := pg_current_xact_id();
   FOR v_try IN 1..5 LOOP
     INSERT INTO pgfence.operation AS o (kind, target, params, idempotency_key, requested_by)
     VALUES (p_kind, p_target, p_params, p_idempotency_key, v_by)

@@ -9,6 +9,8 @@
 -- the (worker, batch, filter, lease) order of outbox_claim and plan_claim; an overload in that
 -- order would make named calls ambiguous (42725, tests/pgtap/30_operation.sql), so it stays.
 -- Both are pinned to one generic plan with index access only: docs/query-plans.md#operation.
+-- The claim walks each queue from its session's claim hint (the outbox's, with the id as the
+-- key), requeued operations from their own index: docs/design.md#operation-claim-hint.
 
 CREATE OR REPLACE FUNCTION pgfence.operation_claim(
   p_worker text,
@@ -44,6 +46,17 @@ DECLARE
   v_lease interval := coalesce(p_lease, interval '2 minutes');
   v_got   integer;
   v_ids   bigint[];
+  v_n     integer;
+  -- the claim hint (docs/design.md#operation-claim-hint)
+  v_name  text;         -- its session setting, NULL = none (a one-kind array holding NULL)
+  v_raw   text;
+  v_st    bigint[];     -- its state: hint id, candidate id, candidate xid bound, candidate's
+                        -- transaction, passed (0/1), last full walk (µs); NULL elements = none
+  v_full  boolean;      -- this walk starts at the front
+  v_own   bigint;       -- this transaction's xid before the walk
+  v_now_us bigint;
+  v_from  bigint := -9223372036854775808;
+  v_l     bigint;       -- the last id claimed from the queue
 BEGIN
   IF p_worker IS NULL OR p_worker = '' OR length(p_worker) > 200 THEN
     RAISE EXCEPTION 'operation_claim: worker must be a non-empty name of at most 200 characters'
@@ -59,20 +72,38 @@ BEGIN
   PERFORM pgfence._set_actor(p_worker);
 
   -- First the orphans (running, lease lapsed: their external call may be in flight, resume
-  -- them), then the queue in request order. SKIP LOCKED: concurrent claimers never collide.
-  -- query plans: docs/query-plans.md#operation
+  -- them), then the requeued ones (the reaper put them back: their lease lapsed before their
+  -- external call), then the queue in request order. SKIP LOCKED: concurrent claimers never
+  -- collide. The requeued keep their old ids, below the claim hint the queue walks start at
+  -- (docs/design.md#operation-claim-hint), so they have their own index, walked from its front
+  -- (operation_requeued_idx: queued with fence > 0, only they are). The Append stops at the
+  -- batch: no requeued row is locked once the orphans fill it. Query plans:
+  -- docs/query-plans.md#operation
   RETURN QUERY
-  WITH cand AS (
+  WITH lapsed AS (
     SELECT o.id, o.locked_by AS prev_owner FROM pgfence.operation o
     WHERE o.lease_expires_at < now()  -- running, lease lapsed: a lease is set only while running
       AND (p_kinds IS NULL OR o.kind = ANY (p_kinds))
     ORDER BY o.lease_expires_at, o.id
     LIMIT p_batch
     FOR UPDATE SKIP LOCKED
+  ), requeued AS (
+    -- locked_by is NULL: the reaper clears it (so taken_over_from is NULL, as for the queue)
+    SELECT o.id, o.locked_by AS prev_owner FROM pgfence.operation o
+    WHERE o.status = 'queued' AND o.fence > 0 AND (p_kinds IS NULL OR o.kind = ANY (p_kinds))
+    ORDER BY o.id
+    LIMIT p_batch
+    FOR UPDATE SKIP LOCKED
+  ), cand AS (
+    SELECT l.id, l.prev_owner FROM lapsed l
+    UNION ALL
+    SELECT r.id, r.prev_owner FROM requeued r
+    LIMIT p_batch
   ), upd AS (
+    -- status: running already for an orphan; started_at: set at the first claim of either
     UPDATE pgfence.operation o
-    SET fence = o.fence + 1, locked_by = p_worker, claimed_at = now(), lease = v_lease,
-        lease_expires_at = now() + v_lease
+    SET status = 'running', fence = o.fence + 1, locked_by = p_worker, claimed_at = now(),
+        lease = v_lease, lease_expires_at = now() + v_lease
     WHERE o.id = ANY (ARRAY(SELECT c.id FROM cand c))  -- by primary key
     RETURNING o.*, (SELECT c.prev_owner FROM cand c WHERE c.id = o.id) AS prev_owner
   )
@@ -91,12 +122,50 @@ BEGIN
   -- oldest of those, so a backlog of a kind this executor does not serve is never read. At most
   -- p_batch rows are locked per kind; those not claimed are released when this transaction ends
   -- (a moment later: executors claim in autocommit). Query plans: docs/query-plans.md#operation
+  -- The claim hint (docs/design.md#operation-claim-hint, the outbox's algorithm with the id as
+  -- the key): each scope (all kinds, one kind, a set of kinds) walks its queue from its session's
+  -- hint, an id below which no fresh request of the scope is queued (a requeued one, below it,
+  -- was taken above), instead of the front of the queue index (the entries of claimed
+  -- operations stay there while a snapshot older than them is open); from the front once the
+  -- last full walk is older than pgfence.claim_full_walk_ms (default 1000, at most 60000; 0 =
+  -- always). Read here, after the lapsed and requeued ones: their locks may have given this
+  -- transaction its xid. Written with as few PL/pgSQL expressions as it can be: each one is set
+  -- up again in every transaction (the hint costs ~40-55 µs of a ~500 µs claim; as two helper
+  -- functions it cost the same).
+  v_name := CASE WHEN p_kinds IS NULL THEN 'pgfence.operation_claim_hint_all'
+                 WHEN cardinality(p_kinds) = 1 THEN 'pgfence.operation_claim_hint_' || md5(p_kinds[1])
+                 -- a set of kinds: the same set in any order, with repeats, is the same scope
+                 ELSE 'pgfence.operation_claim_hint_' || md5(array_to_string(ARRAY(
+                        SELECT DISTINCT u.k FROM unnest(p_kinds) AS u(k) WHERE u.k IS NOT NULL ORDER BY 1), ',')) END;
+  IF v_name IS NOT NULL THEN
+    v_now_us := (extract(epoch FROM clock_timestamp()) * 1000000)::bigint;
+    v_raw := current_setting(v_name, true);
+    -- 6 optional fields of up to 18 digits ("digits, and no run of 19", as the outbox's check);
+    -- none or malformed: none
+    v_st := CASE WHEN v_raw ~ '^(-?[0-9]+)?(,(-?[0-9]+)?){5}$' AND v_raw !~ '[0-9]{19}'
+                 THEN string_to_array(v_raw, ',', '')::bigint[] ELSE '{NULL,NULL,NULL,NULL,NULL,NULL}' END;
+    -- from the front: no hint, no full walk yet, the last one at least the bound ago, or one
+    -- after the clock (forged, or the clock stepped back)
+    v_full := v_st[1] IS NULL OR v_st[6] IS NULL OR v_now_us - v_st[6] NOT BETWEEN 0 AND 1000 * CASE
+                WHEN current_setting('pgfence.claim_full_walk_ms', true) ~ '^[0-9]{1,5}$'
+                THEN least(current_setting('pgfence.claim_full_walk_ms', true)::bigint, 60000) ELSE 1000 END - 1;
+    v_from := CASE WHEN v_full THEN -9223372036854775808 ELSE v_st[1] END;
+    v_own := pg_current_xact_id_if_assigned()::text::bigint;
+    IF v_st[2] IS NOT NULL AND v_st[5] IS DISTINCT FROM 1 THEN
+      -- A candidate taken in a transaction that already had its xid gets its bound from the
+      -- xid of a later transaction of this session (assigned after the candidate's walk).
+      v_st[3] := coalesce(v_st[3], CASE WHEN v_own <> v_st[4] THEN v_own END);
+      -- Passed: every transaction that had an xid when the candidate's walk took its snapshot
+      -- has ended (all of them are below the bound), so all their writes are visible now.
+      v_st[5] := CASE WHEN pg_snapshot_xmin(pg_current_snapshot())::text::bigint >= v_st[3] THEN 1 ELSE 0 END;
+    END IF;
+  END IF;
   IF p_kinds IS NULL THEN
     v_ids := ARRAY(
       SELECT o.id FROM pgfence.operation o
       -- no lease: true of every queued operation (CHECK operation_lease_iff_running); stated
       -- for the index (operation_queued_idx)
-      WHERE o.status = 'queued' AND o.lease_expires_at IS NULL
+      WHERE o.status = 'queued' AND o.lease_expires_at IS NULL AND o.id >= v_from
       ORDER BY o.id
       LIMIT p_batch - v_got
       FOR UPDATE SKIP LOCKED);
@@ -108,14 +177,50 @@ BEGIN
         -- "kind = ks.k ORDER BY id", written so that only operation_kind_queued_idx gives
         -- the order (docs/query-plans.md#operation)
         SELECT o.id FROM pgfence.operation o
-        WHERE o.kind = ANY (ARRAY[ks.k]) AND o.status = 'queued'
+        WHERE o.kind = ANY (ARRAY[ks.k]) AND o.status = 'queued' AND o.id >= v_from
         ORDER BY o.kind, o.id
         LIMIT p_batch - v_got
         FOR UPDATE SKIP LOCKED) b
       ORDER BY b.id
       LIMIT p_batch - v_got);
   END IF;
-  IF cardinality(v_ids) = 0 THEN
+  v_n := cardinality(v_ids);
+  IF v_name IS NOT NULL THEN
+    v_l := v_ids[v_n];  -- NULL when none
+    v_st := CASE
+      -- The candidate's bound has passed: no writer can queue a fresh request below it any
+      -- more, and this walk saw every one that did. Everything this walk passed is done: the
+      -- hint moves to the candidate (all queued claimed: the candidate is used up) ...
+      WHEN v_st[5] = 1 AND (v_n < p_batch - v_got OR v_st[2] <= v_l) THEN ARRAY[v_st[2], NULL, NULL, NULL, NULL, v_st[6]]
+      -- ... or to the last claimed id
+      WHEN v_st[5] = 1 THEN ARRAY[v_l, v_st[2], v_st[3], v_st[4], v_st[5], v_st[6]]
+      -- A full walk that ended below the hint found requests the hint skipped (a locked row):
+      -- walk from here next time.
+      WHEN v_full AND v_n = p_batch - v_got AND v_l < v_st[1] THEN ARRAY[v_l, v_st[2], v_st[3], v_st[4], v_st[5], v_st[6]]
+      ELSE v_st END;
+    IF v_full THEN
+      v_st[6] := v_now_us;
+    END IF;
+    IF v_st[2] IS NULL THEN
+      IF v_n > 0 THEN
+        -- The next candidate: this walk's last id (not below the hint), bounded by an xid
+        -- assigned after this walk's snapshot: this transaction's, when the walk assigned it.
+        v_st := ARRAY[v_st[1], greatest(v_l, v_st[1]),
+                      CASE WHEN v_own IS NULL THEN pg_current_xact_id_if_assigned()::text::bigint END,
+                      pg_current_xact_id_if_assigned()::text::bigint, 0, v_st[6]];
+      END IF;
+    ELSIF v_st[3] IS NULL THEN
+      -- A candidate still without a bound (taken by a transaction that had its xid before its
+      -- walk): this later transaction's xid, when its walk assigned one, is a bound. Without
+      -- this step such a candidate would wait for a claim that has its xid before its walk,
+      -- which only lapsed or requeued operations give: the hint would stop moving.
+      v_st[3] := CASE WHEN pg_current_xact_id_if_assigned()::text::bigint <> v_st[4]
+                      THEN pg_current_xact_id_if_assigned()::text::bigint END;
+    END IF;
+    -- an assignment, not PERFORM: a simple expression, no SPI query
+    v_raw := set_config(v_name, array_to_string(v_st, ',', ''), false);
+  END IF;
+  IF v_n = 0 THEN
     PERFORM pgfence._set_actor(NULL);
     RETURN;
   END IF;
@@ -138,7 +243,7 @@ REVOKE ALL ON FUNCTION pgfence.operation_claim(text, text[], interval, integer) 
 GRANT EXECUTE ON FUNCTION pgfence.operation_claim(text, text[], interval, integer) TO pgfence_executor, pgfence_admin;
 COMMENT ON FUNCTION pgfence.operation_claim(text, text[], interval, integer) IS
   'Claim up to p_batch operations of p_kinds (NULL = all): lapsed leases first, then the queue.
-First running ones whose lease lapsed by the database clock (a takeover: taken_over_from names the old owner), then queued ones in request order; FOR UPDATE SKIP LOCKED, so concurrent claimers never share one. Bumps the fence and returns it: the token for begin_issue / record_external / poll / finish / release. issue_started and external_ref say whether the external call was already made: with a reference, only poll it; otherwise call operation_begin_issue, which decides. idempotency_key is the one to pass to the external API (pgfence-operation-<id> when the request had none). Parameter order (worker, kinds, lease, batch), unlike outbox_claim and plan_claim (worker, batch, filter, lease): kept, since an overload in their order would make named calls ambiguous. Errors: 22023 (empty worker, lease outside (0, 1 day], batch outside 1..1000).';
+First running ones whose lease lapsed by the database clock (a takeover: taken_over_from names the old owner), then ones the reaper requeued, then queued ones in request order (walked from this session''s claim hint for these kinds, and from the front at least once per pgfence.claim_full_walk_ms: docs/design.md#operation-claim-hint); FOR UPDATE SKIP LOCKED, so concurrent claimers never share one. Bumps the fence and returns it: the token for begin_issue / record_external / poll / finish / release. issue_started and external_ref say whether the external call was already made: with a reference, only poll it; otherwise call operation_begin_issue, which decides. idempotency_key is the one to pass to the external API (pgfence-operation-<id> when the request had none). Parameter order (worker, kinds, lease, batch), unlike outbox_claim and plan_claim (worker, batch, filter, lease): kept, since an overload in their order would make named calls ambiguous. Errors: 22023 (empty worker, lease outside (0, 1 day], batch outside 1..1000).';
 
 -- ---------------------------------------------------------------------------------------------
 -- The reaper (<module>_reap, like outbox_reap and plan_reap)

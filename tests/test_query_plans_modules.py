@@ -171,27 +171,41 @@ def test_plan_statements_use_their_index(db: str, conn: psycopg.Connection[Any],
 # ---------------------------------------------------------------------------------------------
 # Operations
 # ---------------------------------------------------------------------------------------------
-OP_PK, OP_LEASE, OP_QUEUE = "operation_pkey", "operation_lease_idx", "operation_queued_idx (walk)"
+# the queue walk of all kinds starts at the claim hint (docs/design.md#operation-claim-hint): an index
+# condition id >= hint on operation_queued_idx, not a walk from its front
+OP_PK, OP_LEASE, OP_QUEUE = "operation_pkey", "operation_lease_idx", "operation_queued_idx"
 # a claim for some kinds walks each kind's queue: an index condition on the kind, never a walk of
 # the queue of every kind (a backlog of a kind nobody serves would be read by every claim)
 OP_KIND_QUEUE = "operation_kind_queued_idx"
+# requeued operations (queued, fence > 0) keep their old ids, below the hint: every claim walks
+# their own index from the front, after the lapsed leases (its plan is there even when the lapsed
+# leases fill the batch and the walk never runs)
+OP_REQUEUED = "operation_requeued_idx (walk)"
 
 
 def _operations(conn: psycopg.Connection[Any], n: int, kind: str, state: str) -> None:
     """n (at most 1000) new operations of kind in state succeeded | queued | running (owned by
-    w1, issued, with a reference)."""
+    w1, issued, with a reference) | requeued (claimed by w1, lease lapsed before the call, put
+    back by the reaper: queued with fence 1; kind must have nothing lapsed or queued)."""
     conn.execute(f"""DO $$ DECLARE r record; BEGIN
       FOR i IN 1..{n} LOOP
         PERFORM pgfence.operation_request('{kind}', '{state}-' || i || '-' || clock_timestamp());
       END LOOP;
       FOR r IN SELECT * FROM pgfence.operation_claim('w1', ARRAY['{kind}'], '1 hour', 1000)
                WHERE '{state}' <> 'queued' LOOP
+        IF '{state}' = 'requeued' THEN
+          UPDATE pgfence.operation SET lease_expires_at = now() - interval '1 minute' WHERE id = r.id;
+          CONTINUE;
+        END IF;
         PERFORM pgfence.operation_begin_issue(r.id, r.fence, true);
         PERFORM pgfence.operation_record_external(r.id, r.fence, 'ref-' || r.id);
         IF '{state}' = 'succeeded' THEN
           PERFORM pgfence.operation_finish(r.id, r.fence, true);
         END IF;
-      END LOOP; END $$""")
+      END LOOP;
+      IF '{state}' = 'requeued' THEN
+        PERFORM pgfence.operation_reap();
+      END IF; END $$""")
 
 
 def _operation_state(conn: psycopg.Connection[Any], stats: str) -> None:
@@ -240,19 +254,19 @@ def test_operation_statements_use_their_index(db: str, conn: psycopg.Connection[
         rows, scans = plans.scans("SELECT id, fence, taken_over_from FROM pgfence.operation_claim("
                                   "'w2', '{mine}', '1 hour', 2)")
         assert [prev for _, _, prev in rows] == ["w1", "w1"], "the two lapsed leases, taken over"
-        assert scans == {OP_LEASE, OP_PK}, "claim: lapsed leases by operation_lease_idx, taken by id"
+        assert scans == {OP_LEASE, OP_REQUEUED, OP_PK}, "claim: lapsed leases by operation_lease_idx, taken by id"
         rows, scans = plans.scans("SELECT id, fence FROM pgfence.operation_claim('w2', NULL, '1 hour', 1)")
         assert len(rows) == 1
-        assert scans == {OP_LEASE, OP_QUEUE, OP_PK}, "no lapsed lease left: then the queue in order"
+        assert scans == {OP_LEASE, OP_REQUEUED, OP_QUEUE, OP_PK}, "no lapsed lease left: then the queue in order"
         (new_id, new_fence), = rows
         assert new_id == oldest["other"][0], "all kinds: the oldest queued operation"
         rows, scans = plans.scans("SELECT id FROM pgfence.operation_claim('w2', '{mine}', '1 hour', 2)")
         assert [r[0] for r in rows] == oldest["mine"][:2], "one kind: its oldest, past the other backlog"
-        assert scans == {OP_LEASE, OP_KIND_QUEUE, OP_PK}, "one kind: only that kind's queue is read"
+        assert scans == {OP_LEASE, OP_REQUEUED, OP_KIND_QUEUE, OP_PK}, "one kind: only that kind's queue is read"
         rows, scans = plans.scans("SELECT id FROM pgfence.operation_claim("
                                   "'w2', '{mine,other,mine,none}', '1 hour', 3)")
         assert [r[0] for r in rows] == oldest["other"][1:4], "several kinds: the oldest of them, in id order"
-        assert scans == {OP_LEASE, OP_KIND_QUEUE, OP_PK}, "several kinds: each kind's queue walked once"
+        assert scans == {OP_LEASE, OP_REQUEUED, OP_KIND_QUEUE, OP_PK}, "several kinds: each kind's queue walked once"
 
         _, scans = plans.scans("SELECT pgfence.operation_begin_issue(%s, %s, true)", (new_id, new_fence))
         assert scans == {OP_PK}
@@ -279,6 +293,21 @@ def test_operation_statements_use_their_index(db: str, conn: psycopg.Connection[
         assert rows == [(0,)], "a lapsed lease with a reference stays running for the next claim"
         # (the UPDATE of the rows found may look them up by id or again by lease)
         assert OP_LEASE in scans and scans <= {OP_LEASE, OP_PK}, "reaper: only lapsed leases"
+
+        # Requeued operations, made after these plans were chosen: claimed first, from their own
+        # index (their ids are below the queue's and below the claim hint)
+        _operations(conn, 3, "req", "requeued")
+        requeued = [r[0] for r in conn.execute("SELECT id FROM pgfence.operation WHERE status = 'queued'"
+                                               " AND fence > 0 ORDER BY id")]
+        assert len(requeued) == 3
+        rows, scans = plans.scans("SELECT id, fence FROM pgfence.operation_claim('w2', '{req}', '1 hour', 2)")
+        assert rows == [(i, 2) for i in requeued[:2]], "one kind: its requeued operations, oldest first"
+        assert scans == {OP_LEASE, OP_REQUEUED, OP_PK}, "requeued: by operation_requeued_idx, taken by id"
+        rows, scans = plans.scans("SELECT id FROM pgfence.operation_claim('w2', NULL, '1 hour', 4)")
+        # the released and the lapsed one (running[1], running[2]), the last requeued, the queue's oldest
+        first = sorted([running[1][0], running[2][0], requeued[2]])
+        assert [r[0] for r in rows] == [*first, oldest["other"][4]], "all kinds: lapsed and requeued, then the queue"
+        assert scans == {OP_LEASE, OP_REQUEUED, OP_QUEUE, OP_PK}
 
 
 # ---------------------------------------------------------------------------------------------
