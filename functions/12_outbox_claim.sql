@@ -277,6 +277,14 @@ BEGIN
                   CASE WHEN (v_l_us, v_ids[v_n]) < (v_st[1], v_st[2]) THEN v_st[2] ELSE v_ids[v_n] END,
                   CASE WHEN v_own IS NULL THEN pg_current_xact_id_if_assigned()::text::bigint END,
                   pg_current_xact_id_if_assigned()::text::bigint, 0, v_st[8]];
+  ELSIF v_st[5] IS NULL AND v_st[3] IS NOT NULL THEN
+    -- A candidate still without a bound (taken by a transaction that had its xid before its
+    -- walk): this later transaction's xid, when its walk assigned one, is a bound (assigned
+    -- after the candidate's walk). Without this step such a candidate waits for a claim that
+    -- has its xid before its walk (outbox_settle_and_claim's), and a session that only claims
+    -- would never move its hint again.
+    v_st[5] := CASE WHEN pg_current_xact_id_if_assigned()::text::bigint <> v_st[6]
+                    THEN pg_current_xact_id_if_assigned()::text::bigint END;
   END IF;
   -- an assignment, not PERFORM: a simple expression, no SPI query
   v_raw := set_config(v_name, array_to_string(v_st, ',', ''), false);

@@ -10,7 +10,7 @@
 -- one from its first statement. So each statement here commits on its own; what it leaves is
 -- in temporary tables and functions (pg_temp), and the peers' rows are deleted at the end.
 \ir helpers/setup.sql
-SELECT plan(47);
+SELECT plan(49);
 
 SELECT tap_helpers.peer('cl'), tap_helpers.peer('ad'), tap_helpers.peer('wr');
 -- the safety net out of the way, except where it is the subject
@@ -228,6 +228,21 @@ SELECT set_config('pgfence.claim_hint_tap_ref', '5,6,,,,,,1234567890123456789', 
 SELECT is(pgfence._outbox_claim_hint_state('pgfence.claim_hint_tap_ref'), NULL, '... a run of 19 digits is malformed');
 SELECT set_config('pgfence.claim_hint_tap_ref', '999999999999999999,6,,,,,,7', false);
 SELECT is(pgfence._outbox_claim_hint_state('pgfence.claim_hint_tap_ref'), NULL, '... a time after the clock reads as none');
+
+-- A candidate taken by a claim whose transaction had its xid before the walk gets no bound
+-- there (that xid is older than the walk's snapshot); the next claim of the session that gets
+-- an xid gives it one, so a session that then only claims moves its hint again.
+CREATE TEMP TABLE bx AS SELECT pg_temp.henq('tap-h-bx', 30) AS ids;
+SELECT dblink_exec('cl', 'BEGIN');
+SELECT pg_temp.hval('cl', 'SELECT pg_current_xact_id()::text') > 0 AS bx_xid \gset
+SELECT pg_temp.hclaim('tap-h-bx', 10)::text AS bxc1 \gset
+SELECT dblink_exec('cl', 'COMMIT');
+SELECT pg_temp.hclaim('tap-h-bx', 10)::text AS bxc2 \gset
+SELECT pg_temp.hclaim('tap-h-bx', 10)::text AS bxc3 \gset
+SELECT is(ARRAY[:'bxc1'::bigint[], :'bxc2'::bigint[], :'bxc3'::bigint[]], (SELECT array[ids[1:10], ids[11:20], ids[21:30]] FROM bx),
+  'a claim in a transaction that had its xid, then two plain claims: the 30, each once, in due order');
+SELECT is((SELECT id FROM pg_temp.hint('tap-h-bx')), (SELECT ids[10] FROM bx),
+  '... and the hint moved to the candidate that claim took (its bound came from the next claim''s xid)');
 
 SELECT dblink_exec('ad', $$SET pgfence.purging = on;
   DELETE FROM pgfence.outbox WHERE channel LIKE 'tap-h-%'; DELETE FROM pgfence.outbox_key WHERE channel LIKE 'tap-h-%';
