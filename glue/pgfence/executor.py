@@ -1011,33 +1011,29 @@ class Executor:
         held = slots
         wake = self._via is not None and self._via[0] is asyncio.current_task()
         try:
-            async for jobs in s.module.claim(slots):
-                # Handed to the slots before the next round is asked for: whatever that round
-                # raises, these units run (not left to their leases).
-                done = min(len(jobs), held)
-                held -= done
-                s.reserved -= done
-                self._reserved -= done
-                self._enqueue(s, jobs)
-                claimed += len(jobs)
-                if wake:
-                    # A wake-up claim: its units start now, before the rest of the round (its
-                    # counters, the next due time) runs on the listener's task.
-                    await asyncio.sleep(0)
-            if wake and claimed < slots and s.module.pending_outcomes() \
-                    and not self._stopping.is_set():
-                # The wake-up's units already finished (quick handlers): record them and claim
-                # again on the same session, one round (settle and claim in one statement: its
-                # answer also says when more is due), as a plain SQL loop does: two statements
-                # per wake-up on one session instead of three on two (claim and next due here,
-                # the settle on a pooled connection), and the next wake-up finds the module idle.
+            for again in (False, True):
+                if again and not (wake and claimed < slots and s.module.pending_outcomes()
+                                  and not self._stopping.is_set()):
+                    break
+                # again: the wake-up's units already finished (quick handlers): record them and
+                # claim again on the same session, one round (settle and claim in one statement:
+                # its answer also says when more is due), as a plain SQL loop does: two
+                # statements per wake-up on one session instead of three on two (claim and next
+                # due here, the settle on a pooled connection), and the next wake-up finds the
+                # module idle.
                 async for jobs in s.module.claim(held):
+                    # Handed to the slots before the next round is asked for: whatever that
+                    # round raises, these units run (not left to their leases).
                     done = min(len(jobs), held)
                     held -= done
                     s.reserved -= done
                     self._reserved -= done
                     self._enqueue(s, jobs)
                     claimed += len(jobs)
+                    if wake:
+                        # A wake-up claim: its units start now, before the rest of the round
+                        # (its counters, the next due time) runs on the listener's task.
+                        await asyncio.sleep(0)
         except Exception as exc:
             s.failures += 1
             delay = min(cfg.reconnect_max, 0.1 * 2 ** min(s.failures - 1, 10))
