@@ -27,6 +27,7 @@ import multiprocessing as mp
 import os
 import statistics
 import time
+from collections.abc import Callable
 from multiprocessing.sharedctypes import Synchronized, SynchronizedArray
 from typing import Any
 
@@ -154,33 +155,45 @@ def drain(dsn: str, procs: int, concurrency: int | None, n: int | None = None,
     return out
 
 
+def paced(conn: psycopg.Connection[Any], samples: int, gap: float,
+          delivered: Callable[[], int], warm: Callable[[], None] | None = None) -> list[float]:
+    """Commit ``samples`` + 1 messages one at a time on ``conn`` (autocommit) to an idle
+    executor: first a warm-up message (seq ``samples``; waits up to 60 s until ``delivered()``
+    counts it, calls ``warm`` if given, then 0.5 s for the executor to idle again), then seq 0 ..
+    samples - 1, ``gap`` seconds apart; then waits up to 60 s for all to be delivered. Returns
+    each seq's commit time (``time.monotonic()``, s). Raises TimeoutError when one is missing."""
+    committed = [0.0] * (samples + 1)
+    for seq in [samples, *range(samples)]:  # the first one warms the executor up
+        conn.execute("SELECT pgfence.outbox_enqueue(%s, 'r', %s)", (CHANNEL, Jsonb({"seq": seq})))
+        committed[seq] = time.monotonic()
+        if seq == samples:
+            deadline = time.monotonic() + 60
+            while delivered() < 1:
+                if time.monotonic() > deadline:
+                    raise TimeoutError("the executor never took the warm-up message")
+                time.sleep(0.005)
+            time.sleep(0.5)  # idle again
+            if warm is not None:
+                warm()
+        else:
+            time.sleep(gap)
+    deadline = time.monotonic() + 60
+    while delivered() < samples + 1:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"only {delivered()} of {samples + 1} delivered")
+        time.sleep(0.005)
+    return committed
+
+
 def latency(dsn: str, samples: int = LAT_N, gap: float = LAT_GAP) -> dict[str, Any]:
     """Commit one message at a time to an idle executor; latency = handler start − commit."""
     ob._reset(dsn)
     probe = _Probe(samples + 1)
     ps = _start(dsn, probe, 1, None)
     probe.go.set()
-    committed = [0.0] * (samples + 1)
     try:
         with psycopg.connect(dsn, autocommit=True) as conn:
-            for seq in [samples, *range(samples)]:  # the first one warms the executor up
-                conn.execute("SELECT pgfence.outbox_enqueue(%s, 'r', %s)",
-                             (CHANNEL, Jsonb({"seq": seq})))
-                committed[seq] = time.monotonic()
-                if seq == samples:
-                    deadline = time.monotonic() + 60
-                    while probe.count.value < 1:
-                        if time.monotonic() > deadline:
-                            raise TimeoutError("the executor never took the warm-up message")
-                        time.sleep(0.005)
-                    time.sleep(0.5)  # idle again
-                else:
-                    time.sleep(gap)
-            deadline = time.monotonic() + 60
-            while probe.count.value < samples + 1:
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"only {probe.count.value} of {samples + 1} delivered")
-                time.sleep(0.005)
+            committed = paced(conn, samples, gap, lambda: probe.count.value)
     finally:
         _finish(probe, ps)
     lat = [(probe.start[i] - committed[i]) * 1000 for i in range(samples)]

@@ -45,9 +45,9 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
-from psycopg.types.json import Jsonb
 
 sys.path.insert(0, str(Path(__file__).parent))
+import executor as ex
 import outbox as ob
 from pgfence.db import create_database, drop_database, resolve_dsn
 from pgfence.migrate import migrate
@@ -290,28 +290,13 @@ def trace(dsn: str, samples: int, gap: float, variant: str = "exec") -> list[dic
     p.start()
     time.sleep(1.0)
     go.set()
-    committed = [0.0] * n
+    cpu0: tuple[dict[int, int], int] = ({}, 0)
     try:
         with psycopg.connect(dsn, autocommit=True) as conn:
-            for seq in [samples, *range(samples)]:  # the first one warms the executor up
-                conn.execute("SELECT pgfence.outbox_enqueue(%s, 'r', %s)",
-                             (CHANNEL, Jsonb({"seq": seq})))
-                committed[seq] = time.monotonic()
-                if seq == samples:
-                    deadline = time.monotonic() + 60
-                    while count.value < 1:
-                        if time.monotonic() > deadline:
-                            raise TimeoutError("the executor never took the warm-up message")
-                        time.sleep(0.005)
-                    time.sleep(0.5)
-                    cpu0 = _backends(conn), _task_ns(p.pid or 0)
-                else:
-                    time.sleep(gap)
-            deadline = time.monotonic() + 60
-            while count.value < n:
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"only {count.value} of {n} delivered")
-                time.sleep(0.005)
+            def warm() -> None:
+                nonlocal cpu0
+                cpu0 = _backends(conn), _task_ns(p.pid or 0)
+            committed = ex.paced(conn, samples, gap, lambda: count.value, warm)
             time.sleep(0.1)  # the last outcome recorded
             server = sum(ns - cpu0[0].get(pid, 0) for pid, ns in _backends(conn).items())
             client = _task_ns(p.pid or 0) - cpu0[1]
