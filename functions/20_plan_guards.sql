@@ -6,8 +6,8 @@
 -- guards and events, 21 private helpers, 22 allow-list and proposals, 23 taking a run, 24
 -- running steps (the receipt handshake), 25 reads and the reaper.
 -- Here: tg_plan_guard and tg_plan_step_guard (PF001/PF002, for hand-written SQL too), the
--- purge-only deletes, tg_plan_event / tg_plan_step_event (event log, NOTIFY pgfence_plan) and the
--- tables' comments. No public functions. Errors: functions/ERRORS.md (PF1xx are this module's).
+-- purge-only deletes, tg_plan_event (event log of the plan's transitions, NOTIFY pgfence_plan;
+-- a receipt is its step's row and logs no event since migration 0034) and the tables' comments. No public functions. Errors: functions/ERRORS.md (PF1xx are this module's).
 
 -- The tables (created by migrations 0003 and 0010; their comments live here, re-applied by every
 -- migrate).
@@ -16,7 +16,7 @@ COMMENT ON TABLE pgfence.plan IS
 A frozen list of steps (rows of pgfence.plan_step) proposed by someone (a script, an AI agent), approved by a person, executed in order with a receipt per step. Status machine pending -> approved -> executing -> executed | failed, pending -> rejected | expired; enforced by tg_plan_guard. Not an API: use the pgfence.plan_* functions and views.';
 COMMENT ON TABLE pgfence.plan_step IS
   'Plan steps: each frozen step of a plan and, once it ran, its receipt (written exactly once).
-One row per plan step: the frozen step (action, kind, the function of a sql action, args, note), written with the proposal and never changed, and its receipt (outcome ok with output, or error; worker; times), written exactly once in the same transaction as the step''s database effect (sql) or as the executor''s report (external). A step without an outcome did not commit. Not an API: read pgfence.plan_receipts or pgfence.plan_steps(id).';
+One row per plan step: the frozen step (action, kind, the function of a sql action, args, note), written with the proposal and never changed, and its receipt (outcome ok with output, or error; worker; times; the login db_user), written exactly once in the same transaction as the step''s database effect (sql) or as the executor''s report (external). A step without an outcome did not commit. Receipts log no event of their own (since migration 0034): audit_timeline reads them from here. Not an API: read pgfence.plan_receipts or pgfence.plan_steps(id).';
 -- Since _plan_step_begin stamps a SQL step by locking its plan_step row (functions/24), nothing
 -- sets these two columns any more; the comments from migration 0003 are replaced here.
 COMMENT ON COLUMN pgfence.plan.step_begun IS
@@ -225,9 +225,12 @@ BEGIN
                               NEW.plan_id, coalesce(v_plan.status, 'not found'), v_plan.step_count, coalesce(NEW.outcome, 'none')),
               HINT = 'Steps are written by pgfence.plan_propose; receipts by plan_run_step / plan_record_step.';
     END IF;
+    NEW.db_user := NULL;  -- part of the receipt, which a new step does not have
   ELSE
-    IF (NEW.plan_id, NEW.step_index, NEW.action, NEW.kind, NEW.function, NEW.args, NEW.note)
-       IS DISTINCT FROM (OLD.plan_id, OLD.step_index, OLD.action, OLD.kind, OLD.function, OLD.args, OLD.note) THEN
+    IF (NEW.plan_id, NEW.step_index, NEW.action, NEW.kind, NEW.function, NEW.args, NEW.note,
+        NEW.function_oid, NEW.function_xmin)
+       IS DISTINCT FROM (OLD.plan_id, OLD.step_index, OLD.action, OLD.kind, OLD.function, OLD.args, OLD.note,
+                         OLD.function_oid, OLD.function_xmin) THEN
       RAISE EXCEPTION 'plan %: step % is immutable once proposed', OLD.plan_id, OLD.step_index
         USING ERRCODE = 'PF002', DETAIL = 'A step''s action, kind, function, args and note are what the approver saw.',
               HINT = 'Propose a new plan instead.';
@@ -246,6 +249,8 @@ BEGIN
         USING ERRCODE = 'PF001', DETAIL = 'A receipt is the outcome of the next step of an executing plan, written by its owner.',
               HINT = 'Receipts are written only by plan_run_step / plan_record_step, for the next step of an executing plan, by its owner.';
     END IF;
+    -- The receipt's login, as event.db_user was filled: by the database, never by the writer.
+    NEW.db_user := CASE WHEN NEW.outcome IS NOT NULL THEN session_user::text END;
   END IF;
   -- The row checks (formerly CHECK constraints, migration 0030), in their name order, for every
   -- INSERT and every UPDATE but a step's commit (which holds them by construction).
@@ -270,7 +275,7 @@ $$;
 REVOKE ALL ON FUNCTION pgfence.tg_plan_step_guard() FROM PUBLIC;
 COMMENT ON FUNCTION pgfence.tg_plan_step_guard() IS
   'Trigger: plan steps are written with their proposal, receipts once, by the run''s owner.
-BEFORE INSERT / UPDATE trigger on pgfence.plan_step: steps are inserted only with their pending plan, without a receipt (PF001), and never change (PF002); a receipt is written once, only for the next step of an executing plan, by its owner (PF001), and never changes (PF002); then holds the row checks that were CHECK constraints before migration 0030 (plan_step_args_check ... plan_step_receipt_whole: 23514 with the constraint''s name). Deletes: see plan_step_purge_only (tg_purge_only: only in a purge, with the plan).';
+BEFORE INSERT / UPDATE trigger on pgfence.plan_step: steps are inserted only with their pending plan, without a receipt (PF001), and never change (PF002); a receipt is written once, only for the next step of an executing plan, by its owner (PF001), and never changes (PF002); stamps the receipt''s login (db_user = session_user, NULL without a receipt); then holds the row checks that were CHECK constraints before migration 0030 (plan_step_args_check ... plan_step_receipt_whole: 23514 with the constraint''s name). Deletes: see plan_step_purge_only (tg_purge_only: only in a purge, with the plan).';
 
 -- plan_step_guard (UPDATE) is skipped for the receipt of a step's commit alone, as plan_guard is
 -- (see there); plan_step_new_guard checks every INSERT.
@@ -375,44 +380,5 @@ CREATE OR REPLACE TRIGGER plan_event_update
   WHEN (OLD.status IS DISTINCT FROM NEW.status OR OLD.worker IS DISTINCT FROM NEW.worker)
   EXECUTE FUNCTION pgfence.tg_plan_event();
 
-CREATE OR REPLACE FUNCTION pgfence.tg_plan_step_event()
-RETURNS trigger
-LANGUAGE plpgsql
-SET search_path = pg_catalog, pgfence, pg_temp
-AS $$
-BEGIN
-  PERFORM pgfence._event('plan', NEW.plan_id, 'receipt', NULL, NULL, NEW.step_index,
-    jsonb_strip_nulls(jsonb_build_object(
-      'step', NEW.step_index, 'action', NEW.action, 'kind', NEW.kind, 'outcome', NEW.outcome,
-      'error', NEW.error,
-      'output', CASE WHEN pg_column_size(NEW.output) <= 2048 THEN NEW.output END)),
-    coalesce(nullif(current_setting('pgfence.actor', true), ''), NEW.worker));
-  RETURN NULL;
-END
-$$;
-REVOKE ALL ON FUNCTION pgfence.tg_plan_step_event() FROM PUBLIC;
-COMMENT ON FUNCTION pgfence.tg_plan_step_event() IS
-  'Trigger: logs each plan step receipt to pgfence.event when it is written.
-AFTER UPDATE trigger on pgfence.plan_step: logs each receipt when it is written (step, action, outcome, error with SQLSTATE, small outputs) to pgfence.event in the step''s own transaction; fence = the step index.';
-
--- Skipped for the receipt of a step's commit alone, which logs the same event in its own
--- statement (see plan_guard).
-DO $plan_step_event$
-BEGIN
-  IF EXISTS (SELECT FROM pg_catalog.pg_attribute
-             WHERE attrelid = 'pgfence.plan_step'::regclass AND attname = 'receipt_nonce' AND NOT attisdropped) THEN
-    CREATE OR REPLACE TRIGGER plan_step_event
-      AFTER UPDATE OF outcome ON pgfence.plan_step
-      FOR EACH ROW
-      WHEN (OLD.outcome IS NULL AND NEW.outcome IS NOT NULL
-            AND (NEW.receipt_nonce IS NOT DISTINCT FROM OLD.receipt_nonce
-                 OR NEW.receipt_nonce::text IS DISTINCT FROM pg_catalog.current_setting('pgfence.plan_writing', true)))
-      EXECUTE FUNCTION pgfence.tg_plan_step_event();
-  ELSE
-    CREATE OR REPLACE TRIGGER plan_step_event
-      AFTER UPDATE OF outcome ON pgfence.plan_step
-      FOR EACH ROW WHEN (OLD.outcome IS NULL AND NEW.outcome IS NOT NULL)
-      EXECUTE FUNCTION pgfence.tg_plan_step_event();
-  END IF;
-END
-$plan_step_event$;
+-- A receipt logs no event of its own (migration 0034): the receipt is the step's row, written
+-- once, with its worker, times and login (db_user); audit_timeline reads it from there.

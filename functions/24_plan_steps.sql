@@ -24,7 +24,8 @@
 --        returns the step, its function, and what step 2 checks.
 --   2. _plan_check_approved(...)              in a subtransaction: the action is not retired
 --        (PF101), its function exists (42883), its definition's md5 is the one recorded at
---        proposal (PF108).
+--        proposal (PF108). The md5 is computed only when the function's pg_proc row is not
+--        the version (oid, xmin) recorded at proposal (migration 0034).
 --   3. the action: EXECUTE f(args)            same subtransaction. An error from 2 or 3 rolls
 --        back only the subtransaction (the action's effects) and becomes the error receipt.
 --   4. _plan_step_finish(id, worker, token, step, ok, output, error)   security definer.
@@ -104,26 +105,27 @@ COMMENT ON FUNCTION pgfence._plan_check_approved(text, boolean, text, text, text
 Raises PF101 (p_retired), 42883 (p_md5_now NULL: the function was dropped) or PF108 (the md5 of the function''s definition differs from the one recorded at proposal; p_function names it in the DETAIL). Called by plan_run_step before the action runs (the error becomes the step''s receipt) and by _plan_step_finish before an ok receipt. Executable by the roles that run steps, since plan_run_step runs with the caller''s privileges.';
 
 -- Write a step's receipt and move the plan on. One statement writes the receipt, moves the plan
--- on and logs the receipt event, and checks in its WHERE what it relies on: the plan p_id is
+-- on (a receipt logs no event: it is the step's row, migration 0034), and checks in its WHERE
+-- what it relies on: the plan p_id is
 -- executing by p_worker under run token p_token at step p_step, and the step has no receipt yet.
 -- With p_begun_here (the fast path of _plan_step_finish, which then needs no statement of its
 -- own) also: the step is a SQL one, this transaction's top level holds the lock on its row that
 -- _plan_step_begin took (its xmax is this transaction's xid: nothing else could put it there,
 -- so that is the PF107 proof without the plan row's lock), and for an ok receipt its action is
--- not retired and its function's definition has the md5 recorded at proposal. A statement that
+-- not retired and its function's pg_proc row is the version recorded at proposal, or else its
+-- definition has the md5 recorded at proposal. A statement that
 -- matches nothing writes nothing: then NULL with p_begun_here (the caller finds out why), PF001
 -- without (the callers, plan_record_step and _plan_step_finish's slow path, checked all of it
 -- under the plan row's lock already).
--- The statement does what the row triggers tg_plan_step_guard, tg_plan_guard and
--- tg_plan_step_event would (the checks in its WHERE and SET, the event in the same statement)
--- and what the row checks they hold (migration 0030) demand, so both rows are marked with
+-- The statement does what the row triggers tg_plan_step_guard and tg_plan_guard would (the
+-- checks in its WHERE and SET, the receipt's login db_user = session_user) and what the row checks they hold (migration 0030) demand, so both rows are marked with
 -- receipt_nonce, a fresh gen_random_uuid() that is also the transaction-local setting
 -- pgfence.plan_writing for this statement only, and those triggers skip exactly these rows
 -- (20_plan_guards.sql explains why no other writer can get that). What the statement guarantees:
 --   * the receipt is written once (outcome IS NULL in its WHERE), for the plan's next step, by
 --     the run's owner; the frozen step columns are not in its SET; outcome ok carries the output
---     only, error the error only (an object with a message: the callers pass one), worker and
---     times are set (started_at is the transaction's or the external step's start, finished_at
+--     only, error the error only (an object with a message: the callers pass one), worker,
+--     login (db_user) and times are set (started_at is the transaction's or the external step's start, finished_at
 --     the clock: plan_step_times stays declared);
 --   * the plan moves only over this receipt (the plan's UPDATE joins the receipt's RETURNING):
 --     one step on over an ok receipt, failed (step_error) at an error receipt, executed after the
@@ -131,9 +133,8 @@ Raises PF101 (p_retired), 42883 (p_md5_now NULL: the function was dropped) or PF
 --     columns, approval, start and run token are not in its SET; the heartbeat is stamped;
 --     external_started_at and the begin stamp are cleared; updated_at is stamped as tg_plan_guard
 --     does;
---   * the receipt event is what tg_plan_step_event logs, under actor p_worker (set for the
---     statement, cleared after). plan_event_update (finish, fail) is not skipped: it is an AFTER
---     trigger on a status change and runs as before.
+--   * plan_event_update (finish, fail) is not skipped: it is an AFTER trigger on a status change
+--     and runs as before, under actor p_worker (set for the statement, cleared after).
 CREATE OR REPLACE FUNCTION pgfence._plan_commit_step(
   p_id         bigint,
   p_step       integer,
@@ -176,6 +177,7 @@ BEGIN
         started_at = CASE WHEN s.kind = 'external' THEN coalesce(p.external_started_at, pg_catalog.now())
                           ELSE pg_catalog.now() END,
         finished_at = pg_catalog.clock_timestamp(),
+        db_user = pg_catalog.session_user(),
         receipt_nonce = v_nonce
     FROM pgfence.plan p
     WHERE s.plan_id = p_id AND s.step_index = p_step AND s.outcome IS NULL
@@ -184,11 +186,14 @@ BEGIN
       AND (p_begun_here IS NOT TRUE
            OR (s.kind = 'sql' AND s.xmax = pg_catalog.pg_current_xact_id()::xid
                AND (NOT p_ok OR EXISTS (
+                     -- approved is what runs: the function's pg_proc row is the version recorded
+                     -- at proposal (no md5 needed), or its definition hashes as then
                      SELECT FROM pgfence.plan_action a
+                     JOIN pg_catalog.pg_proc pr ON pr.oid = a.function
                      WHERE a.name = s.action AND a.retired_at IS NULL
-                       AND pg_catalog.md5(pg_catalog.pg_get_functiondef(a.function)) = s.function_md5))))
-    RETURNING s.plan_id, s.step_index, s.action, s.kind, s.outcome, s.output, s.error, s.worker,
-              pg_catalog.clock_timestamp() + p.heartbeat_interval AS fresh
+                       AND ((pr.oid = s.function_oid AND pr.xmin = s.function_xmin)
+                            OR pg_catalog.md5(pg_catalog.pg_get_functiondef(pr.oid)) = s.function_md5)))))
+    RETURNING s.step_index, s.worker, pg_catalog.clock_timestamp() + p.heartbeat_interval AS fresh
   ), moved AS (
     UPDATE pgfence.plan p
     SET status = CASE WHEN NOT p_ok THEN 'failed'
@@ -211,14 +216,6 @@ BEGIN
     -- and it is locked by this transaction (the callers' lock).
     WHERE p.id = p_id AND r.step_index = p.next_step AND r.worker IS NOT DISTINCT FROM p.worker
     RETURNING p.status
-  ), logged AS (
-    INSERT INTO pgfence.event (module, item_id, event, from_status, to_status, actor, fence, detail)
-    SELECT 'plan', r.plan_id, 'receipt', NULL, NULL, r.worker, r.step_index,
-           pg_catalog.jsonb_strip_nulls(pg_catalog.jsonb_build_object(
-             'step', r.step_index, 'action', r.action, 'kind', r.kind, 'outcome', r.outcome,
-             'error', r.error,
-             'output', CASE WHEN pg_catalog.pg_column_size(r.output) <= 2048 THEN r.output END))
-    FROM receipt r
   )
   SELECT m.status INTO v_status FROM moved m;
   PERFORM pg_catalog.set_config('pgfence.plan_writing', '', true);
@@ -236,7 +233,7 @@ $$;
 REVOKE ALL ON FUNCTION pgfence._plan_commit_step(bigint, integer, text, bigint, boolean, jsonb, jsonb, boolean) FROM PUBLIC;
 COMMENT ON FUNCTION pgfence._plan_commit_step(bigint, integer, text, bigint, boolean, jsonb, jsonb, boolean) IS
   'Private: writes the receipt of step p_step of plan p_id and moves the plan on, in one statement.
-Only if the plan is executing by p_worker under run token p_token at step p_step and the step has no receipt; with p_begun_here also only for a SQL step whose row this transaction''s top level locked (_plan_step_begin: the PF107 proof) and, for an ok receipt, whose action is unretired with its function''s definition unchanged (md5). The receipt is ok with output, or error; the plan goes to its next step with a renewed heartbeat (kept within a slack of a tenth of the interval, at most 1 s, below a fresh one, so that the update stays HOT), to executed after the last ok step, or to failed (step_error) after an error; the receipt event is logged in the same statement, actor p_worker. The statement does what tg_plan_step_guard, tg_plan_guard and tg_plan_step_event would and what the row checks they hold demand, and marks both rows with a fresh receipt_nonce equal to the setting pgfence.plan_writing for that statement only, so those triggers skip exactly these rows. Returns the plan''s new status; when nothing matched nothing is written: NULL with p_begun_here, PF001 without (the caller checked it all under the row lock).';
+Only if the plan is executing by p_worker under run token p_token at step p_step and the step has no receipt; with p_begun_here also only for a SQL step whose row this transaction''s top level locked (_plan_step_begin: the PF107 proof) and, for an ok receipt, whose action is unretired with its function''s definition unchanged (its pg_proc row the version recorded at proposal, else the md5). The receipt is ok with output, or error, with the worker and the login (db_user); the plan goes to its next step with a renewed heartbeat (kept within a slack of a tenth of the interval, at most 1 s, below a fresh one, so that the update stays HOT), to executed after the last ok step, or to failed (step_error) after an error (no receipt event: the receipt is the row). The statement does what tg_plan_step_guard and tg_plan_guard would and what the row checks they hold demand, and marks both rows with a fresh receipt_nonce equal to the setting pgfence.plan_writing for that statement only, so those triggers skip exactly these rows. Returns the plan''s new status; when nothing matched nothing is written: NULL with p_begun_here, PF001 without (the caller checked it all under the row lock).';
 
 CREATE OR REPLACE FUNCTION pgfence._plan_step_begin(
   p_id     bigint,
@@ -275,9 +272,15 @@ BEGIN
   -- (PF107): nothing else locks a plan_step row, and a row lock costs no new row version.
   -- Straight into the OUT parameters: one statement (each PL/pgSQL statement costs its set-up
   -- again in every transaction, and a step is one).
+  -- The md5 of the definition is computed only when the function's pg_proc row is not the
+  -- version recorded at proposal (its oid and xmin: any CREATE OR REPLACE or ALTER writes a new
+  -- version with a new xmin, and freezing keeps xmin); while it is, its definition is the one
+  -- hashed then (migration 0034).
   SELECT p.status, p.next_step, s.action, s.kind, s.args, s.function_md5,
          a.retired_at IS NOT NULL, n.nspname, pr.proname,
-         CASE WHEN s.kind = 'sql' THEN md5(pg_catalog.pg_get_functiondef(pr.oid)) END
+         CASE WHEN s.kind = 'sql' THEN
+           CASE WHEN pr.oid = s.function_oid AND pr.xmin = s.function_xmin THEN s.function_md5
+                ELSE md5(pg_catalog.pg_get_functiondef(pr.oid)) END END
     INTO status, step_index, action, kind, args, fn_md5, retired, fn_schema, fn_name, fn_md5_now
   FROM pgfence.plan p
   JOIN pgfence.plan_step s ON s.plan_id = p.id AND s.step_index = p.next_step
@@ -313,7 +316,7 @@ REVOKE ALL ON FUNCTION pgfence._plan_step_begin(bigint, text, bigint) FROM PUBLI
 GRANT EXECUTE ON FUNCTION pgfence._plan_step_begin(bigint, text, bigint) TO pgfence_executor, pgfence_admin;
 COMMENT ON FUNCTION pgfence._plan_step_begin(bigint, text, bigint) IS
   'Handshake step 1, for plan_run_step: lock a run p_worker owns under p_token, hand out its step.
-Security definer, so that plan_run_step itself need not be: locks the plan row and the step''s row for the rest of the transaction, heals a lapsed heartbeat, and returns the next step (action, kind, the function to call, whether the action was retired, the md5 of the function''s definition at proposal and now, args) if p_worker owns the executing run under run token p_token; otherwise only the status (refused). For an external step it stamps external_started_at; for a SQL step it writes nothing: the lock it holds on the step''s row (plan_step) is what _plan_step_finish checks, so that step is the only one it will then receipt, in this transaction. Not for direct use. Trust: granted to pgfence_executor because plan_run_step runs with the caller''s privileges; see the handshake in functions/24_plan_steps.sql for what that role is trusted with.';
+Security definer, so that plan_run_step itself need not be: locks the plan row and the step''s row for the rest of the transaction, heals a lapsed heartbeat, and returns the next step (action, kind, the function to call, whether the action was retired, the md5 of the function''s definition at proposal and now — computed only when the function''s pg_proc row is not the version recorded at proposal —, args) if p_worker owns the executing run under run token p_token; otherwise only the status (refused). For an external step it stamps external_started_at; for a SQL step it writes nothing: the lock it holds on the step''s row (plan_step) is what _plan_step_finish checks, so that step is the only one it will then receipt, in this transaction. Not for direct use. Trust: granted to pgfence_executor because plan_run_step runs with the caller''s privileges; see the handshake in functions/24_plan_steps.sql for what that role is trusted with.';
 
 CREATE OR REPLACE FUNCTION pgfence._plan_step_finish(
   p_id     bigint,
@@ -357,13 +360,18 @@ BEGIN
   -- The slow path. Same transaction as step 1: the row lock is ours already, nobody healed it
   -- since; the owner check binds the receipt to the worker and token passed here.
   -- One statement: the plan row (locked), the step p_step and its action.
+  -- The md5 as in step 1: only when the function's pg_proc row is not the version recorded at
+  -- proposal.
   SELECT p AS plan, s.kind, s.action, s.function_md5, s.outcome, s.xmax AS locker, a.retired_at,
          a.function::text AS function,
-         CASE WHEN p_ok AND s.kind = 'sql' THEN md5(pg_catalog.pg_get_functiondef(a.function)) END AS md5_now
+         CASE WHEN p_ok AND s.kind = 'sql' THEN
+           CASE WHEN pr.oid = s.function_oid AND pr.xmin = s.function_xmin THEN s.function_md5
+                ELSE md5(pg_catalog.pg_get_functiondef(a.function)) END END AS md5_now
     INTO v_step
   FROM pgfence.plan p
   LEFT JOIN pgfence.plan_step s ON s.plan_id = p.id AND s.step_index = p_step
   LEFT JOIN pgfence.plan_action a ON a.name = s.action
+  LEFT JOIN pg_catalog.pg_proc pr ON pr.oid = a.function
   WHERE p.id = p_id
   FOR NO KEY UPDATE OF p;
   v := v_step.plan;

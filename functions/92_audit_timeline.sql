@@ -90,8 +90,8 @@ BEGIN
     RETURN QUERY
     WITH p AS (SELECT pl.* FROM pgfence.plan pl WHERE pl.id = p_id),
     t AS (
-      -- Receipts come from the steps themselves (complete outputs and errors), not from the
-      -- 'receipt' events that mirror them.
+      -- Receipts come from the steps themselves (complete outputs and errors, worker, times and
+      -- login); receipts written before migration 0034 also have a 'receipt' event, left out.
       SELECT e.at, 'event'::text AS source, e.event, e.from_status, e.to_status, e.actor, e.fence,
              e.detail, e.db_user, 1 AS grp, e.id AS ord
       FROM pgfence.event e
@@ -103,10 +103,12 @@ BEGIN
                'sqlstate', s.error ->> 'sqlstate', 'message', s.error ->> 'message', 'error', s.error,
                'output', s.output, 'started_at', pgfence._ts(s.started_at),
                'idempotency_key', CASE WHEN s.kind = 'external' THEN 'pgfence-plan-' || s.plan_id || '-step-' || s.step_index END)),
-             -- the login that wrote the receipt: from the receipt's event (same transaction)
-             (SELECT e.db_user FROM pgfence.event e
-              WHERE e.module = 'plan' AND e.item_id = s.plan_id AND e.event = 'receipt' AND e.fence = s.step_index
-              ORDER BY e.id DESC LIMIT 1),
+             -- the login that wrote the receipt: the step's db_user; before migration 0034, the
+             -- receipt's event (written in the same transaction)
+             coalesce(s.db_user,
+                      (SELECT e.db_user FROM pgfence.event e
+                       WHERE e.module = 'plan' AND e.item_id = s.plan_id AND e.event = 'receipt' AND e.fence = s.step_index
+                       ORDER BY e.id DESC LIMIT 1)),
              1, 0
       FROM pgfence.plan_step s
       WHERE s.plan_id = p_id AND s.outcome IS NOT NULL

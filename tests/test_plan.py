@@ -188,6 +188,31 @@ def test_a_replaced_action_function_fails_its_step(pconn: psycopg.Connection) ->
     assert pconn.execute("SELECT count(*) FROM ledger").fetchone() == (0,), "nothing ran"
 
 
+FROZEN = ("SELECT p.xmin::text, age(p.xmin) > age(c.relfrozenxid) FROM pg_proc p, pg_class c"
+          " WHERE p.oid = 'public.put(jsonb)'::regprocedure AND c.oid = 'pg_catalog.pg_proc'::regclass")
+
+
+def test_a_frozen_function_row_is_still_the_approved_version(pconn: psycopg.Connection) -> None:
+    """VACUUM FREEZE keeps pg_proc's raw xmin (PostgreSQL >= 9.4), so a step whose function's row
+    was frozen after the proposal still matches the row version recorded then (migration 0034)."""
+    pid = plan.propose(pconn, [put("f1", 1), put("f2", 1)], "agent")
+    assert plan.approve(pconn, pid, "alice") == "approved"
+    [(xmin, frozen)] = pconn.execute(FROZEN).fetchall()
+    assert not frozen
+    assert pconn.execute("SELECT DISTINCT function_oid = 'public.put(jsonb)'::regprocedure, function_xmin::text"
+                         " FROM pgfence.plan_step WHERE plan_id = %s", (pid,)).fetchall() == [(True, xmin)]
+    pconn.execute("VACUUM (FREEZE) pg_catalog.pg_proc")
+    assert pconn.execute(FROZEN).fetchall() == [(xmin, True)], "frozen (older than relfrozenxid), xmin kept"
+    # Spoil the recorded md5 (past the guard): only the row version can tell that the function
+    # is the approved one, at the step's begin and at its finish (top-level: the one-statement path).
+    with pconn.transaction():
+        pconn.execute("SET LOCAL session_replication_role = replica")
+        pconn.execute("UPDATE pgfence.plan_step SET function_md5 = md5('spoilt') WHERE plan_id = %s", (pid,))
+    result = plan.execute(pconn, pid, "runner")
+    assert [(r["step_index"], r["outcome"]) for r in result.receipts] == [(1, "ok"), (2, "ok")]
+    assert result.status == "executed"
+
+
 def test_execute_needs_autocommit(db: str, pconn: psycopg.Connection) -> None:
     pid = plan.propose(pconn, [put("t", 1)], "agent")
     plan.approve(pconn, pid, "alice")

@@ -11,4 +11,4 @@ __version__ = "0.1.0"
 #: The schema version (``pgfence.schema_version()``) this glue was written for. The glue refuses
 #: to run against any other: an older database needs ``pgfence migrate``, a newer one a newer
 #: pgfence.
-SCHEMA_VERSION = 33
+SCHEMA_VERSION = 34

@@ -3,7 +3,7 @@
 -- commits) are in 21_plan_concurrency.sql.
 BEGIN;
 \ir helpers/setup.sql
-SELECT plan(414);
+SELECT plan(435);
 
 -- Fixtures: a small table, SQL actions on it, an external action (rolled back at the end).
 CREATE TABLE public.tap_plan_t (k text PRIMARY KEY, v integer NOT NULL CHECK (v >= 0));
@@ -407,20 +407,25 @@ SELECT is((SELECT array_agg(r.rolname::text ORDER BY r.rolname) FROM pg_roles r
 SELECT is((SELECT array_agg(tgname::text ORDER BY tgname) FROM pg_trigger
            WHERE tgrelid IN ('pgfence.plan'::regclass, 'pgfence.plan_step'::regclass) AND NOT tgisinternal
              AND pg_get_triggerdef(oid) ~ 'NOT \(new\.receipt_nonce IS DISTINCT FROM old\.receipt_nonce\)'),
-          ARRAY['plan_guard', 'plan_step_event', 'plan_step_guard'],
-  'plan_guard, plan_step_guard and plan_step_event are skipped only for a row whose receipt_nonce changed (to the setting''s value)');
+          ARRAY['plan_guard', 'plan_step_guard'],
+  'plan_guard and plan_step_guard are skipped only for a row whose receipt_nonce changed (to the setting''s value)');
+SELECT is((SELECT array_agg(tgname::text ORDER BY tgname) FROM pg_trigger
+           WHERE tgrelid = 'pgfence.plan_step'::regclass AND NOT tgisinternal),
+          ARRAY['plan_step_guard', 'plan_step_new_guard', 'plan_step_no_truncate', 'plan_step_purge_only'],
+  'no trigger logs receipts (migration 0034: a receipt is its step''s row; plan_step_event is gone)');
 SELECT is((SELECT count(*)::int FROM pg_trigger WHERE tgrelid = 'pgfence.plan_step'::regclass AND tgname = 'plan_step_new_guard'
            AND tgtype & 4 <> 0 AND tgqual IS NULL), 1, 'every INSERT of a step is guarded (plan_step_new_guard, no WHEN)');
 SELECT is((SELECT outcome FROM pgfence.plan_run_step(pg_temp.pid('hs'), 'tap-w1', pg_temp.tok('hs'))), 'ok', 'fast path: the last step');
 SELECT is(current_setting('pgfence.plan_writing', true), '', 'fast path: the setting is cleared after the commit (the nonce does not leak)');
 SELECT results_eq($$SELECT status, next_step, updated_at = now(), receipt_nonce IS NOT NULL FROM pgfence.plan WHERE id = pg_temp.pid('hs')$$,
   $$VALUES ('executed'::text, 5, true, true)$$, 'fast path: executed in the same statement, updated_at stamped as the guard does');
-SELECT results_eq($$SELECT event, actor, fence, detail FROM pgfence.event WHERE module = 'plan' AND item_id = pg_temp.pid('hs') AND event IN ('receipt', 'finish') ORDER BY id DESC LIMIT 2$$,
-  $$VALUES ('finish'::text, 'tap-w1'::text, NULL::bigint, '{"steps": 4, "worker": "tap-w1"}'::jsonb),
-           ('receipt'::text, 'tap-w1'::text, 4::bigint, '{"step": 4, "kind": "sql", "action": "tap-put", "output": {"put": "s4"}, "outcome": "ok"}'::jsonb)$$,
-  'fast path: the receipt event is what tg_plan_step_event logs, then the finish event (plan_event_update still runs)');
-SELECT is((SELECT count(*)::int FROM pgfence.event WHERE module = 'plan' AND item_id = pg_temp.pid('hs') AND event = 'receipt'), 4,
-  'fast path: one receipt event per step');
+SELECT results_eq($$SELECT event, actor, fence, detail FROM pgfence.event WHERE module = 'plan' AND item_id = pg_temp.pid('hs') AND event IN ('receipt', 'finish') ORDER BY id DESC$$,
+  $$VALUES ('finish'::text, 'tap-w1'::text, NULL::bigint, '{"steps": 4, "worker": "tap-w1"}'::jsonb)$$,
+  'fast path: the finish event (plan_event_update still runs, actor the worker), and no receipt event (migration 0034)');
+SELECT results_eq($$SELECT step_index, outcome, output, worker, db_user = session_user, started_at = now(), finished_at >= started_at FROM pgfence.plan_step WHERE plan_id = pg_temp.pid('hs') ORDER BY step_index$$,
+  $$VALUES (1, 'ok'::text, '{"put": "s1"}'::jsonb, 'tap-w1'::text, true, true, true), (2, 'ok', '{"put": "s2"}', 'tap-w1', true, true, true),
+           (3, 'ok', '{"put": "s3"}', 'tap-w1', true, true, true), (4, 'ok', '{"put": "s4"}', 'tap-w1', true, true, true)$$,
+  'fast path: each receipt is its step''s row, with worker, times and the login that wrote it (db_user)');
 -- A caller that knows the rows' nonces and pre-sets the setting to one gains nothing: a hand
 -- UPDATE that does not change receipt_nonce, or changes it to another value, is still guarded.
 SELECT set_config('pgfence.plan_writing', (SELECT receipt_nonce::text FROM pgfence.plan WHERE id = pg_temp.pid('hs')), true);
@@ -611,6 +616,14 @@ SELECT throws_ok(format($$UPDATE pgfence.plan_step SET outcome = 'ok', worker = 
 SELECT throws_ok(format($$UPDATE pgfence.plan_step SET outcome = 'ok', worker = 'tap-w1', started_at = now(), finished_at = now() WHERE plan_id = %s AND step_index = 1$$, pg_temp.pid('key')),
   'PF001', NULL, 'a receipt for a plan that is not executing: PF001');
 SELECT throws_ok(format($$UPDATE pgfence.plan_step SET outcome = 'ok', error = NULL WHERE plan_id = %s AND step_index = 3$$, pg_temp.pid('f')), 'PF002', NULL, 'editing a receipt: PF002');
+SELECT throws_ok(format($$UPDATE pgfence.plan_step SET db_user = 'forged' WHERE plan_id = %s AND step_index = 3$$, pg_temp.pid('f')), 'PF002', NULL, 'editing a receipt''s login: PF002');
+SAVEPOINT hand_receipt;
+UPDATE pgfence.plan_step SET outcome = 'ok', worker = 'tap-w1', started_at = now(), finished_at = now(), db_user = 'forged'
+WHERE plan_id = pg_temp.pid('g') AND step_index = 1;
+SELECT is((SELECT db_user FROM pgfence.plan_step WHERE plan_id = pg_temp.pid('g') AND step_index = 1), session_user::text,
+  'a hand-written receipt (by the owner, for the next step) gets the login that wrote it, whatever it says (tg_plan_step_guard)');
+ROLLBACK TO SAVEPOINT hand_receipt;
+SELECT is((SELECT db_user FROM pgfence.plan_step WHERE plan_id = pg_temp.pid('g') AND step_index = 2), NULL, '... a step without a receipt has none');
 SELECT throws_ok(format($$UPDATE pgfence.plan SET next_step = 1 WHERE id = %s$$, pg_temp.pid('f')), 'PF002', NULL, 'next_step going back: PF002');
 SET LOCAL session_replication_role = replica;  -- past the insert guard, down to the CHECK
 SELECT throws_ok($$INSERT INTO pgfence.plan (step_count, proposed_by, expires_at, status) VALUES (1, 'x', now() + interval '1 day', 'bogus')$$, '23514', NULL, 'the status CHECK refuses unknown values');
@@ -792,6 +805,50 @@ SELECT isnt(pgfence.plan_start(pg_temp.pid('mut-forge'), 'tap-w1'), NULL, 'start
 SELECT is((SELECT step_index FROM pgfence._plan_step_begin(pg_temp.pid('mut-forge'), 'tap-w1', pg_temp.tok('mut-forge'))), 1, 'begin its step by hand ...');
 SELECT throws_ok(format($$SELECT pgfence._plan_step_finish(%s, 'tap-w1', %s, 1, true, '{"version": 3}', NULL)$$, pg_temp.pid('mut-forge'), pg_temp.tok('mut-forge')),
   'PF108', NULL, '... an ok receipt for a step whose function changed is refused even then: PF108');
+-- The check skips the md5 while the function's pg_proc row is the version recorded at proposal
+-- (oid and xmin, migration 0034). tap_plan_row is committed by a peer session, so its row is not
+-- this transaction's and proposals record it; a row this transaction wrote is not recorded.
+-- (After VACUUM FREEZE pg_proc: tests/test_plan.py, since a freeze needs no older open snapshot.)
+SELECT tap_helpers.peer('c0');
+SELECT dblink_exec('c0', $$CREATE FUNCTION public.tap_plan_row(p jsonb) RETURNS jsonb LANGUAGE sql AS $f$ SELECT jsonb_build_object('row', 1) $f$ $$);
+SELECT is(pgfence.plan_register_action('tap-row', 'public.tap_plan_row(jsonb)', 'answer with a row number'), true, 'register tap-row (its function committed by a peer)');
+INSERT INTO ids SELECT 'row-' || n, pgfence.plan_propose('[{"action": "tap-row"}]', 'tap-agent')
+FROM unnest(ARRAY['same', 'md5', 'ident', 'repl', 'mid', 'ret', 'drop']) AS n;
+SELECT results_eq($$SELECT s.function_oid, s.function_xmin::text, s.function_md5 FROM pgfence.plan_step s WHERE s.plan_id = pg_temp.pid('row-same')$$,
+  $$SELECT p.oid, p.xmin::text, md5(pg_get_functiondef(p.oid)) FROM pg_proc p WHERE p.oid = 'public.tap_plan_row(jsonb)'::regprocedure$$,
+  'a sql step records its function''s pg_proc row version (oid, xmin) with the md5');
+SELECT results_eq($$SELECT s.function_oid, s.function_xmin IS NULL FROM pgfence.plan_step s WHERE s.plan_id = pg_temp.pid('mut') AND s.step_index = 2$$,
+  $$VALUES ('public.tap_plan_mut(jsonb)'::regprocedure::oid, true)$$,
+  '... but no xmin for a row the proposing transaction wrote itself (it could change under that xmin): the md5 decides');
+SELECT is((SELECT string_agg(pgfence.plan_approve(id, 'tap-alice'), ',') FROM ids WHERE name LIKE 'row-%'), 'approved,approved,approved,approved,approved,approved,approved', 'approve the row-* plans');
+SELECT results_eq($$SELECT outcome, output FROM pgfence.plan_run_step(pg_temp.pid('row-same'), 'tap-w1', pgfence.plan_start(pg_temp.pid('row-same'), 'tap-w1'))$$,
+  $$VALUES ('ok'::text, '{"row": 1}'::jsonb)$$, 'the recorded row version: the step runs');
+SET LOCAL session_replication_role = replica;  -- past the guard: spoil the recorded md5
+UPDATE pgfence.plan_step SET function_md5 = md5('not the definition') WHERE plan_id = pg_temp.pid('row-md5');
+SET LOCAL session_replication_role = origin;
+-- (not through results_eq, which runs its query in a subtransaction: this transaction wrote the
+-- step's row, so a subtransaction's lock on it would take the slow path)
+SELECT isnt(pgfence.plan_start(pg_temp.pid('row-md5'), 'tap-w1'), NULL, 'start row-md5');
+SELECT is((SELECT (outcome, output)::text FROM pgfence.plan_run_step(pg_temp.pid('row-md5'), 'tap-w1', pg_temp.tok('row-md5'))),
+  '(ok,"{""row"": 1}")', '... and no md5 is computed for it, at begin nor at finish (a spoilt md5 is not even read)');
+SELECT is(pgfence.plan_retire_action('tap-row'), true, 'retire tap-row');
+SELECT results_eq($$SELECT outcome, error ->> 'sqlstate' FROM pgfence.plan_run_step(pg_temp.pid('row-ret'), 'tap-w1', pgfence.plan_start(pg_temp.pid('row-ret'), 'tap-w1'))$$,
+  $$VALUES ('error'::text, 'PF101'::text)$$, 'retired, its row the recorded version: error receipt PF101');
+SELECT is(pgfence.plan_register_action('tap-row', 'public.tap_plan_row(jsonb)', 'answer with a row number'), false, 'register tap-row again (back in use)');
+SELECT isnt(pgfence.plan_start(pg_temp.pid('row-mid'), 'tap-w1'), NULL, 'start row-mid');
+SELECT is((SELECT fn_md5_now FROM pgfence._plan_step_begin(pg_temp.pid('row-mid'), 'tap-w1', pg_temp.tok('row-mid'))), md5(pg_get_functiondef('public.tap_plan_row(jsonb)'::regprocedure)),
+  'begin a step by hand with the recorded row version ...');
+CREATE OR REPLACE FUNCTION public.tap_plan_row(p jsonb) RETURNS jsonb LANGUAGE sql AS $$ SELECT jsonb_build_object('row', 1) $$;
+SELECT is(pgfence._plan_step_finish(pg_temp.pid('row-mid'), 'tap-w1', pg_temp.tok('row-mid'), 1, true, '{"row": 1}', NULL), 'executed',
+  '... replaced by an identical definition before the finish (a new row version): the md5 says unchanged, the receipt is written');
+SELECT results_eq($$SELECT outcome, output FROM pgfence.plan_run_step(pg_temp.pid('row-ident'), 'tap-w1', pgfence.plan_start(pg_temp.pid('row-ident'), 'tap-w1'))$$,
+  $$VALUES ('ok'::text, '{"row": 1}'::jsonb)$$, 'replaced by an identical definition (CREATE OR REPLACE, new xmin): the md5 decides, the step runs');
+CREATE OR REPLACE FUNCTION public.tap_plan_row(p jsonb) RETURNS jsonb LANGUAGE sql AS $$ SELECT jsonb_build_object('row', 2, 'evil', true) $$;
+SELECT results_eq($$SELECT outcome, error ->> 'sqlstate', status FROM pgfence.plan_run_step(pg_temp.pid('row-repl'), 'tap-w1', pgfence.plan_start(pg_temp.pid('row-repl'), 'tap-w1'))$$,
+  $$VALUES ('error'::text, 'PF108'::text, 'failed'::text)$$, 'replaced by another definition: error receipt PF108, the plan fails');
+DROP FUNCTION public.tap_plan_row(jsonb);
+SELECT results_eq($$SELECT outcome, error ->> 'sqlstate' FROM pgfence.plan_run_step(pg_temp.pid('row-drop'), 'tap-w1', pgfence.plan_start(pg_temp.pid('row-drop'), 'tap-w1'))$$,
+  $$VALUES ('error'::text, '42883'::text)$$, 'dropped: error receipt 42883');
 
 -- =============================================================================================
 -- Four eyes by database login, not only by the name passed in
@@ -829,10 +886,13 @@ SELECT results_eq(
         'start approved->executing by tap-w1', 'fail executing->failed by tap-w1']::text[],
   'propose, approve, start, fail: logged with their actors');
 SELECT results_eq(
-  $$SELECT fence::int, detail ->> 'outcome', detail -> 'error' ->> 'sqlstate' FROM pgfence.event
-    WHERE module = 'plan' AND item_id = pg_temp.pid('f') AND event = 'receipt' ORDER BY id$$,
-  $$VALUES (1, 'ok'::text, NULL::text), (2, 'ok', NULL), (3, 'error', '22012')$$,
-  'each receipt is logged, the error with its SQLSTATE');
+  $$SELECT fence::int, detail ->> 'outcome', detail ->> 'sqlstate', actor, db_user = session_user, at IS NOT NULL FROM pgfence.audit_timeline('plan', pg_temp.pid('f'))
+    WHERE source = 'receipt' ORDER BY fence$$,
+  $$VALUES (1, 'ok'::text, NULL::text, 'tap-w1'::text, true, true), (2, 'ok', NULL, 'tap-w1', true, true),
+           (3, 'error', '22012', 'tap-w1', true, true)$$,
+  'each receipt is in the timeline (from its step''s row), the error with its SQLSTATE, with worker, login and time');
+SELECT is((SELECT count(*)::int FROM pgfence.event WHERE module = 'plan' AND event = 'receipt'), 0,
+  '... and no receipt writes an event row (migration 0034)');
 SELECT results_eq(
   $$SELECT event, actor FROM pgfence.event WHERE module = 'plan' AND item_id = pg_temp.pid('rel') AND event IN ('release', 'take') ORDER BY id$$,
   $$VALUES ('release'::text, 'tap-w1'::text), ('take', 'tap-ext'), ('release', 'tap-ext'), ('take', 'tap-w3')$$,
@@ -859,5 +919,8 @@ INSERT INTO ids SELECT 'tz', pgfence.plan_propose('[{"action": "tap-put", "args"
 SET LOCAL TIME ZONE 'UTC';
 SELECT is((SELECT expires_at - proposed_at FROM pgfence.plan WHERE id = pg_temp.pid('tz')), interval '2 hours', 'expiry is an instant 2 hours after proposal, whatever the session zone');
 
+SELECT tap_helpers.close_peers();
 SELECT * FROM finish();
 ROLLBACK;
+-- committed by a peer (the approval check's row-version cases)
+DROP FUNCTION IF EXISTS public.tap_plan_row(jsonb);
