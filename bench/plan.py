@@ -1,7 +1,7 @@
 """Plan benchmark: steps per second of ``CALL pgfence.plan_execute`` on 1,000-step plans.
 
 Each step is its own committed transaction (lock the plan row, run the action in a
-subtransaction, write the receipt, move the plan on, log the receipt event), so with fsync on
+subtransaction, write the receipt, move the plan on), so with fsync on
 the number is bounded by commit latency. Two trivial SQL actions are measured:
 
 - ``noop``: returns its args (the pure cost of pgfence's per-step bookkeeping);
