@@ -5,7 +5,8 @@ Both databases are migrated with this checkout; A then gets the base functions (
 ``git -C /work/main archive main functions | tar -x -C /tmp/base``). Per rep, in each database
 and for each action (noop, insert): ``CALL plan_execute`` of a 1,000-step plan and the
 hand-written runner of ``bench/plan.py`` over 1,000 steps, each measured in steps/s (wall) and
-in backend CPU per step (/proc/<pid>/schedstat, ns). A and B alternate within each rep (ABBA
+in backend CPU per step (/proc/<pid>/schedstat, ns; for pgfence the CALL only, without the
+proposal). A and B alternate within each rep (ABBA
 across reps). The summary gives, per action, the medians, the ratio pgfence / hand-written
 (steps/s, each rep's own pair), and the paired per-rep difference B - A of the CPU per step
 (median, range, reps B lower), with the load average.
@@ -42,13 +43,22 @@ def _setup(dsn: str) -> None:
 
 
 def _measure(conn: psycopg.Connection[Any], pid: int, action: str, tag: int) -> tuple[float, float, float, float]:
-    """(pgfence steps/s, pgfence CPU µs/step, hand steps/s, hand CPU µs/step) of one pair."""
+    """(pgfence steps/s, pgfence CPU µs/step, hand steps/s, hand CPU µs/step) of one pair.
+
+    The pgfence side counts ``CALL plan_execute`` only (not the proposal and approval)."""
+    steps = planbench.STEPS
+    plan_id = plan.propose(conn, [{"action": f"bench.{action}", "args": {"plan": str(tag), "step": i}}
+                                  for i in range(1, steps + 1)], "bench")
+    plan.approve(conn, plan_id, "bench-approver")
     c0 = _run_ns(pid)
-    rate = planbench._one_run(conn, f"bench.{action}", str(tag))
+    t0 = time.perf_counter()
+    result = plan.execute(conn, plan_id, "bench-runner")
+    rate = steps / (time.perf_counter() - t0)
     c1 = _run_ns(pid)
+    if result.status != "executed":
+        raise RuntimeError(f"plan {plan_id} ended {result.status}")
     hand = planbench._one_hand_run(conn, f"public.bench_plan_{action}", tag + 500000)
     c2 = _run_ns(pid)
-    steps = planbench.STEPS
     return rate, (c1 - c0) / steps / 1000, hand, (c2 - c1) / steps / 1000
 
 
@@ -96,7 +106,6 @@ def main() -> None:
               f" (range {min(d):+.0f}..{max(d):+.0f}), B lower in {sum(x < 0 for x in d)} of {len(d)}")
     for c, _ in conns.values():
         c.close()
-    time.sleep(0)
 
 
 if __name__ == "__main__":

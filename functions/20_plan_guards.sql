@@ -161,7 +161,7 @@ BEFORE UPDATE trigger on pgfence.plan: refuses any transition outside the plan m
 
 -- plan_guard runs for every UPDATE but one kind: a step's commit (_plan_commit_step,
 -- 24_plan_steps.sql) does the guard's work in its own statement and marks the row with
--- receipt_nonce, a fresh gen_random_uuid() that it also puts in the transaction-local setting
+-- receipt_nonce, a fresh value (its run token and step as a uuid: never the row's value) that it also puts in the transaction-local setting
 -- pgfence.plan_writing for that one statement. The guard is skipped only for a row whose
 -- receipt_nonce changed to exactly that value. No other function changes receipt_nonce (a
 -- catalog test in tests/pgtap/20_plan.sql checks it), and no client role may write the table,

@@ -119,7 +119,7 @@ Raises PF101 (p_retired), 42883 (p_md5_now NULL: the function was dropped) or PF
 -- under the plan row's lock already).
 -- The statement does what the row triggers tg_plan_step_guard and tg_plan_guard would (the
 -- checks in its WHERE and SET, the receipt's login db_user = session_user) and what the row checks they hold (migration 0030) demand, so both rows are marked with
--- receipt_nonce, a fresh gen_random_uuid() that is also the transaction-local setting
+-- receipt_nonce, a fresh value (run token and step) that is also the transaction-local setting
 -- pgfence.plan_writing for this statement only, and those triggers skip exactly these rows
 -- (20_plan_guards.sql explains why no other writer can get that). What the statement guarantees:
 --   * the receipt is written once (outcome IS NULL in its WHERE), for the plan's next step, by
@@ -154,7 +154,14 @@ SET enable_bitmapscan = off
 AS $$
 DECLARE
   v_status text;
-  v_nonce  uuid := pg_catalog.gen_random_uuid();
+  -- The nonce is the run token and the step as a uuid (<token hex 16><step hex 16>): never the
+  -- value either row has. A step row gets one receipt; the plan row was last marked by the commit
+  -- of an earlier step or of another run (a lower step or a lower token), and the random uuids
+  -- written before carry a version nibble. It must be fresh, not secret (no other writer changes
+  -- receipt_nonce, 20_plan_guards.sql), and is cheaper than gen_random_uuid() (its strong random
+  -- bytes were about 3% of a step's CPU).
+  v_nonce  uuid := (pg_catalog.lpad(pg_catalog.to_hex(coalesce(p_token, 0)), 16, '0')
+                    || pg_catalog.lpad(pg_catalog.to_hex(coalesce(p_step, 0)), 16, '0'))::uuid;
   c_executing CONSTANT text := 'executing';  -- a parameter, not a literal: docs/query-plans.md#plan
 BEGIN
   -- The heartbeat is stamped with clock_timestamp(): a long step's transaction started (now())

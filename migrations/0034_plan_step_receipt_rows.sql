@@ -2,7 +2,7 @@
 -- depends: 0033_operation_requeued_index
 --
 -- Issue 14 (the owner's decision, session 8): a SQL step cost about three times the CPU of a
--- hand-written runner. Two costs go, no guarantee does:
+-- hand-written runner. These costs go, no guarantee does:
 -- * The per-step 'receipt' row in pgfence.event repeated the receipt itself: plan_step's outcome,
 --   output, error, worker and times are written once (tg_plan_step_guard) and audit_timeline
 --   already read receipts from plan_step. The only thing the event added was the login whose
@@ -31,6 +31,13 @@ COMMENT ON COLUMN pgfence.plan_step.function_xmin IS
   'For a sql step: the xmin of the action''s function''s pg_proc row when the plan was proposed. While the registered function''s row has this oid and xmin, its definition is the one fingerprinted in function_md5 and the step skips the md5 (any CREATE OR REPLACE or ALTER writes a new row version with a new xmin; freezing keeps xmin). NULL: the md5 is always computed.';
 COMMENT ON COLUMN pgfence.plan_step.db_user IS
   'Part of the receipt: the database login (session_user) whose transaction wrote it, whatever worker name it passed. NULL for receipts written before migration 0034 (their login is in their receipt event).';
+
+-- The step's commit marks its rows with its run token and step as a uuid instead of a random one
+-- (new for both rows all the same; see _plan_commit_step).
+COMMENT ON COLUMN pgfence.plan.receipt_nonce IS
+  'Set by _plan_commit_step only: a value new for the row per step commit (the run token and the step as a uuid; random before migration 0034), so that tg_plan_guard is skipped for that statement alone (see the trigger plan_guard). Not data.';
+COMMENT ON COLUMN pgfence.plan_step.receipt_nonce IS
+  'Set by _plan_commit_step only, with the receipt: the run token and the step as a uuid (random before migration 0034), so that tg_plan_step_guard is skipped for that statement alone (see the trigger plan_step_guard). Not data.';
 
 DROP TRIGGER IF EXISTS plan_step_event ON pgfence.plan_step;
 DROP FUNCTION IF EXISTS pgfence.tg_plan_step_event();

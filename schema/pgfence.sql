@@ -308,7 +308,7 @@ COMMENT ON COLUMN pgfence.plan_action.function IS
 COMMENT ON COLUMN pgfence.plan_action.retired_at IS
   'Set by plan_retire_action: new proposals may not use the action, and an approved plan reaching a step of it records an error receipt instead of running it.';
 
--- pgfence.plan (changed later by 0008_claim_walk_indexes, 0010_plan_run_token, 0019_trace_context, 0027_plan_hot_steps, 0030_plan_step_checks)
+-- pgfence.plan (changed later by 0008_claim_walk_indexes, 0010_plan_run_token, 0019_trace_context, 0027_plan_hot_steps, 0030_plan_step_checks, 0034_plan_step_receipt_rows)
 CREATE TABLE pgfence.plan (
   id                   bigint GENERATED ALWAYS AS IDENTITY NOT NULL,
   status               text NOT NULL DEFAULT 'pending'::text,
@@ -375,7 +375,7 @@ COMMENT ON COLUMN pgfence.plan.traceparent IS
 COMMENT ON COLUMN pgfence.plan.tracestate IS
   'W3C tracestate of the proposing transaction (setting pgfence.tracestate), kept only with a traceparent; NULL if none.';
 COMMENT ON COLUMN pgfence.plan.receipt_nonce IS
-  'Set by _plan_commit_step only: a fresh random value per step commit, so that tg_plan_guard is skipped for that statement alone (see the trigger plan_guard). Not data.';
+  'Set by _plan_commit_step only: a value new for the row per step commit (the run token and the step as a uuid; random before migration 0034), so that tg_plan_guard is skipped for that statement alone (see the trigger plan_guard). Not data.';
 CREATE INDEX plan_approved_idx ON pgfence.plan USING btree (id) WHERE (status = 'approved'::text);
 COMMENT ON INDEX pgfence.plan_approved_idx IS
   'Approved plans waiting for an executor, oldest first: the walk of plan_claim.';
@@ -425,7 +425,7 @@ COMMENT ON COLUMN pgfence.plan_step.function_md5 IS
 COMMENT ON COLUMN pgfence.plan_step.error IS
   'For outcome error: {"sqlstate", "message", "detail", "hint", "context"} of the action''s exception (sql), or {"message"} reported by the executor (external).';
 COMMENT ON COLUMN pgfence.plan_step.receipt_nonce IS
-  'Set by _plan_commit_step only: a fresh random value per receipt, so that tg_plan_step_guard and tg_plan_step_event are skipped for that statement alone (see the triggers plan_step_guard and plan_step_event). Not data.';
+  'Set by _plan_commit_step only, with the receipt: the run token and the step as a uuid (random before migration 0034), so that tg_plan_step_guard is skipped for that statement alone (see the trigger plan_step_guard). Not data.';
 COMMENT ON COLUMN pgfence.plan_step.function_oid IS
   'For a sql step: the oid of the action''s function when the plan was proposed (with function_xmin, the identity of the pg_proc row version whose definition function_md5 hashes). NULL for steps proposed before migration 0034 and when the proposing transaction had itself written that row.';
 COMMENT ON COLUMN pgfence.plan_step.function_xmin IS
@@ -3893,7 +3893,7 @@ BEFORE UPDATE trigger on pgfence.plan: refuses any transition outside the plan m
 
 -- plan_guard runs for every UPDATE but one kind: a step's commit (_plan_commit_step,
 -- 24_plan_steps.sql) does the guard's work in its own statement and marks the row with
--- receipt_nonce, a fresh gen_random_uuid() that it also puts in the transaction-local setting
+-- receipt_nonce, a fresh value (its run token and step as a uuid: never the row's value) that it also puts in the transaction-local setting
 -- pgfence.plan_writing for that one statement. The guard is skipped only for a row whose
 -- receipt_nonce changed to exactly that value. No other function changes receipt_nonce (a
 -- catalog test in tests/pgtap/20_plan.sql checks it), and no client role may write the table,
@@ -5190,7 +5190,7 @@ Raises PF101 (p_retired), 42883 (p_md5_now NULL: the function was dropped) or PF
 -- under the plan row's lock already).
 -- The statement does what the row triggers tg_plan_step_guard and tg_plan_guard would (the
 -- checks in its WHERE and SET, the receipt's login db_user = session_user) and what the row checks they hold (migration 0030) demand, so both rows are marked with
--- receipt_nonce, a fresh gen_random_uuid() that is also the transaction-local setting
+-- receipt_nonce, a fresh value (run token and step) that is also the transaction-local setting
 -- pgfence.plan_writing for this statement only, and those triggers skip exactly these rows
 -- (20_plan_guards.sql explains why no other writer can get that). What the statement guarantees:
 --   * the receipt is written once (outcome IS NULL in its WHERE), for the plan's next step, by
@@ -5225,7 +5225,14 @@ SET enable_bitmapscan = off
 AS $$
 DECLARE
   v_status text;
-  v_nonce  uuid := pg_catalog.gen_random_uuid();
+  -- The nonce is the run token and the step as a uuid (<token hex 16><step hex 16>): never the
+  -- value either row has. A step row gets one receipt; the plan row was last marked by the commit
+  -- of an earlier step or of another run (a lower step or a lower token), and the random uuids
+  -- written before carry a version nibble. It must be fresh, not secret (no other writer changes
+  -- receipt_nonce, 20_plan_guards.sql), and is cheaper than gen_random_uuid() (its strong random
+  -- bytes were about 3% of a step's CPU).
+  v_nonce  uuid := (pg_catalog.lpad(pg_catalog.to_hex(coalesce(p_token, 0)), 16, '0')
+                    || pg_catalog.lpad(pg_catalog.to_hex(coalesce(p_step, 0)), 16, '0'))::uuid;
   c_executing CONSTANT text := 'executing';  -- a parameter, not a literal: docs/query-plans.md#plan
 BEGIN
   -- The heartbeat is stamped with clock_timestamp(): a long step's transaction started (now())
