@@ -168,14 +168,20 @@ def test_schema_9_with_a_run_in_flight_upgrades_to_fenced_runs(empty_db: str) ->
     with psycopg.connect(empty_db, autocommit=True) as conn:
         conn.execute("CREATE FUNCTION public.up_noop(p jsonb) RETURNS jsonb LANGUAGE sql AS $$ SELECT p $$")
         plan.register_action(conn, "up.noop", "public.up_noop(jsonb)", "no-op")
-        pid = plan.propose(conn, [{"action": "up.noop"}], "agent")
-        # approved and started as an old pgfence left it (today's guard needs the token column)
+        # proposed, approved and started as an old pgfence left it (today's guard needs the token
+        # column, today's plan_propose the step's function row columns of 0034)
         with conn.transaction():
             conn.execute("SET LOCAL session_replication_role = replica")
-            conn.execute("UPDATE pgfence.plan SET status = 'executing', approved_by = 'ops',"
-                         " approved_at = now(), worker = 'old-w', started_at = now(),"
-                         " heartbeat_interval = '120 seconds', heartbeat_at = now(),"
-                         " heartbeat_expires_at = now() + interval '120 seconds' WHERE id = %s", (pid,))
+            row = conn.execute(
+                "INSERT INTO pgfence.plan (step_count, proposed_by, expires_at, status, approved_by,"
+                " approved_at, worker, started_at, heartbeat_interval, heartbeat_at, heartbeat_expires_at)"
+                " VALUES (1, 'agent', now() + interval '1 day', 'executing', 'ops', now(), 'old-w', now(),"
+                " '120 seconds', now(), now() + interval '120 seconds') RETURNING id").fetchone()
+            assert row is not None
+            pid = int(row[0])
+            conn.execute("INSERT INTO pgfence.plan_step (plan_id, step_index, action, kind, function,"
+                         " function_md5, args) VALUES (%s, 1, 'up.noop', 'sql', 'public.up_noop(jsonb)',"
+                         " md5(pg_get_functiondef('public.up_noop(jsonb)'::regprocedure)), '{}')", (pid,))
 
     assert migrate(empty_db).applied == after("0009_operation_kind_queue")
     with psycopg.connect(empty_db, autocommit=True) as conn:
