@@ -5523,7 +5523,9 @@ BEGIN
   END IF;
   step_index := v.step_index;
   action := v.action;
-  idempotency_key := pgfence._plan_step_key(p_id, v.step_index);
+  -- _plan_step_key's text, inline: a call of a function with a SET clause costs a GUC save and
+  -- restore (and a search_path recompute) per step.
+  idempotency_key := 'pgfence-plan-' || p_id || '-step-' || v.step_index;
   IF v.kind = 'external' THEN
     outcome := 'external';  -- the executor performs it and calls plan_record_step
     args := v.args;

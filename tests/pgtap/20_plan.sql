@@ -315,7 +315,8 @@ INSERT INTO ids SELECT 'x', pgfence.plan_propose(
     {"action": "tap-hook", "args": {"recipient": "http://127.0.0.1:9/hook"}}]', 'tap-agent');
 SELECT is(pgfence.plan_approve(pg_temp.pid('x'), 'tap-alice'), 'approved', 'approve a plan with external steps');
 SELECT isnt(pgfence.plan_start(pg_temp.pid('x'), 'tap-w1'), NULL, 'start it');
-SELECT is((SELECT outcome FROM pgfence.plan_run_step(pg_temp.pid('x'), 'tap-w1', pg_temp.tok('x'))), 'ok', 'step 1 (sql) ok');
+SELECT is((SELECT (outcome, idempotency_key)::text FROM pgfence.plan_run_step(pg_temp.pid('x'), 'tap-w1', pg_temp.tok('x'))),
+  format('(ok,%s)', pgfence._plan_step_key(pg_temp.pid('x'), 1)), 'step 1 (sql) ok, with the idempotency key of _plan_step_key');
 SELECT results_eq(
   $$SELECT step_index, action, outcome, status, args, idempotency_key FROM pgfence.plan_run_step(pg_temp.pid('x'), 'tap-w1', pg_temp.tok('x'))$$,
   $$VALUES (2, 'tap-hook'::text, 'external'::text, 'executing'::text,
