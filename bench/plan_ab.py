@@ -23,7 +23,6 @@ import psycopg
 sys.path.insert(0, str(Path(__file__).parent))
 import plan as planbench
 from keyed_ab import ab_databases
-
 from pgfence import plan
 
 ACTIONS = ("noop", "insert")
@@ -38,11 +37,14 @@ def _setup(dsn: str) -> None:
     """bench/plan.py's fixtures: tables, action functions, the hand-written runner, actions."""
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(planbench._SETUP)
-        plan.register_action(conn, "bench.noop", "public.bench_plan_noop(jsonb)", "benchmark: return the args")
-        plan.register_action(conn, "bench.insert", "public.bench_plan_insert(jsonb)", "benchmark: insert one row")
+        plan.register_action(conn, "bench.noop", "public.bench_plan_noop(jsonb)",
+                             "benchmark: return the args")
+        plan.register_action(conn, "bench.insert", "public.bench_plan_insert(jsonb)",
+                             "benchmark: insert one row")
 
 
-def _measure(conn: psycopg.Connection[Any], pid: int, action: str, tag: int) -> tuple[float, float, float, float]:
+def _measure(conn: psycopg.Connection[Any], pid: int, action: str,
+             tag: int) -> tuple[float, float, float, float]:
     """(pgfence steps/s, pgfence CPU µs/step, hand steps/s, hand CPU µs/step) of one pair.
 
     The pgfence side counts ``CALL plan_execute`` only (not the proposal and approval)."""
@@ -90,7 +92,8 @@ def main() -> None:
                 f" ({res[('A', act)][-1][0] / res[('A', act)][-1][2]:.2f}x)"
                 f" B {res[('B', act)][-1][0]:.0f}/s {res[('B', act)][-1][1]:.0f} µs"
                 f" ({res[('B', act)][-1][0] / res[('B', act)][-1][2]:.2f}x)"
-                f" hand {res[('B', act)][-1][3]:.0f} µs" for act in ACTIONS) + f" | load {load:.1f}", flush=True)
+                f" hand {res[('B', act)][-1][3]:.0f} µs" for act in ACTIONS)
+                  + f" | load {load:.1f}", flush=True)
     print(f"{reps} reps, load {min(loads):.1f}-{max(loads):.1f}")
     for act in ACTIONS:
         for v in dsns:
@@ -100,7 +103,8 @@ def main() -> None:
                   f" CPU {statistics.median(x[1] for x in r):.0f} µs/step;"
                   f" hand-written {statistics.median(x[2] for x in r):.0f} steps/s,"
                   f" CPU {statistics.median(x[3] for x in r):.0f} µs/step;"
-                  f" ratio median {statistics.median(ratios):.2f}x (range {min(ratios):.2f}-{max(ratios):.2f})")
+                  f" ratio median {statistics.median(ratios):.2f}x"
+                  f" (range {min(ratios):.2f}-{max(ratios):.2f})")
         d = [bb[1] - aa[1] for aa, bb in zip(res[("A", act)], res[("B", act)], strict=True)]
         print(f"{act} CPU B - A: median {statistics.median(d):+.0f} µs/step"
               f" (range {min(d):+.0f}..{max(d):+.0f}), B lower in {sum(x < 0 for x in d)} of {len(d)}")
