@@ -209,9 +209,11 @@ BEGIN
               AND (o.status IN ('pending', 'processing')
                    OR (rules.key_dead_policy = 'block'
                        AND NOT pgfence._outbox_key_derived(rules.limit_key, keys.ordering_key)))) AS live,
+           -- OFFSET 0: a probe per key; without it the planner may hash the EXISTS, a read of
+           -- every waiting message of the table per decision (docs/query-plans.md#exists-probes)
            EXISTS (SELECT FROM pgfence.outbox o
                    WHERE o.channel = keys.channel AND o.ordering_key = keys.ordering_key
-                     AND o.status = 'waiting') AS waiting
+                     AND o.status = 'waiting' OFFSET 0) AS waiting
     FROM keys JOIN rules ON rules.channel = keys.channel
   ), promoted AS (
     UPDATE pgfence.outbox o SET status = 'pending', updated_at = now()
@@ -478,6 +480,9 @@ BEGIN
                    AND o.status = 'waiting'  -- outbox_key_waiting_idx
                  ORDER BY o.id LIMIT 1) w
         WHERE w.next_attempt_at <= v_due_by
+          -- OFFSET 0: a probe per settled key; without it the planner may make this an anti
+          -- join over a scan of every turn holder of the channel, filtered for each key
+          -- (docs/query-plans.md#exists-probes)
           AND NOT EXISTS (
             SELECT FROM pgfence.outbox o
             WHERE o.channel = p_channels[1] AND o.ordering_key = s.ordering_key
@@ -485,7 +490,8 @@ BEGIN
               AND o.status IN ('pending', 'processing', 'failed', 'dead')  -- outbox_key_live_idx
               AND o.id <> s.id
               AND (o.status IN ('pending', 'processing')
-                   OR (v_hold_dead AND NOT pgfence._outbox_key_derived(v_set.limit_key, s.ordering_key))))
+                   OR (v_hold_dead AND NOT pgfence._outbox_key_derived(v_set.limit_key, s.ordering_key)))
+            OFFSET 0)
         ORDER BY w.next_attempt_at, w.id
         LIMIT p_batch
       ), moves AS (  -- the handed messages, and every settled one (the others: the trigger decides)

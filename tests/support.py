@@ -201,12 +201,16 @@ class PlanScans:
     query and returns its rows and the names of the scans of ``relations`` in those plans: an
     index scan by its index name; with ``walks``, one without an index condition (it reads the
     index in its order until a LIMIT stops it, or all of it) as ``<index> (walk)``; a bitmap
-    scan as ``Bitmap(<index>|...)``; a sequential scan as ``Seq Scan``.
+    scan as ``Bitmap(<index>|...)``; a sequential scan as ``Seq Scan``. With ``probes`` (index
+    name -> column), a scan of that index whose index condition does not name the column (it
+    reads a range of the index for every row of its caller instead of probing one entry: e.g. a
+    materialized scan of a whole channel's keys, filtered per key) as ``<index> (without <column>)``.
     """
 
     def __init__(self, conn: psycopg.Connection[Any], relations: set[str], *,
-                 walks: bool = False) -> None:
+                 walks: bool = False, probes: dict[str, str] | None = None) -> None:
         self.conn, self.relations, self.walks = conn, relations, walks
+        self.probes = probes or {}
         self.notices: list[str] = []
         conn.add_notice_handler(lambda d: self.notices.append(d.message_primary or ""))
         try:
@@ -226,7 +230,11 @@ class PlanScans:
                 yield "Bitmap({})".format("|".join(sorted(self._indexes(node))))
             elif "Index Name" in node:
                 walk = self.walks and "Index Cond" not in node
-                yield node["Index Name"] + (" (walk)" if walk else "")
+                column = self.probes.get(node["Index Name"])
+                if column is not None and column not in node.get("Index Cond", ""):
+                    yield f"{node['Index Name']} (without {column})"
+                else:
+                    yield node["Index Name"] + (" (walk)" if walk else "")
             else:
                 yield kind
         for child in node.get("Plans", []):

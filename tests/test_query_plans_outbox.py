@@ -81,7 +81,9 @@ WAITING, LIVE = "outbox_key_waiting_idx", "outbox_key_live_idx"
 @pytest.mark.parametrize("limit", [1, 2], ids=["lean-hand-off", "hand-off-with-key-lock"])
 def test_every_keyed_statement_uses_its_index(conn: psycopg.Connection[Any], analyze: bool,
                                               limit: int) -> None:
-    """Key decisions and hand-offs read a key through its waiting and live indexes, never the table.
+    """Key decisions and hand-offs read a key through its waiting and live indexes, never the table,
+    and each read is a probe of its key (the index condition names the key), never a scan of all
+    the channel's keys.
 
     The lean hand-off (key_max_in_flight 1) probes outbox_key_waiting_idx for the key's next
     message and outbox_key_live_idx for another turn holder; the hand-off of a channel with a
@@ -93,7 +95,9 @@ def test_every_keyed_statement_uses_its_index(conn: psycopg.Connection[Any], ana
                  " ARRAY[2000]), array_fill('{}'::jsonb, ARRAY[2000]))")
     if analyze:
         conn.execute("ANALYZE pgfence.outbox")
-    plans = PlanScans(conn, {"outbox"})
+    # every read of a key index is a probe of one key: a scan with only the channel as its
+    # condition (e.g. materialized once, then filtered per settled key) reads every key of it
+    plans = PlanScans(conn, {"outbox"}, probes={WAITING: "ordering_key", LIVE: "ordering_key"})
     keys = [f"k{i % 20}" for i in range(200)]
     _, scans = plans.scans("SELECT count(*) FROM pgfence.outbox_enqueue_many('keyed', %s, %s,"
                            " NULL, NULL, NULL, %s)", (["r"] * 200, [Jsonb({})] * 200, keys))
