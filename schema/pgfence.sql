@@ -4471,9 +4471,15 @@ BEGIN
   -- Recorded only for a transaction that had ended when the caller's snapshot was taken (and not
   -- a permanent xid): one still in progress (another transaction's subtransaction, or the row is
   -- older than 2^32 transactions and this xid is not its writer) could still write a row with
-  -- these 32 bits, which the steps would take for this one.
-  IF v_xid < 3 OR NOT pg_catalog.pg_visible_in_snapshot(v_xid::text::xid8, v_snap)
-     OR pg_catalog.pg_xact_status(v_xid::text::xid8) IS DISTINCT FROM 'committed' THEN
+  -- these 32 bits, which the steps would take for this one. Below the snapshot's xmin every
+  -- transaction had ended (and its commit status may be truncated away: not asked); above it,
+  -- pg_current_snapshot lists no subtransactions, so the status is asked too.
+  IF v_xid < 3 THEN
+    RETURN NULL;
+  END IF;
+  IF v_xid >= pg_catalog.pg_snapshot_xmin(v_snap)::text::bigint
+     AND (NOT pg_catalog.pg_visible_in_snapshot(v_xid::text::xid8, v_snap)
+          OR pg_catalog.pg_xact_status(v_xid::text::xid8) IS DISTINCT FROM 'committed') THEN
     RETURN NULL;
   END IF;
   RETURN v_xid::text::xid8;
@@ -4482,7 +4488,7 @@ $$;
 REVOKE ALL ON FUNCTION pgfence._plan_row_xid(xid) FROM PUBLIC;
 COMMENT ON FUNCTION pgfence._plan_row_xid(xid) IS
   'Private: the full transaction id of a committed pg_proc row''s xmin p_xmin, for plan_propose.
-The latest full xid below the caller''s snapshot''s xmax with those 32 bits, if it committed before that snapshot; else NULL (the step then always computes the md5). Caller: plan_propose (migration 0034, plan_step.function_xmin).';
+The latest full xid below the caller''s snapshot''s xmax with those 32 bits, if that transaction had ended before that snapshot (below its xmin, or visible in it and committed); else NULL (the step then always computes the md5). Caller: plan_propose (migration 0034, plan_step.function_xmin).';
 
 -- Handshake step 4's PF107 check: is a row's lock (its xmax) held by this transaction?
 CREATE OR REPLACE FUNCTION pgfence._plan_locked_here(p_locker xid)
