@@ -345,8 +345,8 @@ BEGIN
   END IF;
   -- The latest full xid with these 32 bits below the snapshot's xmax (every row the caller sees
   -- was written below it). A newer row version with the same 32-bit xmin needs a transaction
-  -- 2^32 after it; the steps' checks skip the md5 only while their own transaction is fewer
-  -- than 2^31 after it (functions/24_plan_steps.sql), so none is newer.
+  -- 2^32 after it; the steps' checks skip the md5 only while their snapshot's xmax is at most
+  -- 2^32 after it (functions/24_plan_steps.sql), so they see no such row.
   v_top := pg_catalog.pg_snapshot_xmax(v_snap)::text::bigint - 1;
   v_xid := v_top - ((v_top - p_xmin::text::bigint) & 4294967295);
   -- Recorded only for a transaction that had ended when the caller's snapshot was taken (and not

@@ -202,7 +202,7 @@ BEGIN
                      WHERE a.name = s.action AND a.retired_at IS NULL
                        AND ((pr.oid = s.function_oid AND pr.xmin = pg_catalog.xid(s.function_xmin)
                              AND pg_catalog.current_setting('transaction_isolation') = 'read committed'
-                             AND pg_catalog.pg_current_xact_id()::text::bigint - s.function_xmin::text::bigint < 2147483648)
+                             AND pg_catalog.pg_snapshot_xmax(pg_catalog.pg_current_snapshot())::text::bigint - s.function_xmin::text::bigint <= 4294967296)
                             OR pg_catalog.md5(pg_catalog.pg_get_functiondef(pr.oid)) = s.function_md5)))))
     RETURNING s.step_index, s.worker, pg_catalog.clock_timestamp() + p.heartbeat_interval AS fresh
   ), moved AS (
@@ -289,15 +289,16 @@ BEGIN
   -- hashed then (migration 0034). Only under READ COMMITTED: the row is read with the statement's
   -- snapshot, while the action runs the definition the catalog caches have now; a REPEATABLE
   -- READ / SERIALIZABLE snapshot can be older than a replacement the action then runs
-  -- (tests/test_plan.py), so there the md5 is always computed, as before 0034. And only fewer
-  -- than 2^31 transactions after the recorded row's: xmin is 32 bits, and a replacement 2^32
-  -- transactions later could get the recorded one again (tests/test_plan_xid_wrap.py).
+  -- (tests/test_plan.py), so there the md5 is always computed, as before 0034. And only while
+  -- the snapshot's xmax is at most 2^32 after the recorded row's full xid: xmin is 32 bits, and
+  -- a replacement 2^32 transactions later gets the recorded one again (every row the snapshot
+  -- sees is below its xmax; tests/test_plan_xid_wrap.py).
   SELECT p.status, p.next_step, s.action, s.kind, s.args, s.function_md5,
          a.retired_at IS NOT NULL, n.nspname, pr.proname,
          CASE WHEN s.kind = 'sql' THEN
            CASE WHEN pr.oid = s.function_oid AND pr.xmin = pg_catalog.xid(s.function_xmin)
                      AND pg_catalog.current_setting('transaction_isolation') = 'read committed'
-                     AND pg_catalog.pg_current_xact_id()::text::bigint - s.function_xmin::text::bigint < 2147483648
+                     AND pg_catalog.pg_snapshot_xmax(pg_catalog.pg_current_snapshot())::text::bigint - s.function_xmin::text::bigint <= 4294967296
                 THEN s.function_md5
                 ELSE md5(pg_catalog.pg_get_functiondef(pr.oid)) END END
     INTO status, step_index, action, kind, args, fn_md5, retired, fn_schema, fn_name, fn_md5_now
@@ -386,7 +387,7 @@ BEGIN
          CASE WHEN p_ok AND s.kind = 'sql' THEN
            CASE WHEN pr.oid = s.function_oid AND pr.xmin = pg_catalog.xid(s.function_xmin)
                      AND pg_catalog.current_setting('transaction_isolation') = 'read committed'
-                     AND pg_catalog.pg_current_xact_id()::text::bigint - s.function_xmin::text::bigint < 2147483648
+                     AND pg_catalog.pg_snapshot_xmax(pg_catalog.pg_current_snapshot())::text::bigint - s.function_xmin::text::bigint <= 4294967296
                 THEN s.function_md5
                 ELSE md5(pg_catalog.pg_get_functiondef(a.function)) END END AS md5_now
     INTO v_step

@@ -429,7 +429,7 @@ COMMENT ON COLUMN pgfence.plan_step.receipt_nonce IS
 COMMENT ON COLUMN pgfence.plan_step.function_oid IS
   'For a sql step: the oid of the action''s function when the plan was proposed (with function_xmin, the identity of the pg_proc row version whose definition function_md5 hashes). NULL for steps proposed before migration 0034 and when the proposing transaction had itself written that row.';
 COMMENT ON COLUMN pgfence.plan_step.function_xmin IS
-  'For a sql step: the xmin of the action''s function''s pg_proc row when the plan was proposed, as a full (64-bit) transaction id (_plan_row_xid). While the registered function''s row has this oid and xmin (its 32 bits), fewer than 2^31 transactions later, under READ COMMITTED, its definition is the one fingerprinted in function_md5 and the step skips the md5 (any CREATE OR REPLACE or ALTER writes a new row version with a new xmin; freezing keeps xmin; a new row with the same 32-bit xmin needs 2^32 transactions). NULL: the md5 is always computed.';
+  'For a sql step: the xmin of the action''s function''s pg_proc row when the plan was proposed, as a full (64-bit) transaction id (_plan_row_xid). While the registered function''s row has this oid and xmin (its 32 bits), under READ COMMITTED, and the checking snapshot''s xmax is at most 2^32 after it, its definition is the one fingerprinted in function_md5 and the step skips the md5 (any CREATE OR REPLACE or ALTER writes a new row version with a new xmin; freezing keeps xmin; a new row with the same 32-bit xmin needs 2^32 transactions). NULL: the md5 is always computed.';
 COMMENT ON COLUMN pgfence.plan_step.db_user IS
   'Part of the receipt: the database login (session_user) whose transaction wrote it, whatever worker name it passed. NULL for receipts written before migration 0034 (their login is in their receipt event).';
 
@@ -4464,8 +4464,8 @@ BEGIN
   END IF;
   -- The latest full xid with these 32 bits below the snapshot's xmax (every row the caller sees
   -- was written below it). A newer row version with the same 32-bit xmin needs a transaction
-  -- 2^32 after it; the steps' checks skip the md5 only while their own transaction is fewer
-  -- than 2^31 after it (functions/24_plan_steps.sql), so none is newer.
+  -- 2^32 after it; the steps' checks skip the md5 only while their snapshot's xmax is at most
+  -- 2^32 after it (functions/24_plan_steps.sql), so they see no such row.
   v_top := pg_catalog.pg_snapshot_xmax(v_snap)::text::bigint - 1;
   v_xid := v_top - ((v_top - p_xmin::text::bigint) & 4294967295);
   -- Recorded only for a transaction that had ended when the caller's snapshot was taken (and not
@@ -5316,7 +5316,7 @@ BEGIN
                      WHERE a.name = s.action AND a.retired_at IS NULL
                        AND ((pr.oid = s.function_oid AND pr.xmin = pg_catalog.xid(s.function_xmin)
                              AND pg_catalog.current_setting('transaction_isolation') = 'read committed'
-                             AND pg_catalog.pg_current_xact_id()::text::bigint - s.function_xmin::text::bigint < 2147483648)
+                             AND pg_catalog.pg_snapshot_xmax(pg_catalog.pg_current_snapshot())::text::bigint - s.function_xmin::text::bigint <= 4294967296)
                             OR pg_catalog.md5(pg_catalog.pg_get_functiondef(pr.oid)) = s.function_md5)))))
     RETURNING s.step_index, s.worker, pg_catalog.clock_timestamp() + p.heartbeat_interval AS fresh
   ), moved AS (
@@ -5403,15 +5403,16 @@ BEGIN
   -- hashed then (migration 0034). Only under READ COMMITTED: the row is read with the statement's
   -- snapshot, while the action runs the definition the catalog caches have now; a REPEATABLE
   -- READ / SERIALIZABLE snapshot can be older than a replacement the action then runs
-  -- (tests/test_plan.py), so there the md5 is always computed, as before 0034. And only fewer
-  -- than 2^31 transactions after the recorded row's: xmin is 32 bits, and a replacement 2^32
-  -- transactions later could get the recorded one again (tests/test_plan_xid_wrap.py).
+  -- (tests/test_plan.py), so there the md5 is always computed, as before 0034. And only while
+  -- the snapshot's xmax is at most 2^32 after the recorded row's full xid: xmin is 32 bits, and
+  -- a replacement 2^32 transactions later gets the recorded one again (every row the snapshot
+  -- sees is below its xmax; tests/test_plan_xid_wrap.py).
   SELECT p.status, p.next_step, s.action, s.kind, s.args, s.function_md5,
          a.retired_at IS NOT NULL, n.nspname, pr.proname,
          CASE WHEN s.kind = 'sql' THEN
            CASE WHEN pr.oid = s.function_oid AND pr.xmin = pg_catalog.xid(s.function_xmin)
                      AND pg_catalog.current_setting('transaction_isolation') = 'read committed'
-                     AND pg_catalog.pg_current_xact_id()::text::bigint - s.function_xmin::text::bigint < 2147483648
+                     AND pg_catalog.pg_snapshot_xmax(pg_catalog.pg_current_snapshot())::text::bigint - s.function_xmin::text::bigint <= 4294967296
                 THEN s.function_md5
                 ELSE md5(pg_catalog.pg_get_functiondef(pr.oid)) END END
     INTO status, step_index, action, kind, args, fn_md5, retired, fn_schema, fn_name, fn_md5_now
@@ -5500,7 +5501,7 @@ BEGIN
          CASE WHEN p_ok AND s.kind = 'sql' THEN
            CASE WHEN pr.oid = s.function_oid AND pr.xmin = pg_catalog.xid(s.function_xmin)
                      AND pg_catalog.current_setting('transaction_isolation') = 'read committed'
-                     AND pg_catalog.pg_current_xact_id()::text::bigint - s.function_xmin::text::bigint < 2147483648
+                     AND pg_catalog.pg_snapshot_xmax(pg_catalog.pg_current_snapshot())::text::bigint - s.function_xmin::text::bigint <= 4294967296
                 THEN s.function_md5
                 ELSE md5(pg_catalog.pg_get_functiondef(a.function)) END END AS md5_now
     INTO v_step
