@@ -328,6 +328,49 @@ COMMENT ON FUNCTION pgfence._plan_steps_json(bigint) IS
   'Private: a plan''s frozen steps as the JSON array plan_propose normalised them to.
 What plan_get returns, and what a repeated idempotency key is compared with.';
 
+-- The approval check's row version (migration 0034): the full transaction id of a function's
+-- pg_proc row, for plan_propose to record.
+CREATE OR REPLACE FUNCTION pgfence._plan_row_xid(p_xmin xid)
+RETURNS xid8
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pgfence, pg_temp
+AS $$
+DECLARE
+  v_snap pg_snapshot := pg_catalog.pg_current_snapshot();  -- the caller's statement's (STABLE)
+  v_top  bigint;
+  v_xid  bigint;
+BEGIN
+  IF p_xmin IS NULL THEN
+    RETURN NULL;
+  END IF;
+  -- The latest full xid with these 32 bits below the snapshot's xmax (every row the caller sees
+  -- was written below it). A newer row version with the same 32-bit xmin needs a transaction
+  -- 2^32 after it; the steps' checks skip the md5 only while their snapshot's xmax is at most
+  -- 2^32 after it (functions/24_plan_steps.sql), so they see no such row.
+  v_top := pg_catalog.pg_snapshot_xmax(v_snap)::text::bigint - 1;
+  v_xid := v_top - ((v_top - p_xmin::text::bigint) & 4294967295);
+  -- Recorded only for a transaction that had ended when the caller's snapshot was taken (and not
+  -- a permanent xid): one still in progress (another transaction's subtransaction, or the row is
+  -- older than 2^32 transactions and this xid is not its writer) could still write a row with
+  -- these 32 bits, which the steps would take for this one. Below the snapshot's xmin every
+  -- transaction had ended (and its commit status may be truncated away: not asked); above it,
+  -- pg_current_snapshot lists no subtransactions, so the status is asked too.
+  IF v_xid < 3 THEN
+    RETURN NULL;
+  END IF;
+  IF v_xid >= pg_catalog.pg_snapshot_xmin(v_snap)::text::bigint
+     AND (NOT pg_catalog.pg_visible_in_snapshot(v_xid::text::xid8, v_snap)
+          OR pg_catalog.pg_xact_status(v_xid::text::xid8) IS DISTINCT FROM 'committed') THEN
+    RETURN NULL;
+  END IF;
+  RETURN v_xid::text::xid8;
+END
+$$;
+REVOKE ALL ON FUNCTION pgfence._plan_row_xid(xid) FROM PUBLIC;
+COMMENT ON FUNCTION pgfence._plan_row_xid(xid) IS
+  'Private: the full transaction id of a committed pg_proc row''s xmin p_xmin, for plan_propose.
+The latest full xid below the caller''s snapshot''s xmax with those 32 bits, if that transaction had ended before that snapshot (below its xmin, or visible in it and committed); else NULL (the step then always computes the md5). Caller: plan_propose (migration 0034, plan_step.function_xmin).';
+
 -- Handshake step 4's PF107 check: is a row's lock (its xmax) held by this transaction?
 CREATE OR REPLACE FUNCTION pgfence._plan_locked_here(p_locker xid)
 RETURNS boolean

@@ -209,7 +209,7 @@ BEGIN
     -- wrote itself, which could still change under the same xmin: those steps always hash.
     WITH fp AS MATERIALIZED (
       SELECT a.name, md5(pg_catalog.pg_get_functiondef(pr.oid)) AS function_md5, pr.oid AS function_oid,
-             CASE WHEN NOT pgfence._plan_locked_here(pr.xmin) THEN pr.xmin END AS function_xmin
+             CASE WHEN NOT pgfence._plan_locked_here(pr.xmin) THEN pgfence._plan_row_xid(pr.xmin) END AS function_xmin
       FROM pgfence.plan_action a
       LEFT JOIN pg_catalog.pg_proc pr ON pr.oid = a.function
       WHERE a.kind = 'sql' AND a.name IN (SELECT DISTINCT x ->> 'action' FROM jsonb_array_elements(v_steps) AS x)

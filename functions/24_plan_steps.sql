@@ -194,11 +194,15 @@ BEGIN
            OR (s.kind = 'sql' AND s.xmax = pg_catalog.pg_current_xact_id()::xid
                AND (NOT p_ok OR EXISTS (
                      -- approved is what runs: the function's pg_proc row is the version recorded
-                     -- at proposal (no md5 needed), or its definition hashes as then
+                     -- at proposal (no md5 needed; READ COMMITTED only, this statement's snapshot
+                     -- being younger than the action: see _plan_step_begin), or its definition
+                     -- hashes as then
                      SELECT FROM pgfence.plan_action a
                      JOIN pg_catalog.pg_proc pr ON pr.oid = a.function
                      WHERE a.name = s.action AND a.retired_at IS NULL
-                       AND ((pr.oid = s.function_oid AND pr.xmin = s.function_xmin)
+                       AND ((pr.oid = s.function_oid AND pr.xmin = pg_catalog.xid(s.function_xmin)
+                             AND pg_catalog.current_setting('transaction_isolation') = 'read committed'
+                             AND pg_catalog.pg_snapshot_xmax(pg_catalog.pg_current_snapshot())::text::bigint - s.function_xmin::text::bigint <= 4294967296)
                             OR pg_catalog.md5(pg_catalog.pg_get_functiondef(pr.oid)) = s.function_md5)))))
     RETURNING s.step_index, s.worker, pg_catalog.clock_timestamp() + p.heartbeat_interval AS fresh
   ), moved AS (
@@ -282,11 +286,20 @@ BEGIN
   -- The md5 of the definition is computed only when the function's pg_proc row is not the
   -- version recorded at proposal (its oid and xmin: any CREATE OR REPLACE or ALTER writes a new
   -- version with a new xmin, and freezing keeps xmin); while it is, its definition is the one
-  -- hashed then (migration 0034).
+  -- hashed then (migration 0034). Only under READ COMMITTED: the row is read with the statement's
+  -- snapshot, while the action runs the definition the catalog caches have now; a REPEATABLE
+  -- READ / SERIALIZABLE snapshot can be older than a replacement the action then runs
+  -- (tests/test_plan.py), so there the md5 is always computed, as before 0034. And only while
+  -- the snapshot's xmax is at most 2^32 after the recorded row's full xid: xmin is 32 bits, and
+  -- a replacement 2^32 transactions later gets the recorded one again (every row the snapshot
+  -- sees is below its xmax; tests/test_plan_xid_wrap.py).
   SELECT p.status, p.next_step, s.action, s.kind, s.args, s.function_md5,
          a.retired_at IS NOT NULL, n.nspname, pr.proname,
          CASE WHEN s.kind = 'sql' THEN
-           CASE WHEN pr.oid = s.function_oid AND pr.xmin = s.function_xmin THEN s.function_md5
+           CASE WHEN pr.oid = s.function_oid AND pr.xmin = pg_catalog.xid(s.function_xmin)
+                     AND pg_catalog.current_setting('transaction_isolation') = 'read committed'
+                     AND pg_catalog.pg_snapshot_xmax(pg_catalog.pg_current_snapshot())::text::bigint - s.function_xmin::text::bigint <= 4294967296
+                THEN s.function_md5
                 ELSE md5(pg_catalog.pg_get_functiondef(pr.oid)) END END
     INTO status, step_index, action, kind, args, fn_md5, retired, fn_schema, fn_name, fn_md5_now
   FROM pgfence.plan p
@@ -323,7 +336,7 @@ REVOKE ALL ON FUNCTION pgfence._plan_step_begin(bigint, text, bigint) FROM PUBLI
 GRANT EXECUTE ON FUNCTION pgfence._plan_step_begin(bigint, text, bigint) TO pgfence_executor, pgfence_admin;
 COMMENT ON FUNCTION pgfence._plan_step_begin(bigint, text, bigint) IS
   'Handshake step 1, for plan_run_step: lock a run p_worker owns under p_token, hand out its step.
-Security definer, so that plan_run_step itself need not be: locks the plan row and the step''s row for the rest of the transaction, heals a lapsed heartbeat, and returns the next step (action, kind, the function to call, whether the action was retired, the md5 of the function''s definition at proposal and now — computed only when the function''s pg_proc row is not the version recorded at proposal —, args) if p_worker owns the executing run under run token p_token; otherwise only the status (refused). For an external step it stamps external_started_at; for a SQL step it writes nothing: the lock it holds on the step''s row (plan_step) is what _plan_step_finish checks, so that step is the only one it will then receipt, in this transaction. Not for direct use. Trust: granted to pgfence_executor because plan_run_step runs with the caller''s privileges; see the handshake in functions/24_plan_steps.sql for what that role is trusted with.';
+Security definer, so that plan_run_step itself need not be: locks the plan row and the step''s row for the rest of the transaction, heals a lapsed heartbeat, and returns the next step (action, kind, the function to call, whether the action was retired, the md5 of the function''s definition at proposal and now — computed only when the function''s pg_proc row is not the version recorded at proposal or the transaction is not READ COMMITTED —, args) if p_worker owns the executing run under run token p_token; otherwise only the status (refused). For an external step it stamps external_started_at; for a SQL step it writes nothing: the lock it holds on the step''s row (plan_step) is what _plan_step_finish checks, so that step is the only one it will then receipt, in this transaction. Not for direct use. Trust: granted to pgfence_executor because plan_run_step runs with the caller''s privileges; see the handshake in functions/24_plan_steps.sql for what that role is trusted with.';
 
 CREATE OR REPLACE FUNCTION pgfence._plan_step_finish(
   p_id     bigint,
@@ -368,11 +381,14 @@ BEGIN
   -- since; the owner check binds the receipt to the worker and token passed here.
   -- One statement: the plan row (locked), the step p_step and its action.
   -- The md5 as in step 1: only when the function's pg_proc row is not the version recorded at
-  -- proposal.
+  -- proposal, or the transaction is not READ COMMITTED.
   SELECT p AS plan, s.kind, s.action, s.function_md5, s.outcome, s.xmax AS locker, a.retired_at,
          a.function::text AS function,
          CASE WHEN p_ok AND s.kind = 'sql' THEN
-           CASE WHEN pr.oid = s.function_oid AND pr.xmin = s.function_xmin THEN s.function_md5
+           CASE WHEN pr.oid = s.function_oid AND pr.xmin = pg_catalog.xid(s.function_xmin)
+                     AND pg_catalog.current_setting('transaction_isolation') = 'read committed'
+                     AND pg_catalog.pg_snapshot_xmax(pg_catalog.pg_current_snapshot())::text::bigint - s.function_xmin::text::bigint <= 4294967296
+                THEN s.function_md5
                 ELSE md5(pg_catalog.pg_get_functiondef(a.function)) END END AS md5_now
     INTO v_step
   FROM pgfence.plan p

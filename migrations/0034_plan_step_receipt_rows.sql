@@ -23,12 +23,12 @@
 --   those steps always hash.
 ALTER TABLE pgfence.plan_step
   ADD COLUMN IF NOT EXISTS function_oid oid,
-  ADD COLUMN IF NOT EXISTS function_xmin xid,
+  ADD COLUMN IF NOT EXISTS function_xmin xid8,
   ADD COLUMN IF NOT EXISTS db_user text;
 COMMENT ON COLUMN pgfence.plan_step.function_oid IS
   'For a sql step: the oid of the action''s function when the plan was proposed (with function_xmin, the identity of the pg_proc row version whose definition function_md5 hashes). NULL for steps proposed before migration 0034 and when the proposing transaction had itself written that row.';
 COMMENT ON COLUMN pgfence.plan_step.function_xmin IS
-  'For a sql step: the xmin of the action''s function''s pg_proc row when the plan was proposed. While the registered function''s row has this oid and xmin, its definition is the one fingerprinted in function_md5 and the step skips the md5 (any CREATE OR REPLACE or ALTER writes a new row version with a new xmin; freezing keeps xmin). NULL: the md5 is always computed.';
+  'For a sql step: the xmin of the action''s function''s pg_proc row when the plan was proposed, as a full (64-bit) transaction id (_plan_row_xid). While the registered function''s row has this oid and xmin (its 32 bits), under READ COMMITTED, and the checking snapshot''s xmax is at most 2^32 after it, its definition is the one fingerprinted in function_md5 and the step skips the md5 (any CREATE OR REPLACE or ALTER writes a new row version with a new xmin; freezing keeps xmin; a new row with the same 32-bit xmin needs 2^32 transactions). NULL: the md5 is always computed.';
 COMMENT ON COLUMN pgfence.plan_step.db_user IS
   'Part of the receipt: the database login (session_user) whose transaction wrote it, whatever worker name it passed. NULL for receipts written before migration 0034 (their login is in their receipt event).';
 

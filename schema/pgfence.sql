@@ -405,7 +405,7 @@ CREATE TABLE pgfence.plan_step (
   finished_at   timestamp with time zone,
   receipt_nonce uuid,
   function_oid  oid,
-  function_xmin xid,
+  function_xmin xid8,
   db_user       text,
   CONSTRAINT plan_step_pkey PRIMARY KEY (plan_id, step_index),
   CONSTRAINT plan_step_plan_id_fkey FOREIGN KEY (plan_id) REFERENCES pgfence.plan(id) ON DELETE CASCADE,
@@ -429,7 +429,7 @@ COMMENT ON COLUMN pgfence.plan_step.receipt_nonce IS
 COMMENT ON COLUMN pgfence.plan_step.function_oid IS
   'For a sql step: the oid of the action''s function when the plan was proposed (with function_xmin, the identity of the pg_proc row version whose definition function_md5 hashes). NULL for steps proposed before migration 0034 and when the proposing transaction had itself written that row.';
 COMMENT ON COLUMN pgfence.plan_step.function_xmin IS
-  'For a sql step: the xmin of the action''s function''s pg_proc row when the plan was proposed. While the registered function''s row has this oid and xmin, its definition is the one fingerprinted in function_md5 and the step skips the md5 (any CREATE OR REPLACE or ALTER writes a new row version with a new xmin; freezing keeps xmin). NULL: the md5 is always computed.';
+  'For a sql step: the xmin of the action''s function''s pg_proc row when the plan was proposed, as a full (64-bit) transaction id (_plan_row_xid). While the registered function''s row has this oid and xmin (its 32 bits), under READ COMMITTED, and the checking snapshot''s xmax is at most 2^32 after it, its definition is the one fingerprinted in function_md5 and the step skips the md5 (any CREATE OR REPLACE or ALTER writes a new row version with a new xmin; freezing keeps xmin; a new row with the same 32-bit xmin needs 2^32 transactions). NULL: the md5 is always computed.';
 COMMENT ON COLUMN pgfence.plan_step.db_user IS
   'Part of the receipt: the database login (session_user) whose transaction wrote it, whatever worker name it passed. NULL for receipts written before migration 0034 (their login is in their receipt event).';
 
@@ -4453,6 +4453,49 @@ COMMENT ON FUNCTION pgfence._plan_steps_json(bigint) IS
   'Private: a plan''s frozen steps as the JSON array plan_propose normalised them to.
 What plan_get returns, and what a repeated idempotency key is compared with.';
 
+-- The approval check's row version (migration 0034): the full transaction id of a function's
+-- pg_proc row, for plan_propose to record.
+CREATE OR REPLACE FUNCTION pgfence._plan_row_xid(p_xmin xid)
+RETURNS xid8
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pgfence, pg_temp
+AS $$
+DECLARE
+  v_snap pg_snapshot := pg_catalog.pg_current_snapshot();  -- the caller's statement's (STABLE)
+  v_top  bigint;
+  v_xid  bigint;
+BEGIN
+  IF p_xmin IS NULL THEN
+    RETURN NULL;
+  END IF;
+  -- The latest full xid with these 32 bits below the snapshot's xmax (every row the caller sees
+  -- was written below it). A newer row version with the same 32-bit xmin needs a transaction
+  -- 2^32 after it; the steps' checks skip the md5 only while their snapshot's xmax is at most
+  -- 2^32 after it (functions/24_plan_steps.sql), so they see no such row.
+  v_top := pg_catalog.pg_snapshot_xmax(v_snap)::text::bigint - 1;
+  v_xid := v_top - ((v_top - p_xmin::text::bigint) & 4294967295);
+  -- Recorded only for a transaction that had ended when the caller's snapshot was taken (and not
+  -- a permanent xid): one still in progress (another transaction's subtransaction, or the row is
+  -- older than 2^32 transactions and this xid is not its writer) could still write a row with
+  -- these 32 bits, which the steps would take for this one. Below the snapshot's xmin every
+  -- transaction had ended (and its commit status may be truncated away: not asked); above it,
+  -- pg_current_snapshot lists no subtransactions, so the status is asked too.
+  IF v_xid < 3 THEN
+    RETURN NULL;
+  END IF;
+  IF v_xid >= pg_catalog.pg_snapshot_xmin(v_snap)::text::bigint
+     AND (NOT pg_catalog.pg_visible_in_snapshot(v_xid::text::xid8, v_snap)
+          OR pg_catalog.pg_xact_status(v_xid::text::xid8) IS DISTINCT FROM 'committed') THEN
+    RETURN NULL;
+  END IF;
+  RETURN v_xid::text::xid8;
+END
+$$;
+REVOKE ALL ON FUNCTION pgfence._plan_row_xid(xid) FROM PUBLIC;
+COMMENT ON FUNCTION pgfence._plan_row_xid(xid) IS
+  'Private: the full transaction id of a committed pg_proc row''s xmin p_xmin, for plan_propose.
+The latest full xid below the caller''s snapshot''s xmax with those 32 bits, if that transaction had ended before that snapshot (below its xmin, or visible in it and committed); else NULL (the step then always computes the md5). Caller: plan_propose (migration 0034, plan_step.function_xmin).';
+
 -- Handshake step 4's PF107 check: is a row's lock (its xmax) held by this transaction?
 CREATE OR REPLACE FUNCTION pgfence._plan_locked_here(p_locker xid)
 RETURNS boolean
@@ -4706,7 +4749,7 @@ BEGIN
     -- wrote itself, which could still change under the same xmin: those steps always hash.
     WITH fp AS MATERIALIZED (
       SELECT a.name, md5(pg_catalog.pg_get_functiondef(pr.oid)) AS function_md5, pr.oid AS function_oid,
-             CASE WHEN NOT pgfence._plan_locked_here(pr.xmin) THEN pr.xmin END AS function_xmin
+             CASE WHEN NOT pgfence._plan_locked_here(pr.xmin) THEN pgfence._plan_row_xid(pr.xmin) END AS function_xmin
       FROM pgfence.plan_action a
       LEFT JOIN pg_catalog.pg_proc pr ON pr.oid = a.function
       WHERE a.kind = 'sql' AND a.name IN (SELECT DISTINCT x ->> 'action' FROM jsonb_array_elements(v_steps) AS x)
@@ -5271,11 +5314,15 @@ BEGIN
            OR (s.kind = 'sql' AND s.xmax = pg_catalog.pg_current_xact_id()::xid
                AND (NOT p_ok OR EXISTS (
                      -- approved is what runs: the function's pg_proc row is the version recorded
-                     -- at proposal (no md5 needed), or its definition hashes as then
+                     -- at proposal (no md5 needed; READ COMMITTED only, this statement's snapshot
+                     -- being younger than the action: see _plan_step_begin), or its definition
+                     -- hashes as then
                      SELECT FROM pgfence.plan_action a
                      JOIN pg_catalog.pg_proc pr ON pr.oid = a.function
                      WHERE a.name = s.action AND a.retired_at IS NULL
-                       AND ((pr.oid = s.function_oid AND pr.xmin = s.function_xmin)
+                       AND ((pr.oid = s.function_oid AND pr.xmin = pg_catalog.xid(s.function_xmin)
+                             AND pg_catalog.current_setting('transaction_isolation') = 'read committed'
+                             AND pg_catalog.pg_snapshot_xmax(pg_catalog.pg_current_snapshot())::text::bigint - s.function_xmin::text::bigint <= 4294967296)
                             OR pg_catalog.md5(pg_catalog.pg_get_functiondef(pr.oid)) = s.function_md5)))))
     RETURNING s.step_index, s.worker, pg_catalog.clock_timestamp() + p.heartbeat_interval AS fresh
   ), moved AS (
@@ -5359,11 +5406,20 @@ BEGIN
   -- The md5 of the definition is computed only when the function's pg_proc row is not the
   -- version recorded at proposal (its oid and xmin: any CREATE OR REPLACE or ALTER writes a new
   -- version with a new xmin, and freezing keeps xmin); while it is, its definition is the one
-  -- hashed then (migration 0034).
+  -- hashed then (migration 0034). Only under READ COMMITTED: the row is read with the statement's
+  -- snapshot, while the action runs the definition the catalog caches have now; a REPEATABLE
+  -- READ / SERIALIZABLE snapshot can be older than a replacement the action then runs
+  -- (tests/test_plan.py), so there the md5 is always computed, as before 0034. And only while
+  -- the snapshot's xmax is at most 2^32 after the recorded row's full xid: xmin is 32 bits, and
+  -- a replacement 2^32 transactions later gets the recorded one again (every row the snapshot
+  -- sees is below its xmax; tests/test_plan_xid_wrap.py).
   SELECT p.status, p.next_step, s.action, s.kind, s.args, s.function_md5,
          a.retired_at IS NOT NULL, n.nspname, pr.proname,
          CASE WHEN s.kind = 'sql' THEN
-           CASE WHEN pr.oid = s.function_oid AND pr.xmin = s.function_xmin THEN s.function_md5
+           CASE WHEN pr.oid = s.function_oid AND pr.xmin = pg_catalog.xid(s.function_xmin)
+                     AND pg_catalog.current_setting('transaction_isolation') = 'read committed'
+                     AND pg_catalog.pg_snapshot_xmax(pg_catalog.pg_current_snapshot())::text::bigint - s.function_xmin::text::bigint <= 4294967296
+                THEN s.function_md5
                 ELSE md5(pg_catalog.pg_get_functiondef(pr.oid)) END END
     INTO status, step_index, action, kind, args, fn_md5, retired, fn_schema, fn_name, fn_md5_now
   FROM pgfence.plan p
@@ -5400,7 +5456,7 @@ REVOKE ALL ON FUNCTION pgfence._plan_step_begin(bigint, text, bigint) FROM PUBLI
 GRANT EXECUTE ON FUNCTION pgfence._plan_step_begin(bigint, text, bigint) TO pgfence_executor, pgfence_admin;
 COMMENT ON FUNCTION pgfence._plan_step_begin(bigint, text, bigint) IS
   'Handshake step 1, for plan_run_step: lock a run p_worker owns under p_token, hand out its step.
-Security definer, so that plan_run_step itself need not be: locks the plan row and the step''s row for the rest of the transaction, heals a lapsed heartbeat, and returns the next step (action, kind, the function to call, whether the action was retired, the md5 of the function''s definition at proposal and now — computed only when the function''s pg_proc row is not the version recorded at proposal —, args) if p_worker owns the executing run under run token p_token; otherwise only the status (refused). For an external step it stamps external_started_at; for a SQL step it writes nothing: the lock it holds on the step''s row (plan_step) is what _plan_step_finish checks, so that step is the only one it will then receipt, in this transaction. Not for direct use. Trust: granted to pgfence_executor because plan_run_step runs with the caller''s privileges; see the handshake in functions/24_plan_steps.sql for what that role is trusted with.';
+Security definer, so that plan_run_step itself need not be: locks the plan row and the step''s row for the rest of the transaction, heals a lapsed heartbeat, and returns the next step (action, kind, the function to call, whether the action was retired, the md5 of the function''s definition at proposal and now — computed only when the function''s pg_proc row is not the version recorded at proposal or the transaction is not READ COMMITTED —, args) if p_worker owns the executing run under run token p_token; otherwise only the status (refused). For an external step it stamps external_started_at; for a SQL step it writes nothing: the lock it holds on the step''s row (plan_step) is what _plan_step_finish checks, so that step is the only one it will then receipt, in this transaction. Not for direct use. Trust: granted to pgfence_executor because plan_run_step runs with the caller''s privileges; see the handshake in functions/24_plan_steps.sql for what that role is trusted with.';
 
 CREATE OR REPLACE FUNCTION pgfence._plan_step_finish(
   p_id     bigint,
@@ -5445,11 +5501,14 @@ BEGIN
   -- since; the owner check binds the receipt to the worker and token passed here.
   -- One statement: the plan row (locked), the step p_step and its action.
   -- The md5 as in step 1: only when the function's pg_proc row is not the version recorded at
-  -- proposal.
+  -- proposal, or the transaction is not READ COMMITTED.
   SELECT p AS plan, s.kind, s.action, s.function_md5, s.outcome, s.xmax AS locker, a.retired_at,
          a.function::text AS function,
          CASE WHEN p_ok AND s.kind = 'sql' THEN
-           CASE WHEN pr.oid = s.function_oid AND pr.xmin = s.function_xmin THEN s.function_md5
+           CASE WHEN pr.oid = s.function_oid AND pr.xmin = pg_catalog.xid(s.function_xmin)
+                     AND pg_catalog.current_setting('transaction_isolation') = 'read committed'
+                     AND pg_catalog.pg_snapshot_xmax(pg_catalog.pg_current_snapshot())::text::bigint - s.function_xmin::text::bigint <= 4294967296
+                THEN s.function_md5
                 ELSE md5(pg_catalog.pg_get_functiondef(a.function)) END END AS md5_now
     INTO v_step
   FROM pgfence.plan p

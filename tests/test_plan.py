@@ -188,6 +188,52 @@ def test_a_replaced_action_function_fails_its_step(pconn: psycopg.Connection) ->
     assert pconn.execute("SELECT count(*) FROM ledger").fetchone() == (0,), "nothing ran"
 
 
+EVIL_PUT = """
+    CREATE OR REPLACE FUNCTION public.put(p jsonb) RETURNS jsonb LANGUAGE sql SET search_path = public AS $$
+      INSERT INTO ledger VALUES (p ->> 'k', 1000) RETURNING jsonb_build_object('k', k, 'evil', true)
+    $$"""
+
+
+@pytest.mark.parametrize("isolation", ["REPEATABLE READ", "SERIALIZABLE"])
+def test_a_function_replaced_after_a_steps_snapshot_fails_it(db: str, pconn: psycopg.Connection,
+                                                              isolation: str) -> None:
+    """A step's transaction under REPEATABLE READ / SERIALIZABLE reads pg_proc with its snapshot,
+    taken before a peer replaced the function; the action runs the replacement (the catalog
+    caches see the latest definition). The approval check must not take the stale row version
+    for the approved one: PF108, nothing of the replacement commits."""
+    pid = plan.propose(pconn, [put("s1", 1)], "agent")
+    assert plan.approve(pconn, pid, "alice") == "approved"
+    token = plan.start(pconn, pid, "runner")
+    with psycopg.connect(db) as step:  # one transaction: the step's
+        step.execute(f"SET TRANSACTION ISOLATION LEVEL {isolation}")
+        step.execute("SELECT 1")  # the transaction's snapshot
+        pconn.execute(EVIL_PUT)  # a peer replaces the function, committed
+        row = step.execute("SELECT outcome, error ->> 'sqlstate', output FROM pgfence.plan_run_step(%s, 'runner', %s)",
+                           (pid, token)).fetchone()
+        step.commit()
+    assert row == ("error", "PF108", None)
+    assert pconn.execute("SELECT count(*) FROM ledger").fetchone() == (0,), "the replacement did not commit"
+
+
+def test_a_replaced_function_is_refused_at_the_finish_of_a_repeatable_read_step(
+        db: str, pconn: psycopg.Connection) -> None:
+    """The finish's check (an ok receipt) under REPEATABLE READ, the helpers called by hand: the
+    stale row version in the snapshot does not vouch for a function replaced meanwhile."""
+    pid = plan.propose(pconn, [put("s1", 1)], "agent")
+    assert plan.approve(pconn, pid, "alice") == "approved"
+    token = plan.start(pconn, pid, "runner")
+    with psycopg.connect(db) as step:
+        step.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        step.execute("SELECT 1")
+        pconn.execute(EVIL_PUT)
+        step.execute("SELECT * FROM pgfence._plan_step_begin(%s, 'runner', %s)", (pid, token))
+        with pytest.raises(psycopg.Error) as refused:
+            step.execute("SELECT pgfence._plan_step_finish(%s, 'runner', %s, 1, true, '{\"k\": \"s1\"}', NULL)",
+                         (pid, token))
+        assert refused.value.sqlstate == "PF108"
+    assert pconn.execute("SELECT outcome FROM pgfence.plan_step WHERE plan_id = %s", (pid,)).fetchone() == (None,)
+
+
 FROZEN = ("SELECT p.xmin::text, age(p.xmin) > age(c.relfrozenxid) FROM pg_proc p, pg_class c"
           " WHERE p.oid = 'public.put(jsonb)'::regprocedure AND c.oid = 'pg_catalog.pg_proc'::regclass")
 

@@ -3,7 +3,7 @@
 -- commits) are in 21_plan_concurrency.sql.
 BEGIN;
 \ir helpers/setup.sql
-SELECT plan(435);
+SELECT plan(437);
 
 -- Fixtures: a small table, SQL actions on it, an external action (rolled back at the end).
 CREATE TABLE public.tap_plan_t (k text PRIMARY KEY, v integer NOT NULL CHECK (v >= 0));
@@ -618,6 +618,10 @@ SELECT throws_ok(format($$UPDATE pgfence.plan_step SET outcome = 'ok', worker = 
   'PF001', NULL, 'a receipt for a plan that is not executing: PF001');
 SELECT throws_ok(format($$UPDATE pgfence.plan_step SET outcome = 'ok', error = NULL WHERE plan_id = %s AND step_index = 3$$, pg_temp.pid('f')), 'PF002', NULL, 'editing a receipt: PF002');
 SELECT throws_ok(format($$UPDATE pgfence.plan_step SET db_user = 'forged' WHERE plan_id = %s AND step_index = 3$$, pg_temp.pid('f')), 'PF002', NULL, 'editing a receipt''s login: PF002');
+SELECT throws_ok(format($$UPDATE pgfence.plan_step SET function_xmin = '1234' WHERE plan_id = %s AND step_index = 2$$, pg_temp.pid('g')), 'PF002', NULL,
+  'forging the recorded row version of a step''s function (function_xmin): PF002');
+SELECT throws_ok(format($$UPDATE pgfence.plan_step SET function_oid = 'public.tap_plan_t'::regclass::oid WHERE plan_id = %s AND step_index = 2$$, pg_temp.pid('g')), 'PF002', NULL,
+  '... and its oid (function_oid): PF002');
 SAVEPOINT hand_receipt;
 UPDATE pgfence.plan_step SET outcome = 'ok', worker = 'tap-w1', started_at = now(), finished_at = now(), db_user = 'forged'
 WHERE plan_id = pg_temp.pid('g') AND step_index = 1;
