@@ -295,14 +295,20 @@ DECLARE
 BEGIN
   PERFORM pgfence._plan_check_name(p_by, 'approver');
   PERFORM pgfence._set_actor(p_by);
+  -- version_checked: the cross-check of the steps' recorded function row versions
+  -- (_plan_version_check, run for the matched row only); tg_plan_guard lets only this statement,
+  -- marked by the setting, write it.
+  PERFORM pg_catalog.set_config('pgfence.plan_version_checking', p_id::text, true);
   UPDATE pgfence.plan p
   SET status = CASE WHEN p.expires_at <= now() THEN 'expired' ELSE 'approved' END,
       approved_by = CASE WHEN p.expires_at > now() THEN p_by END,
       approved_at = CASE WHEN p.expires_at > now() THEN now() END,
-      finished_at = CASE WHEN p.expires_at <= now() THEN now() END
+      finished_at = CASE WHEN p.expires_at <= now() THEN now() END,
+      version_checked = CASE WHEN p.expires_at > now() THEN pgfence._plan_version_check(p.id) ELSE false END
   WHERE p.id = p_id AND p.status = c_pending AND p.proposed_by <> p_by
     AND (v_super OR p.proposed_db_user <> session_user::text)
   RETURNING p.status INTO v_status;
+  PERFORM pg_catalog.set_config('pgfence.plan_version_checking', '', true);
   IF v_status IS NOT NULL THEN
     PERFORM pgfence._set_actor(NULL);
     RETURN v_status;
@@ -328,7 +334,7 @@ REVOKE ALL ON FUNCTION pgfence.plan_approve(bigint, text) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION pgfence.plan_approve(bigint, text) TO pgfence_admin;
 COMMENT ON FUNCTION pgfence.plan_approve(bigint, text) IS
   'Approve a pending plan (four eyes: not by its proposer''s name or login); returns the new status.
-One conditional UPDATE: returns ''approved'', or ''expired'' when called after its expires_at (the plan moves to expired and can never run), or NULL when the plan is no longer pending (already decided: a lost race, nothing changed). At commit NOTIFY pgfence_plan wakes executors. Four eyes: refused when the approver name is the proposer name, and when the approving database login (session_user) is the one that proposed (plan.proposed_db_user), whatever names are passed, unless that login is a superuser. Errors: 22004/22023 (approver name), P0002 (unknown plan), PF103 (the approver is the proposer, by name or by login).';
+One conditional UPDATE: returns ''approved'', or ''expired'' when called after its expires_at (the plan moves to expired and can never run), or NULL when the plan is no longer pending (already decided: a lost race, nothing changed). At commit NOTIFY pgfence_plan wakes executors. Approving also cross-checks the steps'' recorded function row versions (_plan_version_check: in another transaction than the proposal, under READ COMMITTED, every recorded pg_proc row still current and its definition still hashing to the recorded md5) and marks the plan version_checked when they all hold: only then do its steps skip the md5 of the approval check by row version; otherwise they compute it (the approval itself succeeds either way). Four eyes: refused when the approver name is the proposer name, and when the approving database login (session_user) is the one that proposed (plan.proposed_db_user), whatever names are passed, unless that login is a superuser. Errors: 22004/22023 (approver name), P0002 (unknown plan), PF103 (the approver is the proposer, by name or by login).';
 
 CREATE OR REPLACE FUNCTION pgfence.plan_reject(p_id bigint, p_by text, p_reason text)
 RETURNS boolean
