@@ -197,19 +197,28 @@ BEGIN
 END
 $plan_guard$;
 -- A hand-written INSERT must be a fresh proposal. The WHEN condition is evaluated without a
--- function call, so plan_propose's insert runs no PL/pgSQL here.
-CREATE OR REPLACE TRIGGER plan_insert_guard
-  BEFORE INSERT ON pgfence.plan
-  FOR EACH ROW
-  WHEN (NEW.status <> 'pending' OR NEW.next_step <> 1
-        OR NEW.proposed_db_user IS DISTINCT FROM session_user::text
-        OR NEW.approved_by IS NOT NULL OR NEW.approved_at IS NOT NULL
-        OR NEW.rejected_by IS NOT NULL OR NEW.rejected_at IS NOT NULL OR NEW.reject_reason IS NOT NULL
-        OR NEW.worker IS NOT NULL OR NEW.started_at IS NOT NULL OR NEW.heartbeat_interval IS NOT NULL
-        OR NEW.heartbeat_at IS NOT NULL OR NEW.heartbeat_expires_at IS NOT NULL
-        OR NEW.external_started_at IS NOT NULL OR NEW.step_begun IS NOT NULL OR NEW.step_begun_xact IS NOT NULL
-        OR NEW.failure IS NOT NULL OR NEW.finished_at IS NOT NULL OR NEW.version_checked)
-  EXECUTE FUNCTION pgfence.tg_plan_guard();
+-- function call, so plan_propose's insert runs no PL/pgSQL here. (Before migration 0034 there is
+-- no version_checked: the condition without it.)
+DO $plan_insert_guard$
+BEGIN
+  EXECUTE format($t$
+    CREATE OR REPLACE TRIGGER plan_insert_guard
+      BEFORE INSERT ON pgfence.plan
+      FOR EACH ROW
+      WHEN (NEW.status <> 'pending' OR NEW.next_step <> 1
+            OR NEW.proposed_db_user IS DISTINCT FROM session_user::text
+            OR NEW.approved_by IS NOT NULL OR NEW.approved_at IS NOT NULL
+            OR NEW.rejected_by IS NOT NULL OR NEW.rejected_at IS NOT NULL OR NEW.reject_reason IS NOT NULL
+            OR NEW.worker IS NOT NULL OR NEW.started_at IS NOT NULL OR NEW.heartbeat_interval IS NOT NULL
+            OR NEW.heartbeat_at IS NOT NULL OR NEW.heartbeat_expires_at IS NOT NULL
+            OR NEW.external_started_at IS NOT NULL OR NEW.step_begun IS NOT NULL OR NEW.step_begun_xact IS NOT NULL
+            OR NEW.failure IS NOT NULL OR NEW.finished_at IS NOT NULL%s)
+      EXECUTE FUNCTION pgfence.tg_plan_guard()$t$,
+    CASE WHEN EXISTS (SELECT FROM pg_catalog.pg_attribute
+                      WHERE attrelid = 'pgfence.plan'::regclass AND attname = 'version_checked' AND NOT attisdropped)
+         THEN ' OR NEW.version_checked' ELSE '' END);
+END
+$plan_insert_guard$;
 -- Plans, steps and receipts are deleted only by a purge (tg_purge_only, functions/00_core.sql).
 CREATE OR REPLACE TRIGGER plan_purge_only
   BEFORE DELETE ON pgfence.plan

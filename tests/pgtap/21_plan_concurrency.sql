@@ -9,7 +9,7 @@
 -- gate that keeps the killed runner in the middle of its step (tap_pc_put's "gate" argument).
 BEGIN;
 \ir helpers/setup.sql
-SELECT plan(30);
+SELECT plan(31);
 
 SELECT tap_helpers.peer('c0');
 SELECT tap_helpers.peer('c1');
@@ -146,6 +146,11 @@ SELECT results_eq(format('SELECT p.version_checked, s.function_xmin IS NOT NULL 
 SELECT dblink_exec('c0', format($$BEGIN; SET LOCAL session_replication_role = replica;
   UPDATE pgfence.plan_step SET function_md5 = md5('not the definition') WHERE plan_id = %s; COMMIT$$, pg_temp.pid('ver-ok')));
 SELECT is(pg_temp.run_step('ver-ok'), 'ok {"ver": 1}', '... its step skips the md5 (a spoilt recorded md5 is not even read) and runs');
+INSERT INTO ids SELECT 'ver-rr', tap_helpers.peer_value('c0', $q$SELECT pgfence.plan_propose('[{"action": "tap-pc-ver"}]', 'tap-pc-agent')$q$)::bigint;
+SELECT dblink_exec('c0', format($$BEGIN ISOLATION LEVEL REPEATABLE READ;
+  DO $d$ BEGIN PERFORM pgfence.plan_approve(%s, 'tap-pc-alice'); END $d$; COMMIT$$, pg_temp.pid('ver-rr')));
+SELECT results_eq(format('SELECT status, version_checked FROM pgfence.plan WHERE id = %s', pg_temp.pid('ver-rr')),
+  $$VALUES ('approved'::text, false)$$, 'approved under REPEATABLE READ (a snapshot that can be older than the cache): not version_checked');
 -- The hole the cross-check closes: the proposal's md5 (from the catalog cache) and row version
 -- (from its snapshot) disagree when a replacement commits between becoming visible and sending
 -- its cache invalidations. Here made by hand: the recorded md5 spoilt between proposal and approval.
