@@ -4612,7 +4612,8 @@ For _plan_step_finish''s PF107 check, on a row whose lockers all held the plan r
 -- plan_compensate (clients: a plan, or one that undoes another); plan_approve and plan_reject
 -- (administrators, four eyes). What was approved is what runs: each sql step records, at
 -- proposal, the md5 of its function's definition (pg_get_functiondef) with its pg_proc row's oid
--- and xmin, checked again before the step runs (24_plan_steps.sql); plan_approve refuses (PF103) the proposer's name and the
+-- and xmin, checked again before the step runs (24_plan_steps.sql); plan_approve cross-checks them
+-- (plan.version_checked: only then may the steps skip the md5) and refuses (PF103) the proposer's name and the
 -- proposing login (plan.proposed_db_user) unless that login is a superuser; every event records
 -- its login (event.db_user) next to the actor name. Query plans: docs/query-plans.md#plan.
 
@@ -4813,7 +4814,9 @@ BEGIN
     -- step): a step whose function was replaced after the approval does not run (PF108). With it
     -- the identity of the pg_proc row version hashed (oid, xmin), so that a step skips the md5
     -- while that version is the function's row (migration 0034); not for a row this transaction
-    -- wrote itself, which could still change under the same xmin: those steps always hash.
+    -- wrote itself, which could still change under the same xmin: those steps always hash. The
+    -- md5 comes from the catalog cache and the xmin from this snapshot, which a replacement
+    -- committing right now can make disagree: plan_approve cross-checks them (version_checked).
     WITH fp AS MATERIALIZED (
       SELECT a.name, md5(pg_catalog.pg_get_functiondef(pr.oid)) AS function_md5, pr.oid AS function_oid,
              CASE WHEN NOT pgfence._plan_locked_here(pr.xmin) THEN pgfence._plan_row_xid(pr.xmin) END AS function_xmin
@@ -4852,7 +4855,7 @@ REVOKE ALL ON FUNCTION pgfence.plan_propose(jsonb, text, interval, text, bigint)
 GRANT EXECUTE ON FUNCTION pgfence.plan_propose(jsonb, text, interval, text, bigint) TO pgfence_client, pgfence_admin;
 COMMENT ON FUNCTION pgfence.plan_propose(jsonb, text, interval, text, bigint) IS
   'Propose a plan: steps on the allow-list, validated and frozen until a person approves them.
-p_steps is a JSON array of {"action", "args", "note"} (1..10000 steps, numbered from 1), every action on the allow-list; all steps are validated up front and frozen (normalised with each action''s kind and function). It waits for approval until now() + ttl. A repeated idempotency key returns the existing plan and inserts nothing. compensates = the executed or failed plan this one undoes (plan_compensate). The proposing database login (session_user) is recorded with the plan: that login cannot approve it (plan_approve). Each sql step records the md5 of its function''s definition (pg_get_functiondef) and the identity of its pg_proc row version (oid, xmin; not for a row this transaction wrote): if the function is replaced before the step runs, the step is not run (PF108); while the row is that version the step skips the md5. Returns the plan id; NOTIFY pgfence_plan at commit. Errors: 22004 (missing steps/proposer/ttl), 22023 (malformed steps, ttl outside (0, 366 days], bad key), PF101 (an action not on the allow-list), 42883 (a sql action whose function was dropped), P0002 (unknown plan to compensate), PF106 (that plan is not executed or failed), PF003 (key already names another plan), 40001 (key held by an invisible transaction: retry).';
+p_steps is a JSON array of {"action", "args", "note"} (1..10000 steps, numbered from 1), every action on the allow-list; all steps are validated up front and frozen (normalised with each action''s kind and function). It waits for approval until now() + ttl. A repeated idempotency key returns the existing plan and inserts nothing. compensates = the executed or failed plan this one undoes (plan_compensate). The proposing database login (session_user) is recorded with the plan: that login cannot approve it (plan_approve). Each sql step records the md5 of its function''s definition (pg_get_functiondef) and the identity of its pg_proc row version (oid, xmin; not for a row this transaction wrote): if the function is replaced before the step runs, the step is not run (PF108); while the row is that version, in a plan that plan_approve marked version_checked, the step skips the md5. Returns the plan id; NOTIFY pgfence_plan at commit. Errors: 22004 (missing steps/proposer/ttl), 22023 (malformed steps, ttl outside (0, 366 days], bad key), PF101 (an action not on the allow-list), 42883 (a sql action whose function was dropped), P0002 (unknown plan to compensate), PF106 (that plan is not executed or failed), PF003 (key already names another plan), 40001 (key held by an invisible transaction: retry).';
 
 CREATE OR REPLACE FUNCTION pgfence.plan_compensate(
   p_id              bigint,
