@@ -25,8 +25,8 @@
 --   replacement that commits between becoming visible to snapshots and sending its cache
 --   invalidations could pair the old definition's md5 with the new row's xmin. So the skip also
 --   needs the plan's version_checked, which plan_approve (a later transaction) sets only after
---   finding every recorded row still current with the recorded md5 (docs/design.md, "The
---   approval check").
+--   finding every recorded row still current with the recorded md5
+--   (docs/design.md, "The approval check").
 ALTER TABLE pgfence.plan
   ADD COLUMN IF NOT EXISTS version_checked boolean NOT NULL DEFAULT false;
 COMMENT ON COLUMN pgfence.plan.version_checked IS
