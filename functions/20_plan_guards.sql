@@ -84,6 +84,16 @@ BEGIN
             DETAIL = format('Approved by %s at %s, started at %s.', OLD.approved_by, OLD.approved_at, OLD.started_at),
             HINT = 'Propose a new plan instead.';
   END IF;
+  -- version_checked (migration 0034) lets the steps skip the md5 of the approval check: only
+  -- plan_approve sets it, in its approving statement, after its cross-check (functions/22).
+  IF NEW.version_checked IS DISTINCT FROM OLD.version_checked
+     AND NOT (NEW.version_checked AND OLD.status = 'pending' AND NEW.status = 'approved'
+              AND pg_catalog.current_setting('pgfence.plan_version_checking', true) = OLD.id::text) THEN
+    RAISE EXCEPTION 'plan %: version_checked is written only by plan_approve', OLD.id
+      USING ERRCODE = 'PF002',
+            DETAIL = 'It says that the approval found each step''s recorded function row current with its recorded md5; the steps skip the md5 on it.',
+            HINT = 'Approve the plan with pgfence.plan_approve.';
+  END IF;
   IF NEW.next_step < OLD.next_step THEN
     RAISE EXCEPTION 'plan %: next_step never goes back (% -> %): committed steps stay committed', OLD.id, OLD.next_step, NEW.next_step
       USING ERRCODE = 'PF002', DETAIL = 'Every step before next_step committed with its ok receipt.',
@@ -157,7 +167,7 @@ $$;
 REVOKE ALL ON FUNCTION pgfence.tg_plan_guard() FROM PUBLIC;
 COMMENT ON FUNCTION pgfence.tg_plan_guard() IS
   'Trigger: holds the plan state machine and the frozen fields of pgfence.plan, for any writer.
-BEFORE UPDATE trigger on pgfence.plan: refuses any transition outside the plan machine, a step advancing without its ok receipt, and a hand-over between two owners without a release (PF001); refuses changes to the frozen plan (step count, proposer name and login, expiry, key, compensated plan, approver, start), next_step or the run token going back (PF002) — even from a hand-written UPDATE; then holds the row checks that were CHECK constraints before migration 0030 (plan_approved_iff ... plan_step_begun_whole: 23514 with the constraint''s name). Also BEFORE INSERT, filtered by a WHEN condition: a new row that is not a fresh proposal (pending, step 1, proposed by session_user, no approval / rejection / owner / heartbeat / failure / finish) is refused (PF001).';
+BEFORE UPDATE trigger on pgfence.plan: refuses any transition outside the plan machine, a step advancing without its ok receipt, and a hand-over between two owners without a release (PF001); refuses changes to the frozen plan (step count, proposer name and login, expiry, key, compensated plan, approver, start), next_step or the run token going back, and any change of version_checked except plan_approve''s (PF002) — even from a hand-written UPDATE; then holds the row checks that were CHECK constraints before migration 0030 (plan_approved_iff ... plan_step_begun_whole: 23514 with the constraint''s name). Also BEFORE INSERT, filtered by a WHEN condition: a new row that is not a fresh proposal (pending, step 1, proposed by session_user, no approval / rejection / owner / heartbeat / failure / finish, not version_checked) is refused (PF001).';
 
 -- plan_guard runs for every UPDATE but one kind: a step's commit (_plan_commit_step,
 -- 24_plan_steps.sql) does the guard's work in its own statement and marks the row with
@@ -187,19 +197,28 @@ BEGIN
 END
 $plan_guard$;
 -- A hand-written INSERT must be a fresh proposal. The WHEN condition is evaluated without a
--- function call, so plan_propose's insert runs no PL/pgSQL here.
-CREATE OR REPLACE TRIGGER plan_insert_guard
-  BEFORE INSERT ON pgfence.plan
-  FOR EACH ROW
-  WHEN (NEW.status <> 'pending' OR NEW.next_step <> 1
-        OR NEW.proposed_db_user IS DISTINCT FROM session_user::text
-        OR NEW.approved_by IS NOT NULL OR NEW.approved_at IS NOT NULL
-        OR NEW.rejected_by IS NOT NULL OR NEW.rejected_at IS NOT NULL OR NEW.reject_reason IS NOT NULL
-        OR NEW.worker IS NOT NULL OR NEW.started_at IS NOT NULL OR NEW.heartbeat_interval IS NOT NULL
-        OR NEW.heartbeat_at IS NOT NULL OR NEW.heartbeat_expires_at IS NOT NULL
-        OR NEW.external_started_at IS NOT NULL OR NEW.step_begun IS NOT NULL OR NEW.step_begun_xact IS NOT NULL
-        OR NEW.failure IS NOT NULL OR NEW.finished_at IS NOT NULL)
-  EXECUTE FUNCTION pgfence.tg_plan_guard();
+-- function call, so plan_propose's insert runs no PL/pgSQL here. (Before migration 0034 there is
+-- no version_checked: the condition without it.)
+DO $plan_insert_guard$
+BEGIN
+  EXECUTE format($t$
+    CREATE OR REPLACE TRIGGER plan_insert_guard
+      BEFORE INSERT ON pgfence.plan
+      FOR EACH ROW
+      WHEN (NEW.status <> 'pending' OR NEW.next_step <> 1
+            OR NEW.proposed_db_user IS DISTINCT FROM session_user::text
+            OR NEW.approved_by IS NOT NULL OR NEW.approved_at IS NOT NULL
+            OR NEW.rejected_by IS NOT NULL OR NEW.rejected_at IS NOT NULL OR NEW.reject_reason IS NOT NULL
+            OR NEW.worker IS NOT NULL OR NEW.started_at IS NOT NULL OR NEW.heartbeat_interval IS NOT NULL
+            OR NEW.heartbeat_at IS NOT NULL OR NEW.heartbeat_expires_at IS NOT NULL
+            OR NEW.external_started_at IS NOT NULL OR NEW.step_begun IS NOT NULL OR NEW.step_begun_xact IS NOT NULL
+            OR NEW.failure IS NOT NULL OR NEW.finished_at IS NOT NULL%s)
+      EXECUTE FUNCTION pgfence.tg_plan_guard()$t$,
+    CASE WHEN EXISTS (SELECT FROM pg_catalog.pg_attribute
+                      WHERE attrelid = 'pgfence.plan'::regclass AND attname = 'version_checked' AND NOT attisdropped)
+         THEN ' OR NEW.version_checked' ELSE '' END);
+END
+$plan_insert_guard$;
 -- Plans, steps and receipts are deleted only by a purge (tg_purge_only, functions/00_core.sql).
 CREATE OR REPLACE TRIGGER plan_purge_only
   BEFORE DELETE ON pgfence.plan

@@ -371,6 +371,51 @@ COMMENT ON FUNCTION pgfence._plan_row_xid(xid) IS
   'Private: the full transaction id of a committed pg_proc row''s xmin p_xmin, for plan_propose.
 The latest full xid below the caller''s snapshot''s xmax with those 32 bits, if that transaction had ended before that snapshot (below its xmin, or visible in it and committed); else NULL (the step then always computes the md5). Caller: plan_propose (migration 0034, plan_step.function_xmin).';
 
+-- The approval's cross-check of the recorded function row versions (migration 0034), for
+-- plan_approve to set plan.version_checked. The proposal took each step's md5 from the catalog
+-- cache (pg_get_functiondef reads the syscache) and the row's xmin from its snapshot. A committing
+-- transaction shows in snapshots (ProcArrayEndTransaction) just before it sends its cache
+-- invalidations (AtEOXact_Inval): a CREATE OR REPLACE committing in between pairs the old
+-- definition's md5 with the new row's xmin, and a step skipping the md5 on that row would run
+-- the new definition. The approval comes later, in another transaction: its snapshot shows the
+-- new row and its cache the new definition (sent microseconds after that commit), so the pair
+-- no longer matches. Only when every recorded pair matches now do the steps skip the md5.
+CREATE OR REPLACE FUNCTION pgfence._plan_version_check(p_id bigint)
+RETURNS boolean
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pgfence, pg_temp
+AS $$
+DECLARE
+  v_snap pg_snapshot;
+BEGIN
+  -- Under READ COMMITTED only, as the steps' skip (the statement's snapshot, not an older one).
+  IF pg_catalog.current_setting('transaction_isolation') <> 'read committed' THEN
+    RETURN false;
+  END IF;
+  -- Not in the proposing transaction (nor a subtransaction of it): its cache and snapshot are
+  -- those of the proposal. The proposal wrote the steps' rows; never updated while pending.
+  IF pgfence._plan_locked_here((SELECT s.xmin FROM pgfence.plan_step s WHERE s.plan_id = p_id AND s.step_index = 1)) THEN
+    RETURN false;
+  END IF;
+  v_snap := pg_catalog.pg_current_snapshot();
+  -- Every recorded row version (each distinct one once): still the function's row, within the
+  -- steps' 2^32 window, and its definition (from the cache, now) hashes to the recorded md5.
+  RETURN NOT EXISTS (
+    SELECT FROM (SELECT DISTINCT s.function_oid, s.function_xmin, s.function_md5
+                 FROM pgfence.plan_step s
+                 WHERE s.plan_id = p_id AND s.function_xmin IS NOT NULL) r
+    LEFT JOIN pg_catalog.pg_proc pr ON pr.oid = r.function_oid
+    WHERE CASE WHEN pr.xmin = pg_catalog.xid(r.function_xmin)
+                    AND pg_catalog.pg_snapshot_xmax(v_snap)::text::bigint - r.function_xmin::text::bigint <= 4294967296
+               THEN pg_catalog.md5(pg_catalog.pg_get_functiondef(pr.oid)) IS DISTINCT FROM r.function_md5
+               ELSE true END);
+END
+$$;
+REVOKE ALL ON FUNCTION pgfence._plan_version_check(bigint) FROM PUBLIC;
+COMMENT ON FUNCTION pgfence._plan_version_check(bigint) IS
+  'Private: may plan p_id''s steps skip the md5 of the approval check (plan.version_checked)?
+True only under READ COMMITTED, outside the proposing transaction (and its subtransactions), when for every sql step with a recorded function row version (function_oid, function_xmin) the function''s current pg_proc row (this snapshot) is that version, at most 2^32 xids before the snapshot''s xmax, and md5(pg_get_functiondef) now (from the catalog cache) equals the recorded function_md5. Never raises. Caller: plan_approve (migration 0034).';
+
 -- Handshake step 4's PF107 check: is a row's lock (its xmax) held by this transaction?
 CREATE OR REPLACE FUNCTION pgfence._plan_locked_here(p_locker xid)
 RETURNS boolean

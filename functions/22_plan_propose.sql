@@ -5,7 +5,8 @@
 -- plan_compensate (clients: a plan, or one that undoes another); plan_approve and plan_reject
 -- (administrators, four eyes). What was approved is what runs: each sql step records, at
 -- proposal, the md5 of its function's definition (pg_get_functiondef) with its pg_proc row's oid
--- and xmin, checked again before the step runs (24_plan_steps.sql); plan_approve refuses (PF103) the proposer's name and the
+-- and xmin, checked again before the step runs (24_plan_steps.sql); plan_approve cross-checks them
+-- (plan.version_checked: only then may the steps skip the md5) and refuses (PF103) the proposer's name and the
 -- proposing login (plan.proposed_db_user) unless that login is a superuser; every event records
 -- its login (event.db_user) next to the actor name. Query plans: docs/query-plans.md#plan.
 
@@ -206,7 +207,9 @@ BEGIN
     -- step): a step whose function was replaced after the approval does not run (PF108). With it
     -- the identity of the pg_proc row version hashed (oid, xmin), so that a step skips the md5
     -- while that version is the function's row (migration 0034); not for a row this transaction
-    -- wrote itself, which could still change under the same xmin: those steps always hash.
+    -- wrote itself, which could still change under the same xmin: those steps always hash. The
+    -- md5 comes from the catalog cache and the xmin from this snapshot, which a replacement
+    -- committing right now can make disagree: plan_approve cross-checks them (version_checked).
     WITH fp AS MATERIALIZED (
       SELECT a.name, md5(pg_catalog.pg_get_functiondef(pr.oid)) AS function_md5, pr.oid AS function_oid,
              CASE WHEN NOT pgfence._plan_locked_here(pr.xmin) THEN pgfence._plan_row_xid(pr.xmin) END AS function_xmin
@@ -245,7 +248,7 @@ REVOKE ALL ON FUNCTION pgfence.plan_propose(jsonb, text, interval, text, bigint)
 GRANT EXECUTE ON FUNCTION pgfence.plan_propose(jsonb, text, interval, text, bigint) TO pgfence_client, pgfence_admin;
 COMMENT ON FUNCTION pgfence.plan_propose(jsonb, text, interval, text, bigint) IS
   'Propose a plan: steps on the allow-list, validated and frozen until a person approves them.
-p_steps is a JSON array of {"action", "args", "note"} (1..10000 steps, numbered from 1), every action on the allow-list; all steps are validated up front and frozen (normalised with each action''s kind and function). It waits for approval until now() + ttl. A repeated idempotency key returns the existing plan and inserts nothing. compensates = the executed or failed plan this one undoes (plan_compensate). The proposing database login (session_user) is recorded with the plan: that login cannot approve it (plan_approve). Each sql step records the md5 of its function''s definition (pg_get_functiondef) and the identity of its pg_proc row version (oid, xmin; not for a row this transaction wrote): if the function is replaced before the step runs, the step is not run (PF108); while the row is that version the step skips the md5. Returns the plan id; NOTIFY pgfence_plan at commit. Errors: 22004 (missing steps/proposer/ttl), 22023 (malformed steps, ttl outside (0, 366 days], bad key), PF101 (an action not on the allow-list), 42883 (a sql action whose function was dropped), P0002 (unknown plan to compensate), PF106 (that plan is not executed or failed), PF003 (key already names another plan), 40001 (key held by an invisible transaction: retry).';
+p_steps is a JSON array of {"action", "args", "note"} (1..10000 steps, numbered from 1), every action on the allow-list; all steps are validated up front and frozen (normalised with each action''s kind and function). It waits for approval until now() + ttl. A repeated idempotency key returns the existing plan and inserts nothing. compensates = the executed or failed plan this one undoes (plan_compensate). The proposing database login (session_user) is recorded with the plan: that login cannot approve it (plan_approve). Each sql step records the md5 of its function''s definition (pg_get_functiondef) and the identity of its pg_proc row version (oid, xmin; not for a row this transaction wrote): if the function is replaced before the step runs, the step is not run (PF108); while the row is that version, in a plan that plan_approve marked version_checked, the step skips the md5. Returns the plan id; NOTIFY pgfence_plan at commit. Errors: 22004 (missing steps/proposer/ttl), 22023 (malformed steps, ttl outside (0, 366 days], bad key), PF101 (an action not on the allow-list), 42883 (a sql action whose function was dropped), P0002 (unknown plan to compensate), PF106 (that plan is not executed or failed), PF003 (key already names another plan), 40001 (key held by an invisible transaction: retry).';
 
 CREATE OR REPLACE FUNCTION pgfence.plan_compensate(
   p_id              bigint,
@@ -295,14 +298,20 @@ DECLARE
 BEGIN
   PERFORM pgfence._plan_check_name(p_by, 'approver');
   PERFORM pgfence._set_actor(p_by);
+  -- version_checked: the cross-check of the steps' recorded function row versions
+  -- (_plan_version_check, run for the matched row only); tg_plan_guard lets only this statement,
+  -- marked by the setting, write it.
+  PERFORM pg_catalog.set_config('pgfence.plan_version_checking', p_id::text, true);
   UPDATE pgfence.plan p
   SET status = CASE WHEN p.expires_at <= now() THEN 'expired' ELSE 'approved' END,
       approved_by = CASE WHEN p.expires_at > now() THEN p_by END,
       approved_at = CASE WHEN p.expires_at > now() THEN now() END,
-      finished_at = CASE WHEN p.expires_at <= now() THEN now() END
+      finished_at = CASE WHEN p.expires_at <= now() THEN now() END,
+      version_checked = CASE WHEN p.expires_at > now() THEN pgfence._plan_version_check(p.id) ELSE false END
   WHERE p.id = p_id AND p.status = c_pending AND p.proposed_by <> p_by
     AND (v_super OR p.proposed_db_user <> session_user::text)
   RETURNING p.status INTO v_status;
+  PERFORM pg_catalog.set_config('pgfence.plan_version_checking', '', true);
   IF v_status IS NOT NULL THEN
     PERFORM pgfence._set_actor(NULL);
     RETURN v_status;
@@ -328,7 +337,7 @@ REVOKE ALL ON FUNCTION pgfence.plan_approve(bigint, text) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION pgfence.plan_approve(bigint, text) TO pgfence_admin;
 COMMENT ON FUNCTION pgfence.plan_approve(bigint, text) IS
   'Approve a pending plan (four eyes: not by its proposer''s name or login); returns the new status.
-One conditional UPDATE: returns ''approved'', or ''expired'' when called after its expires_at (the plan moves to expired and can never run), or NULL when the plan is no longer pending (already decided: a lost race, nothing changed). At commit NOTIFY pgfence_plan wakes executors. Four eyes: refused when the approver name is the proposer name, and when the approving database login (session_user) is the one that proposed (plan.proposed_db_user), whatever names are passed, unless that login is a superuser. Errors: 22004/22023 (approver name), P0002 (unknown plan), PF103 (the approver is the proposer, by name or by login).';
+One conditional UPDATE: returns ''approved'', or ''expired'' when called after its expires_at (the plan moves to expired and can never run), or NULL when the plan is no longer pending (already decided: a lost race, nothing changed). At commit NOTIFY pgfence_plan wakes executors. Approving also cross-checks the steps'' recorded function row versions (_plan_version_check: in another transaction than the proposal, under READ COMMITTED, every recorded pg_proc row still current and its definition still hashing to the recorded md5) and marks the plan version_checked when they all hold: only then do its steps skip the md5 of the approval check by row version; otherwise they compute it (the approval itself succeeds either way). Four eyes: refused when the approver name is the proposer name, and when the approving database login (session_user) is the one that proposed (plan.proposed_db_user), whatever names are passed, unless that login is a superuser. Errors: 22004/22023 (approver name), P0002 (unknown plan), PF103 (the approver is the proposer, by name or by login).';
 
 CREATE OR REPLACE FUNCTION pgfence.plan_reject(p_id bigint, p_by text, p_reason text)
 RETURNS boolean

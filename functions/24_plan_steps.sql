@@ -25,7 +25,8 @@
 --   2. _plan_check_approved(...)              in a subtransaction: the action is not retired
 --        (PF101), its function exists (42883), its definition's md5 is the one recorded at
 --        proposal (PF108). The md5 is computed only when the function's pg_proc row is not
---        the version (oid, xmin) recorded at proposal (migration 0034).
+--        the version (oid, xmin) recorded at proposal or the plan is not version_checked
+--        (migration 0034: plan_approve's cross-check).
 --   3. the action: EXECUTE f(args)            same subtransaction. An error from 2 or 3 rolls
 --        back only the subtransaction (the action's effects) and becomes the error receipt.
 --   4. _plan_step_finish(id, worker, token, step, ok, output, error)   security definer.
@@ -194,13 +195,13 @@ BEGIN
            OR (s.kind = 'sql' AND s.xmax = pg_catalog.pg_current_xact_id()::xid
                AND (NOT p_ok OR EXISTS (
                      -- approved is what runs: the function's pg_proc row is the version recorded
-                     -- at proposal (no md5 needed; READ COMMITTED only, this statement's snapshot
+                     -- at proposal in a version_checked plan (no md5 needed; READ COMMITTED only, this statement's snapshot
                      -- being younger than the action: see _plan_step_begin), or its definition
                      -- hashes as then
                      SELECT FROM pgfence.plan_action a
                      JOIN pg_catalog.pg_proc pr ON pr.oid = a.function
                      WHERE a.name = s.action AND a.retired_at IS NULL
-                       AND ((pr.oid = s.function_oid AND pr.xmin = pg_catalog.xid(s.function_xmin)
+                       AND ((p.version_checked AND pr.oid = s.function_oid AND pr.xmin = pg_catalog.xid(s.function_xmin)
                              AND pg_catalog.current_setting('transaction_isolation') = 'read committed'
                              AND pg_catalog.pg_snapshot_xmax(pg_catalog.pg_current_snapshot())::text::bigint - s.function_xmin::text::bigint <= 4294967296)
                             OR pg_catalog.md5(pg_catalog.pg_get_functiondef(pr.oid)) = s.function_md5)))))
@@ -244,7 +245,7 @@ $$;
 REVOKE ALL ON FUNCTION pgfence._plan_commit_step(bigint, integer, text, bigint, boolean, jsonb, jsonb, boolean) FROM PUBLIC;
 COMMENT ON FUNCTION pgfence._plan_commit_step(bigint, integer, text, bigint, boolean, jsonb, jsonb, boolean) IS
   'Private: writes the receipt of step p_step of plan p_id and moves the plan on, in one statement.
-Only if the plan is executing by p_worker under run token p_token at step p_step and the step has no receipt; with p_begun_here also only for a SQL step whose row this transaction''s top level locked (_plan_step_begin: the PF107 proof) and, for an ok receipt, whose action is unretired with its function''s definition unchanged (its pg_proc row the version recorded at proposal, else the md5). The receipt is ok with output, or error, with the worker and the login (db_user); the plan goes to its next step with a renewed heartbeat (kept within a slack of a tenth of the interval, at most 1 s, below a fresh one, so that the update stays HOT), to executed after the last ok step, or to failed (step_error) after an error (no receipt event: the receipt is the row). The statement does what tg_plan_step_guard and tg_plan_guard would and what the row checks they hold demand, and marks both rows with a fresh receipt_nonce equal to the setting pgfence.plan_writing for that statement only, so those triggers skip exactly these rows. Returns the plan''s new status; when nothing matched nothing is written: NULL with p_begun_here, PF001 without (the caller checked it all under the row lock).';
+Only if the plan is executing by p_worker under run token p_token at step p_step and the step has no receipt; with p_begun_here also only for a SQL step whose row this transaction''s top level locked (_plan_step_begin: the PF107 proof) and, for an ok receipt, whose action is unretired with its function''s definition unchanged (its pg_proc row the version recorded at proposal in a version_checked plan, else the md5). The receipt is ok with output, or error, with the worker and the login (db_user); the plan goes to its next step with a renewed heartbeat (kept within a slack of a tenth of the interval, at most 1 s, below a fresh one, so that the update stays HOT), to executed after the last ok step, or to failed (step_error) after an error (no receipt event: the receipt is the row). The statement does what tg_plan_step_guard and tg_plan_guard would and what the row checks they hold demand, and marks both rows with a fresh receipt_nonce equal to the setting pgfence.plan_writing for that statement only, so those triggers skip exactly these rows. Returns the plan''s new status; when nothing matched nothing is written: NULL with p_begun_here, PF001 without (the caller checked it all under the row lock).';
 
 CREATE OR REPLACE FUNCTION pgfence._plan_step_begin(
   p_id     bigint,
@@ -292,11 +293,14 @@ BEGIN
   -- (tests/test_plan.py), so there the md5 is always computed, as before 0034. And only while
   -- the snapshot's xmax is at most 2^32 after the recorded row's full xid: xmin is 32 bits, and
   -- a replacement 2^32 transactions later gets the recorded one again (every row the snapshot
-  -- sees is below its xmax; tests/test_plan_xid_wrap.py).
+  -- sees is below its xmax; tests/test_plan_xid_wrap.py). And only when the plan is
+  -- version_checked: plan_approve, in a later transaction, found the recorded row current with the
+  -- recorded md5 (the proposal took the md5 from the catalog cache and the xmin from its
+  -- snapshot, which a replacement committing at that moment can make disagree).
   SELECT p.status, p.next_step, s.action, s.kind, s.args, s.function_md5,
          a.retired_at IS NOT NULL, n.nspname, pr.proname,
          CASE WHEN s.kind = 'sql' THEN
-           CASE WHEN pr.oid = s.function_oid AND pr.xmin = pg_catalog.xid(s.function_xmin)
+           CASE WHEN p.version_checked AND pr.oid = s.function_oid AND pr.xmin = pg_catalog.xid(s.function_xmin)
                      AND pg_catalog.current_setting('transaction_isolation') = 'read committed'
                      AND pg_catalog.pg_snapshot_xmax(pg_catalog.pg_current_snapshot())::text::bigint - s.function_xmin::text::bigint <= 4294967296
                 THEN s.function_md5
@@ -336,7 +340,7 @@ REVOKE ALL ON FUNCTION pgfence._plan_step_begin(bigint, text, bigint) FROM PUBLI
 GRANT EXECUTE ON FUNCTION pgfence._plan_step_begin(bigint, text, bigint) TO pgfence_executor, pgfence_admin;
 COMMENT ON FUNCTION pgfence._plan_step_begin(bigint, text, bigint) IS
   'Handshake step 1, for plan_run_step: lock a run p_worker owns under p_token, hand out its step.
-Security definer, so that plan_run_step itself need not be: locks the plan row and the step''s row for the rest of the transaction, heals a lapsed heartbeat, and returns the next step (action, kind, the function to call, whether the action was retired, the md5 of the function''s definition at proposal and now — computed only when the function''s pg_proc row is not the version recorded at proposal or the transaction is not READ COMMITTED —, args) if p_worker owns the executing run under run token p_token; otherwise only the status (refused). For an external step it stamps external_started_at; for a SQL step it writes nothing: the lock it holds on the step''s row (plan_step) is what _plan_step_finish checks, so that step is the only one it will then receipt, in this transaction. Not for direct use. Trust: granted to pgfence_executor because plan_run_step runs with the caller''s privileges; see the handshake in functions/24_plan_steps.sql for what that role is trusted with.';
+Security definer, so that plan_run_step itself need not be: locks the plan row and the step''s row for the rest of the transaction, heals a lapsed heartbeat, and returns the next step (action, kind, the function to call, whether the action was retired, the md5 of the function''s definition at proposal and now — computed only when the function''s pg_proc row is not the version recorded at proposal, the plan is not version_checked (plan_approve) or the transaction is not READ COMMITTED —, args) if p_worker owns the executing run under run token p_token; otherwise only the status (refused). For an external step it stamps external_started_at; for a SQL step it writes nothing: the lock it holds on the step''s row (plan_step) is what _plan_step_finish checks, so that step is the only one it will then receipt, in this transaction. Not for direct use. Trust: granted to pgfence_executor because plan_run_step runs with the caller''s privileges; see the handshake in functions/24_plan_steps.sql for what that role is trusted with.';
 
 CREATE OR REPLACE FUNCTION pgfence._plan_step_finish(
   p_id     bigint,
@@ -381,11 +385,11 @@ BEGIN
   -- since; the owner check binds the receipt to the worker and token passed here.
   -- One statement: the plan row (locked), the step p_step and its action.
   -- The md5 as in step 1: only when the function's pg_proc row is not the version recorded at
-  -- proposal, or the transaction is not READ COMMITTED.
+  -- proposal, the plan is not version_checked, or the transaction is not READ COMMITTED.
   SELECT p AS plan, s.kind, s.action, s.function_md5, s.outcome, s.xmax AS locker, a.retired_at,
          a.function::text AS function,
          CASE WHEN p_ok AND s.kind = 'sql' THEN
-           CASE WHEN pr.oid = s.function_oid AND pr.xmin = pg_catalog.xid(s.function_xmin)
+           CASE WHEN p.version_checked AND pr.oid = s.function_oid AND pr.xmin = pg_catalog.xid(s.function_xmin)
                      AND pg_catalog.current_setting('transaction_isolation') = 'read committed'
                      AND pg_catalog.pg_snapshot_xmax(pg_catalog.pg_current_snapshot())::text::bigint - s.function_xmin::text::bigint <= 4294967296
                 THEN s.function_md5

@@ -21,6 +21,16 @@
 --   the text differs; identical text runs). A row written by the proposing transaction itself
 --   is not recorded (it could still change under the same xmin before that transaction ends):
 --   those steps always hash.
+--   The md5 is taken from the catalog cache and the xmin from the proposal's snapshot; a
+--   replacement that commits between becoming visible to snapshots and sending its cache
+--   invalidations could pair the old definition's md5 with the new row's xmin. So the skip also
+--   needs the plan's version_checked, which plan_approve (a later transaction) sets only after
+--   finding every recorded row still current with the recorded md5
+--   (docs/design.md, "The approval check").
+ALTER TABLE pgfence.plan
+  ADD COLUMN IF NOT EXISTS version_checked boolean NOT NULL DEFAULT false;
+COMMENT ON COLUMN pgfence.plan.version_checked IS
+  'Written only by plan_approve (tg_plan_guard refuses any other change, PF002): true when the approval, in another transaction than the proposal and under READ COMMITTED, found for every sql step with a recorded function row version (plan_step.function_oid, function_xmin) that row still current and md5(pg_get_functiondef) equal to the recorded function_md5. Only then may the steps'' checks skip the md5 by row version; false: every step computes it.';
 ALTER TABLE pgfence.plan_step
   ADD COLUMN IF NOT EXISTS function_oid oid,
   ADD COLUMN IF NOT EXISTS function_xmin xid8,
@@ -28,7 +38,7 @@ ALTER TABLE pgfence.plan_step
 COMMENT ON COLUMN pgfence.plan_step.function_oid IS
   'For a sql step: the oid of the action''s function when the plan was proposed (with function_xmin, the identity of the pg_proc row version whose definition function_md5 hashes). NULL for steps proposed before migration 0034 and when the proposing transaction had itself written that row.';
 COMMENT ON COLUMN pgfence.plan_step.function_xmin IS
-  'For a sql step: the xmin of the action''s function''s pg_proc row when the plan was proposed, as a full (64-bit) transaction id (_plan_row_xid). While the registered function''s row has this oid and xmin (its 32 bits), under READ COMMITTED, and the checking snapshot''s xmax is at most 2^32 after it, its definition is the one fingerprinted in function_md5 and the step skips the md5 (any CREATE OR REPLACE or ALTER writes a new row version with a new xmin; freezing keeps xmin; a new row with the same 32-bit xmin needs 2^32 transactions). NULL: the md5 is always computed.';
+  'For a sql step: the xmin of the action''s function''s pg_proc row when the plan was proposed, as a full (64-bit) transaction id (_plan_row_xid). While the plan is version_checked (plan_approve found this row current with this md5), the registered function''s row has this oid and xmin (its 32 bits), under READ COMMITTED, and the checking snapshot''s xmax is at most 2^32 after it, its definition is the one fingerprinted in function_md5 and the step skips the md5 (any CREATE OR REPLACE or ALTER writes a new row version with a new xmin; freezing keeps xmin; a new row with the same 32-bit xmin needs 2^32 transactions). NULL: the md5 is always computed.';
 COMMENT ON COLUMN pgfence.plan_step.db_user IS
   'Part of the receipt: the database login (session_user) whose transaction wrote it, whatever worker name it passed. NULL for receipts written before migration 0034 (their login is in their receipt event).';
 

@@ -340,6 +340,7 @@ CREATE TABLE pgfence.plan (
   traceparent          text,
   tracestate           text,
   receipt_nonce        uuid,
+  version_checked      boolean NOT NULL DEFAULT false,
   CONSTRAINT plan_pkey PRIMARY KEY (id),
   CONSTRAINT plan_idempotency_key_key UNIQUE (idempotency_key),
   CONSTRAINT plan_compensates_fkey FOREIGN KEY (compensates) REFERENCES pgfence.plan(id),
@@ -376,6 +377,8 @@ COMMENT ON COLUMN pgfence.plan.tracestate IS
   'W3C tracestate of the proposing transaction (setting pgfence.tracestate), kept only with a traceparent; NULL if none.';
 COMMENT ON COLUMN pgfence.plan.receipt_nonce IS
   'Set by _plan_commit_step only: a value new for the row per step commit (the run token and the step as a uuid; random before migration 0034), so that tg_plan_guard is skipped for that statement alone (see the trigger plan_guard). Not data.';
+COMMENT ON COLUMN pgfence.plan.version_checked IS
+  'Written only by plan_approve (tg_plan_guard refuses any other change, PF002): true when the approval, in another transaction than the proposal and under READ COMMITTED, found for every sql step with a recorded function row version (plan_step.function_oid, function_xmin) that row still current and md5(pg_get_functiondef) equal to the recorded function_md5. Only then may the steps'' checks skip the md5 by row version; false: every step computes it.';
 CREATE INDEX plan_approved_idx ON pgfence.plan USING btree (id) WHERE (status = 'approved'::text);
 COMMENT ON INDEX pgfence.plan_approved_idx IS
   'Approved plans waiting for an executor, oldest first: the walk of plan_claim.';
@@ -429,7 +432,7 @@ COMMENT ON COLUMN pgfence.plan_step.receipt_nonce IS
 COMMENT ON COLUMN pgfence.plan_step.function_oid IS
   'For a sql step: the oid of the action''s function when the plan was proposed (with function_xmin, the identity of the pg_proc row version whose definition function_md5 hashes). NULL for steps proposed before migration 0034 and when the proposing transaction had itself written that row.';
 COMMENT ON COLUMN pgfence.plan_step.function_xmin IS
-  'For a sql step: the xmin of the action''s function''s pg_proc row when the plan was proposed, as a full (64-bit) transaction id (_plan_row_xid). While the registered function''s row has this oid and xmin (its 32 bits), under READ COMMITTED, and the checking snapshot''s xmax is at most 2^32 after it, its definition is the one fingerprinted in function_md5 and the step skips the md5 (any CREATE OR REPLACE or ALTER writes a new row version with a new xmin; freezing keeps xmin; a new row with the same 32-bit xmin needs 2^32 transactions). NULL: the md5 is always computed.';
+  'For a sql step: the xmin of the action''s function''s pg_proc row when the plan was proposed, as a full (64-bit) transaction id (_plan_row_xid). While the plan is version_checked (plan_approve found this row current with this md5), the registered function''s row has this oid and xmin (its 32 bits), under READ COMMITTED, and the checking snapshot''s xmax is at most 2^32 after it, its definition is the one fingerprinted in function_md5 and the step skips the md5 (any CREATE OR REPLACE or ALTER writes a new row version with a new xmin; freezing keeps xmin; a new row with the same 32-bit xmin needs 2^32 transactions). NULL: the md5 is always computed.';
 COMMENT ON COLUMN pgfence.plan_step.db_user IS
   'Part of the receipt: the database login (session_user) whose transaction wrote it, whatever worker name it passed. NULL for receipts written before migration 0034 (their login is in their receipt event).';
 
@@ -3822,6 +3825,16 @@ BEGIN
             DETAIL = format('Approved by %s at %s, started at %s.', OLD.approved_by, OLD.approved_at, OLD.started_at),
             HINT = 'Propose a new plan instead.';
   END IF;
+  -- version_checked (migration 0034) lets the steps skip the md5 of the approval check: only
+  -- plan_approve sets it, in its approving statement, after its cross-check (functions/22).
+  IF NEW.version_checked IS DISTINCT FROM OLD.version_checked
+     AND NOT (NEW.version_checked AND OLD.status = 'pending' AND NEW.status = 'approved'
+              AND pg_catalog.current_setting('pgfence.plan_version_checking', true) = OLD.id::text) THEN
+    RAISE EXCEPTION 'plan %: version_checked is written only by plan_approve', OLD.id
+      USING ERRCODE = 'PF002',
+            DETAIL = 'It says that the approval found each step''s recorded function row current with its recorded md5; the steps skip the md5 on it.',
+            HINT = 'Approve the plan with pgfence.plan_approve.';
+  END IF;
   IF NEW.next_step < OLD.next_step THEN
     RAISE EXCEPTION 'plan %: next_step never goes back (% -> %): committed steps stay committed', OLD.id, OLD.next_step, NEW.next_step
       USING ERRCODE = 'PF002', DETAIL = 'Every step before next_step committed with its ok receipt.',
@@ -3895,7 +3908,7 @@ $$;
 REVOKE ALL ON FUNCTION pgfence.tg_plan_guard() FROM PUBLIC;
 COMMENT ON FUNCTION pgfence.tg_plan_guard() IS
   'Trigger: holds the plan state machine and the frozen fields of pgfence.plan, for any writer.
-BEFORE UPDATE trigger on pgfence.plan: refuses any transition outside the plan machine, a step advancing without its ok receipt, and a hand-over between two owners without a release (PF001); refuses changes to the frozen plan (step count, proposer name and login, expiry, key, compensated plan, approver, start), next_step or the run token going back (PF002) — even from a hand-written UPDATE; then holds the row checks that were CHECK constraints before migration 0030 (plan_approved_iff ... plan_step_begun_whole: 23514 with the constraint''s name). Also BEFORE INSERT, filtered by a WHEN condition: a new row that is not a fresh proposal (pending, step 1, proposed by session_user, no approval / rejection / owner / heartbeat / failure / finish) is refused (PF001).';
+BEFORE UPDATE trigger on pgfence.plan: refuses any transition outside the plan machine, a step advancing without its ok receipt, and a hand-over between two owners without a release (PF001); refuses changes to the frozen plan (step count, proposer name and login, expiry, key, compensated plan, approver, start), next_step or the run token going back, and any change of version_checked except plan_approve''s (PF002) — even from a hand-written UPDATE; then holds the row checks that were CHECK constraints before migration 0030 (plan_approved_iff ... plan_step_begun_whole: 23514 with the constraint''s name). Also BEFORE INSERT, filtered by a WHEN condition: a new row that is not a fresh proposal (pending, step 1, proposed by session_user, no approval / rejection / owner / heartbeat / failure / finish, not version_checked) is refused (PF001).';
 
 -- plan_guard runs for every UPDATE but one kind: a step's commit (_plan_commit_step,
 -- 24_plan_steps.sql) does the guard's work in its own statement and marks the row with
@@ -3925,19 +3938,28 @@ BEGIN
 END
 $plan_guard$;
 -- A hand-written INSERT must be a fresh proposal. The WHEN condition is evaluated without a
--- function call, so plan_propose's insert runs no PL/pgSQL here.
-CREATE OR REPLACE TRIGGER plan_insert_guard
-  BEFORE INSERT ON pgfence.plan
-  FOR EACH ROW
-  WHEN (NEW.status <> 'pending' OR NEW.next_step <> 1
-        OR NEW.proposed_db_user IS DISTINCT FROM session_user::text
-        OR NEW.approved_by IS NOT NULL OR NEW.approved_at IS NOT NULL
-        OR NEW.rejected_by IS NOT NULL OR NEW.rejected_at IS NOT NULL OR NEW.reject_reason IS NOT NULL
-        OR NEW.worker IS NOT NULL OR NEW.started_at IS NOT NULL OR NEW.heartbeat_interval IS NOT NULL
-        OR NEW.heartbeat_at IS NOT NULL OR NEW.heartbeat_expires_at IS NOT NULL
-        OR NEW.external_started_at IS NOT NULL OR NEW.step_begun IS NOT NULL OR NEW.step_begun_xact IS NOT NULL
-        OR NEW.failure IS NOT NULL OR NEW.finished_at IS NOT NULL)
-  EXECUTE FUNCTION pgfence.tg_plan_guard();
+-- function call, so plan_propose's insert runs no PL/pgSQL here. (Before migration 0034 there is
+-- no version_checked: the condition without it.)
+DO $plan_insert_guard$
+BEGIN
+  EXECUTE format($t$
+    CREATE OR REPLACE TRIGGER plan_insert_guard
+      BEFORE INSERT ON pgfence.plan
+      FOR EACH ROW
+      WHEN (NEW.status <> 'pending' OR NEW.next_step <> 1
+            OR NEW.proposed_db_user IS DISTINCT FROM session_user::text
+            OR NEW.approved_by IS NOT NULL OR NEW.approved_at IS NOT NULL
+            OR NEW.rejected_by IS NOT NULL OR NEW.rejected_at IS NOT NULL OR NEW.reject_reason IS NOT NULL
+            OR NEW.worker IS NOT NULL OR NEW.started_at IS NOT NULL OR NEW.heartbeat_interval IS NOT NULL
+            OR NEW.heartbeat_at IS NOT NULL OR NEW.heartbeat_expires_at IS NOT NULL
+            OR NEW.external_started_at IS NOT NULL OR NEW.step_begun IS NOT NULL OR NEW.step_begun_xact IS NOT NULL
+            OR NEW.failure IS NOT NULL OR NEW.finished_at IS NOT NULL%s)
+      EXECUTE FUNCTION pgfence.tg_plan_guard()$t$,
+    CASE WHEN EXISTS (SELECT FROM pg_catalog.pg_attribute
+                      WHERE attrelid = 'pgfence.plan'::regclass AND attname = 'version_checked' AND NOT attisdropped)
+         THEN ' OR NEW.version_checked' ELSE '' END);
+END
+$plan_insert_guard$;
 -- Plans, steps and receipts are deleted only by a purge (tg_purge_only, functions/00_core.sql).
 CREATE OR REPLACE TRIGGER plan_purge_only
   BEFORE DELETE ON pgfence.plan
@@ -4496,6 +4518,51 @@ COMMENT ON FUNCTION pgfence._plan_row_xid(xid) IS
   'Private: the full transaction id of a committed pg_proc row''s xmin p_xmin, for plan_propose.
 The latest full xid below the caller''s snapshot''s xmax with those 32 bits, if that transaction had ended before that snapshot (below its xmin, or visible in it and committed); else NULL (the step then always computes the md5). Caller: plan_propose (migration 0034, plan_step.function_xmin).';
 
+-- The approval's cross-check of the recorded function row versions (migration 0034), for
+-- plan_approve to set plan.version_checked. The proposal took each step's md5 from the catalog
+-- cache (pg_get_functiondef reads the syscache) and the row's xmin from its snapshot. A committing
+-- transaction shows in snapshots (ProcArrayEndTransaction) just before it sends its cache
+-- invalidations (AtEOXact_Inval): a CREATE OR REPLACE committing in between pairs the old
+-- definition's md5 with the new row's xmin, and a step skipping the md5 on that row would run
+-- the new definition. The approval comes later, in another transaction: its snapshot shows the
+-- new row and its cache the new definition (sent microseconds after that commit), so the pair
+-- no longer matches. Only when every recorded pair matches now do the steps skip the md5.
+CREATE OR REPLACE FUNCTION pgfence._plan_version_check(p_id bigint)
+RETURNS boolean
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pgfence, pg_temp
+AS $$
+DECLARE
+  v_snap pg_snapshot;
+BEGIN
+  -- Under READ COMMITTED only, as the steps' skip (the statement's snapshot, not an older one).
+  IF pg_catalog.current_setting('transaction_isolation') <> 'read committed' THEN
+    RETURN false;
+  END IF;
+  -- Not in the proposing transaction (nor a subtransaction of it): its cache and snapshot are
+  -- those of the proposal. The proposal wrote the steps' rows; never updated while pending.
+  IF pgfence._plan_locked_here((SELECT s.xmin FROM pgfence.plan_step s WHERE s.plan_id = p_id AND s.step_index = 1)) THEN
+    RETURN false;
+  END IF;
+  v_snap := pg_catalog.pg_current_snapshot();
+  -- Every recorded row version (each distinct one once): still the function's row, within the
+  -- steps' 2^32 window, and its definition (from the cache, now) hashes to the recorded md5.
+  RETURN NOT EXISTS (
+    SELECT FROM (SELECT DISTINCT s.function_oid, s.function_xmin, s.function_md5
+                 FROM pgfence.plan_step s
+                 WHERE s.plan_id = p_id AND s.function_xmin IS NOT NULL) r
+    LEFT JOIN pg_catalog.pg_proc pr ON pr.oid = r.function_oid
+    WHERE CASE WHEN pr.xmin = pg_catalog.xid(r.function_xmin)
+                    AND pg_catalog.pg_snapshot_xmax(v_snap)::text::bigint - r.function_xmin::text::bigint <= 4294967296
+               THEN pg_catalog.md5(pg_catalog.pg_get_functiondef(pr.oid)) IS DISTINCT FROM r.function_md5
+               ELSE true END);
+END
+$$;
+REVOKE ALL ON FUNCTION pgfence._plan_version_check(bigint) FROM PUBLIC;
+COMMENT ON FUNCTION pgfence._plan_version_check(bigint) IS
+  'Private: may plan p_id''s steps skip the md5 of the approval check (plan.version_checked)?
+True only under READ COMMITTED, outside the proposing transaction (and its subtransactions), when for every sql step with a recorded function row version (function_oid, function_xmin) the function''s current pg_proc row (this snapshot) is that version, at most 2^32 xids before the snapshot''s xmax, and md5(pg_get_functiondef) now (from the catalog cache) equals the recorded function_md5. Never raises. Caller: plan_approve (migration 0034).';
+
 -- Handshake step 4's PF107 check: is a row's lock (its xmax) held by this transaction?
 CREATE OR REPLACE FUNCTION pgfence._plan_locked_here(p_locker xid)
 RETURNS boolean
@@ -4545,7 +4612,8 @@ For _plan_step_finish''s PF107 check, on a row whose lockers all held the plan r
 -- plan_compensate (clients: a plan, or one that undoes another); plan_approve and plan_reject
 -- (administrators, four eyes). What was approved is what runs: each sql step records, at
 -- proposal, the md5 of its function's definition (pg_get_functiondef) with its pg_proc row's oid
--- and xmin, checked again before the step runs (24_plan_steps.sql); plan_approve refuses (PF103) the proposer's name and the
+-- and xmin, checked again before the step runs (24_plan_steps.sql); plan_approve cross-checks them
+-- (plan.version_checked: only then may the steps skip the md5) and refuses (PF103) the proposer's name and the
 -- proposing login (plan.proposed_db_user) unless that login is a superuser; every event records
 -- its login (event.db_user) next to the actor name. Query plans: docs/query-plans.md#plan.
 
@@ -4746,7 +4814,9 @@ BEGIN
     -- step): a step whose function was replaced after the approval does not run (PF108). With it
     -- the identity of the pg_proc row version hashed (oid, xmin), so that a step skips the md5
     -- while that version is the function's row (migration 0034); not for a row this transaction
-    -- wrote itself, which could still change under the same xmin: those steps always hash.
+    -- wrote itself, which could still change under the same xmin: those steps always hash. The
+    -- md5 comes from the catalog cache and the xmin from this snapshot, which a replacement
+    -- committing right now can make disagree: plan_approve cross-checks them (version_checked).
     WITH fp AS MATERIALIZED (
       SELECT a.name, md5(pg_catalog.pg_get_functiondef(pr.oid)) AS function_md5, pr.oid AS function_oid,
              CASE WHEN NOT pgfence._plan_locked_here(pr.xmin) THEN pgfence._plan_row_xid(pr.xmin) END AS function_xmin
@@ -4785,7 +4855,7 @@ REVOKE ALL ON FUNCTION pgfence.plan_propose(jsonb, text, interval, text, bigint)
 GRANT EXECUTE ON FUNCTION pgfence.plan_propose(jsonb, text, interval, text, bigint) TO pgfence_client, pgfence_admin;
 COMMENT ON FUNCTION pgfence.plan_propose(jsonb, text, interval, text, bigint) IS
   'Propose a plan: steps on the allow-list, validated and frozen until a person approves them.
-p_steps is a JSON array of {"action", "args", "note"} (1..10000 steps, numbered from 1), every action on the allow-list; all steps are validated up front and frozen (normalised with each action''s kind and function). It waits for approval until now() + ttl. A repeated idempotency key returns the existing plan and inserts nothing. compensates = the executed or failed plan this one undoes (plan_compensate). The proposing database login (session_user) is recorded with the plan: that login cannot approve it (plan_approve). Each sql step records the md5 of its function''s definition (pg_get_functiondef) and the identity of its pg_proc row version (oid, xmin; not for a row this transaction wrote): if the function is replaced before the step runs, the step is not run (PF108); while the row is that version the step skips the md5. Returns the plan id; NOTIFY pgfence_plan at commit. Errors: 22004 (missing steps/proposer/ttl), 22023 (malformed steps, ttl outside (0, 366 days], bad key), PF101 (an action not on the allow-list), 42883 (a sql action whose function was dropped), P0002 (unknown plan to compensate), PF106 (that plan is not executed or failed), PF003 (key already names another plan), 40001 (key held by an invisible transaction: retry).';
+p_steps is a JSON array of {"action", "args", "note"} (1..10000 steps, numbered from 1), every action on the allow-list; all steps are validated up front and frozen (normalised with each action''s kind and function). It waits for approval until now() + ttl. A repeated idempotency key returns the existing plan and inserts nothing. compensates = the executed or failed plan this one undoes (plan_compensate). The proposing database login (session_user) is recorded with the plan: that login cannot approve it (plan_approve). Each sql step records the md5 of its function''s definition (pg_get_functiondef) and the identity of its pg_proc row version (oid, xmin; not for a row this transaction wrote): if the function is replaced before the step runs, the step is not run (PF108); while the row is that version, in a plan that plan_approve marked version_checked, the step skips the md5. Returns the plan id; NOTIFY pgfence_plan at commit. Errors: 22004 (missing steps/proposer/ttl), 22023 (malformed steps, ttl outside (0, 366 days], bad key), PF101 (an action not on the allow-list), 42883 (a sql action whose function was dropped), P0002 (unknown plan to compensate), PF106 (that plan is not executed or failed), PF003 (key already names another plan), 40001 (key held by an invisible transaction: retry).';
 
 CREATE OR REPLACE FUNCTION pgfence.plan_compensate(
   p_id              bigint,
@@ -4835,14 +4905,20 @@ DECLARE
 BEGIN
   PERFORM pgfence._plan_check_name(p_by, 'approver');
   PERFORM pgfence._set_actor(p_by);
+  -- version_checked: the cross-check of the steps' recorded function row versions
+  -- (_plan_version_check, run for the matched row only); tg_plan_guard lets only this statement,
+  -- marked by the setting, write it.
+  PERFORM pg_catalog.set_config('pgfence.plan_version_checking', p_id::text, true);
   UPDATE pgfence.plan p
   SET status = CASE WHEN p.expires_at <= now() THEN 'expired' ELSE 'approved' END,
       approved_by = CASE WHEN p.expires_at > now() THEN p_by END,
       approved_at = CASE WHEN p.expires_at > now() THEN now() END,
-      finished_at = CASE WHEN p.expires_at <= now() THEN now() END
+      finished_at = CASE WHEN p.expires_at <= now() THEN now() END,
+      version_checked = CASE WHEN p.expires_at > now() THEN pgfence._plan_version_check(p.id) ELSE false END
   WHERE p.id = p_id AND p.status = c_pending AND p.proposed_by <> p_by
     AND (v_super OR p.proposed_db_user <> session_user::text)
   RETURNING p.status INTO v_status;
+  PERFORM pg_catalog.set_config('pgfence.plan_version_checking', '', true);
   IF v_status IS NOT NULL THEN
     PERFORM pgfence._set_actor(NULL);
     RETURN v_status;
@@ -4868,7 +4944,7 @@ REVOKE ALL ON FUNCTION pgfence.plan_approve(bigint, text) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION pgfence.plan_approve(bigint, text) TO pgfence_admin;
 COMMENT ON FUNCTION pgfence.plan_approve(bigint, text) IS
   'Approve a pending plan (four eyes: not by its proposer''s name or login); returns the new status.
-One conditional UPDATE: returns ''approved'', or ''expired'' when called after its expires_at (the plan moves to expired and can never run), or NULL when the plan is no longer pending (already decided: a lost race, nothing changed). At commit NOTIFY pgfence_plan wakes executors. Four eyes: refused when the approver name is the proposer name, and when the approving database login (session_user) is the one that proposed (plan.proposed_db_user), whatever names are passed, unless that login is a superuser. Errors: 22004/22023 (approver name), P0002 (unknown plan), PF103 (the approver is the proposer, by name or by login).';
+One conditional UPDATE: returns ''approved'', or ''expired'' when called after its expires_at (the plan moves to expired and can never run), or NULL when the plan is no longer pending (already decided: a lost race, nothing changed). At commit NOTIFY pgfence_plan wakes executors. Approving also cross-checks the steps'' recorded function row versions (_plan_version_check: in another transaction than the proposal, under READ COMMITTED, every recorded pg_proc row still current and its definition still hashing to the recorded md5) and marks the plan version_checked when they all hold: only then do its steps skip the md5 of the approval check by row version; otherwise they compute it (the approval itself succeeds either way). Four eyes: refused when the approver name is the proposer name, and when the approving database login (session_user) is the one that proposed (plan.proposed_db_user), whatever names are passed, unless that login is a superuser. Errors: 22004/22023 (approver name), P0002 (unknown plan), PF103 (the approver is the proposer, by name or by login).';
 
 CREATE OR REPLACE FUNCTION pgfence.plan_reject(p_id bigint, p_by text, p_reason text)
 RETURNS boolean
@@ -5145,7 +5221,8 @@ E.g. every third of the heartbeat interval while an external step runs: the dead
 --   2. _plan_check_approved(...)              in a subtransaction: the action is not retired
 --        (PF101), its function exists (42883), its definition's md5 is the one recorded at
 --        proposal (PF108). The md5 is computed only when the function's pg_proc row is not
---        the version (oid, xmin) recorded at proposal (migration 0034).
+--        the version (oid, xmin) recorded at proposal or the plan is not version_checked
+--        (migration 0034: plan_approve's cross-check).
 --   3. the action: EXECUTE f(args)            same subtransaction. An error from 2 or 3 rolls
 --        back only the subtransaction (the action's effects) and becomes the error receipt.
 --   4. _plan_step_finish(id, worker, token, step, ok, output, error)   security definer.
@@ -5314,13 +5391,13 @@ BEGIN
            OR (s.kind = 'sql' AND s.xmax = pg_catalog.pg_current_xact_id()::xid
                AND (NOT p_ok OR EXISTS (
                      -- approved is what runs: the function's pg_proc row is the version recorded
-                     -- at proposal (no md5 needed; READ COMMITTED only, this statement's snapshot
+                     -- at proposal in a version_checked plan (no md5 needed; READ COMMITTED only, this statement's snapshot
                      -- being younger than the action: see _plan_step_begin), or its definition
                      -- hashes as then
                      SELECT FROM pgfence.plan_action a
                      JOIN pg_catalog.pg_proc pr ON pr.oid = a.function
                      WHERE a.name = s.action AND a.retired_at IS NULL
-                       AND ((pr.oid = s.function_oid AND pr.xmin = pg_catalog.xid(s.function_xmin)
+                       AND ((p.version_checked AND pr.oid = s.function_oid AND pr.xmin = pg_catalog.xid(s.function_xmin)
                              AND pg_catalog.current_setting('transaction_isolation') = 'read committed'
                              AND pg_catalog.pg_snapshot_xmax(pg_catalog.pg_current_snapshot())::text::bigint - s.function_xmin::text::bigint <= 4294967296)
                             OR pg_catalog.md5(pg_catalog.pg_get_functiondef(pr.oid)) = s.function_md5)))))
@@ -5364,7 +5441,7 @@ $$;
 REVOKE ALL ON FUNCTION pgfence._plan_commit_step(bigint, integer, text, bigint, boolean, jsonb, jsonb, boolean) FROM PUBLIC;
 COMMENT ON FUNCTION pgfence._plan_commit_step(bigint, integer, text, bigint, boolean, jsonb, jsonb, boolean) IS
   'Private: writes the receipt of step p_step of plan p_id and moves the plan on, in one statement.
-Only if the plan is executing by p_worker under run token p_token at step p_step and the step has no receipt; with p_begun_here also only for a SQL step whose row this transaction''s top level locked (_plan_step_begin: the PF107 proof) and, for an ok receipt, whose action is unretired with its function''s definition unchanged (its pg_proc row the version recorded at proposal, else the md5). The receipt is ok with output, or error, with the worker and the login (db_user); the plan goes to its next step with a renewed heartbeat (kept within a slack of a tenth of the interval, at most 1 s, below a fresh one, so that the update stays HOT), to executed after the last ok step, or to failed (step_error) after an error (no receipt event: the receipt is the row). The statement does what tg_plan_step_guard and tg_plan_guard would and what the row checks they hold demand, and marks both rows with a fresh receipt_nonce equal to the setting pgfence.plan_writing for that statement only, so those triggers skip exactly these rows. Returns the plan''s new status; when nothing matched nothing is written: NULL with p_begun_here, PF001 without (the caller checked it all under the row lock).';
+Only if the plan is executing by p_worker under run token p_token at step p_step and the step has no receipt; with p_begun_here also only for a SQL step whose row this transaction''s top level locked (_plan_step_begin: the PF107 proof) and, for an ok receipt, whose action is unretired with its function''s definition unchanged (its pg_proc row the version recorded at proposal in a version_checked plan, else the md5). The receipt is ok with output, or error, with the worker and the login (db_user); the plan goes to its next step with a renewed heartbeat (kept within a slack of a tenth of the interval, at most 1 s, below a fresh one, so that the update stays HOT), to executed after the last ok step, or to failed (step_error) after an error (no receipt event: the receipt is the row). The statement does what tg_plan_step_guard and tg_plan_guard would and what the row checks they hold demand, and marks both rows with a fresh receipt_nonce equal to the setting pgfence.plan_writing for that statement only, so those triggers skip exactly these rows. Returns the plan''s new status; when nothing matched nothing is written: NULL with p_begun_here, PF001 without (the caller checked it all under the row lock).';
 
 CREATE OR REPLACE FUNCTION pgfence._plan_step_begin(
   p_id     bigint,
@@ -5412,11 +5489,14 @@ BEGIN
   -- (tests/test_plan.py), so there the md5 is always computed, as before 0034. And only while
   -- the snapshot's xmax is at most 2^32 after the recorded row's full xid: xmin is 32 bits, and
   -- a replacement 2^32 transactions later gets the recorded one again (every row the snapshot
-  -- sees is below its xmax; tests/test_plan_xid_wrap.py).
+  -- sees is below its xmax; tests/test_plan_xid_wrap.py). And only when the plan is
+  -- version_checked: plan_approve, in a later transaction, found the recorded row current with the
+  -- recorded md5 (the proposal took the md5 from the catalog cache and the xmin from its
+  -- snapshot, which a replacement committing at that moment can make disagree).
   SELECT p.status, p.next_step, s.action, s.kind, s.args, s.function_md5,
          a.retired_at IS NOT NULL, n.nspname, pr.proname,
          CASE WHEN s.kind = 'sql' THEN
-           CASE WHEN pr.oid = s.function_oid AND pr.xmin = pg_catalog.xid(s.function_xmin)
+           CASE WHEN p.version_checked AND pr.oid = s.function_oid AND pr.xmin = pg_catalog.xid(s.function_xmin)
                      AND pg_catalog.current_setting('transaction_isolation') = 'read committed'
                      AND pg_catalog.pg_snapshot_xmax(pg_catalog.pg_current_snapshot())::text::bigint - s.function_xmin::text::bigint <= 4294967296
                 THEN s.function_md5
@@ -5456,7 +5536,7 @@ REVOKE ALL ON FUNCTION pgfence._plan_step_begin(bigint, text, bigint) FROM PUBLI
 GRANT EXECUTE ON FUNCTION pgfence._plan_step_begin(bigint, text, bigint) TO pgfence_executor, pgfence_admin;
 COMMENT ON FUNCTION pgfence._plan_step_begin(bigint, text, bigint) IS
   'Handshake step 1, for plan_run_step: lock a run p_worker owns under p_token, hand out its step.
-Security definer, so that plan_run_step itself need not be: locks the plan row and the step''s row for the rest of the transaction, heals a lapsed heartbeat, and returns the next step (action, kind, the function to call, whether the action was retired, the md5 of the function''s definition at proposal and now — computed only when the function''s pg_proc row is not the version recorded at proposal or the transaction is not READ COMMITTED —, args) if p_worker owns the executing run under run token p_token; otherwise only the status (refused). For an external step it stamps external_started_at; for a SQL step it writes nothing: the lock it holds on the step''s row (plan_step) is what _plan_step_finish checks, so that step is the only one it will then receipt, in this transaction. Not for direct use. Trust: granted to pgfence_executor because plan_run_step runs with the caller''s privileges; see the handshake in functions/24_plan_steps.sql for what that role is trusted with.';
+Security definer, so that plan_run_step itself need not be: locks the plan row and the step''s row for the rest of the transaction, heals a lapsed heartbeat, and returns the next step (action, kind, the function to call, whether the action was retired, the md5 of the function''s definition at proposal and now — computed only when the function''s pg_proc row is not the version recorded at proposal, the plan is not version_checked (plan_approve) or the transaction is not READ COMMITTED —, args) if p_worker owns the executing run under run token p_token; otherwise only the status (refused). For an external step it stamps external_started_at; for a SQL step it writes nothing: the lock it holds on the step''s row (plan_step) is what _plan_step_finish checks, so that step is the only one it will then receipt, in this transaction. Not for direct use. Trust: granted to pgfence_executor because plan_run_step runs with the caller''s privileges; see the handshake in functions/24_plan_steps.sql for what that role is trusted with.';
 
 CREATE OR REPLACE FUNCTION pgfence._plan_step_finish(
   p_id     bigint,
@@ -5501,11 +5581,11 @@ BEGIN
   -- since; the owner check binds the receipt to the worker and token passed here.
   -- One statement: the plan row (locked), the step p_step and its action.
   -- The md5 as in step 1: only when the function's pg_proc row is not the version recorded at
-  -- proposal, or the transaction is not READ COMMITTED.
+  -- proposal, the plan is not version_checked, or the transaction is not READ COMMITTED.
   SELECT p AS plan, s.kind, s.action, s.function_md5, s.outcome, s.xmax AS locker, a.retired_at,
          a.function::text AS function,
          CASE WHEN p_ok AND s.kind = 'sql' THEN
-           CASE WHEN pr.oid = s.function_oid AND pr.xmin = pg_catalog.xid(s.function_xmin)
+           CASE WHEN p.version_checked AND pr.oid = s.function_oid AND pr.xmin = pg_catalog.xid(s.function_xmin)
                      AND pg_catalog.current_setting('transaction_isolation') = 'read committed'
                      AND pg_catalog.pg_snapshot_xmax(pg_catalog.pg_current_snapshot())::text::bigint - s.function_xmin::text::bigint <= 4294967296
                 THEN s.function_md5

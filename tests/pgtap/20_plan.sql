@@ -3,7 +3,7 @@
 -- commits) are in 21_plan_concurrency.sql.
 BEGIN;
 \ir helpers/setup.sql
-SELECT plan(437);
+SELECT plan(444);
 
 -- Fixtures: a small table, SQL actions on it, an external action (rolled back at the end).
 CREATE TABLE public.tap_plan_t (k text PRIMARY KEY, v integer NOT NULL CHECK (v >= 0));
@@ -826,10 +826,29 @@ SELECT results_eq($$SELECT s.function_oid, s.function_xmin IS NULL FROM pgfence.
   $$VALUES ('public.tap_plan_mut(jsonb)'::regprocedure::oid, true)$$,
   '... but no xmin for a row the proposing transaction wrote itself (it could change under that xmin): the md5 decides');
 SELECT is((SELECT string_agg(pgfence.plan_approve(id, 'tap-alice'), ',') FROM ids WHERE name LIKE 'row-%'), 'approved,approved,approved,approved,approved,approved,approved', 'approve the row-* plans');
+SELECT is((SELECT count(*)::int FROM pgfence.plan p JOIN ids ON ids.id = p.id WHERE ids.name LIKE 'row-%' AND p.version_checked), 0,
+  'proposed and approved in one transaction: not version_checked (the proposal''s cache and snapshot are this transaction''s); the steps compute the md5');
+SAVEPOINT row_sub_propose;
+INSERT INTO ids SELECT 'row-sub', pgfence.plan_propose('[{"action": "tap-row"}]', 'tap-agent');
+RELEASE SAVEPOINT row_sub_propose;
+SAVEPOINT row_sub_approve;
+SELECT is(pgfence.plan_approve(pg_temp.pid('row-sub'), 'tap-alice'), 'approved', 'proposed in one subtransaction, approved in another ...');
+RELEASE SAVEPOINT row_sub_approve;
+SELECT results_eq($$SELECT p.version_checked, s.function_xmin IS NOT NULL FROM pgfence.plan p JOIN pgfence.plan_step s ON s.plan_id = p.id WHERE p.id = pg_temp.pid('row-sub')$$,
+  $$VALUES (false, true)$$, '... of the same transaction: not version_checked either');
+SELECT throws_ok(format($$UPDATE pgfence.plan SET version_checked = true WHERE id = %s$$, pg_temp.pid('row-sub')), 'PF002', NULL,
+  'a hand-written version_checked: PF002');
+SELECT throws_ok(format($$UPDATE pgfence.plan SET status = 'approved', approved_by = 'me', approved_at = now(), version_checked = true WHERE id = %s$$, pg_temp.pid('key')), 'PF002', NULL,
+  '... also in a hand-written approval: PF002 (only plan_approve, after its cross-check)');
+SELECT throws_ok($$INSERT INTO pgfence.plan (step_count, proposed_by, expires_at, version_checked) VALUES (1, 'me', now() + interval '1 hour', true)$$, 'PF001', NULL,
+  '... nor in a new plan: PF001');
+SELECT results_eq($$SELECT outcome, output FROM pgfence.plan_run_step(pg_temp.pid('row-sub'), 'tap-w1', pgfence.plan_start(pg_temp.pid('row-sub'), 'tap-w1'))$$,
+  $$VALUES ('ok'::text, '{"row": 1}'::jsonb)$$, 'a plan that is not version_checked runs its step (the md5 decides: unchanged)');
 SELECT results_eq($$SELECT outcome, output FROM pgfence.plan_run_step(pg_temp.pid('row-same'), 'tap-w1', pgfence.plan_start(pg_temp.pid('row-same'), 'tap-w1'))$$,
   $$VALUES ('ok'::text, '{"row": 1}'::jsonb)$$, 'the recorded row version: the step runs');
-SET LOCAL session_replication_role = replica;  -- past the guard: spoil the recorded md5
+SET LOCAL session_replication_role = replica;  -- past the guard: spoil the recorded md5 (of a version_checked plan, as an approval in another transaction makes it: 21_plan_concurrency.sql)
 UPDATE pgfence.plan_step SET function_md5 = md5('not the definition') WHERE plan_id = pg_temp.pid('row-md5');
+UPDATE pgfence.plan SET version_checked = true WHERE id = pg_temp.pid('row-md5');
 SET LOCAL session_replication_role = origin;
 -- (not through results_eq, which runs its query in a subtransaction: this transaction wrote the
 -- step's row, so a subtransaction's lock on it would take the slow path)

@@ -9,7 +9,7 @@
 -- gate that keeps the killed runner in the middle of its step (tap_pc_put's "gate" argument).
 BEGIN;
 \ir helpers/setup.sql
-SELECT plan(22);
+SELECT plan(31);
 
 SELECT tap_helpers.peer('c0');
 SELECT tap_helpers.peer('c1');
@@ -116,6 +116,61 @@ SELECT is(tap_helpers.peer_value('c1', format('SELECT outcome FROM pgfence.plan_
 SELECT results_eq(format('SELECT r.output ->> ''k'', (SELECT count(*)::int FROM public.tap_pc_t WHERE k = ''s1'') FROM pgfence.plan_receipts r WHERE r.plan_id = %s', pg_temp.pid('stamp')),
   $$VALUES ('s1'::text, 1)$$, '... the receipt is the real one, with the step''s effect');
 
+-- =============================================================================================
+-- The approval's cross-check (migration 0034): a plan proposed and approved in two transactions
+-- is version_checked when every recorded function row is still current with its recorded md5;
+-- only then do its steps skip the md5 by row version
+-- =============================================================================================
+SELECT dblink_exec('c0', $$
+  CREATE FUNCTION public.tap_pc_ver(p jsonb) RETURNS jsonb LANGUAGE sql AS $f$ SELECT jsonb_build_object('ver', 1) $f$;
+  DO $d$ BEGIN PERFORM pgfence.plan_register_action('tap-pc-ver', 'public.tap_pc_ver(jsonb)', 'answer with a version'); END $d$;
+$$);
+-- Propose through c0, run p_between through c0, approve through c0: three transactions.
+CREATE FUNCTION pg_temp.approved_after(p_name text, p_steps text, p_between text) RETURNS bigint LANGUAGE plpgsql AS $$
+DECLARE v bigint;
+BEGIN
+  v := tap_helpers.peer_value('c0', format('SELECT pgfence.plan_propose(%L, %L)', p_steps, 'tap-pc-agent'))::bigint;
+  PERFORM dblink_exec('c0', format(p_between, v));  -- %1$s: the plan's id
+  PERFORM tap_helpers.peer_value('c0', format('SELECT pgfence.plan_approve(%s, %L)', v, 'tap-pc-alice'));
+  INSERT INTO ids VALUES (p_name, v);
+  RETURN v;
+END $$;
+CREATE FUNCTION pg_temp.run_step(p_name text) RETURNS text LANGUAGE sql AS $$
+  SELECT tap_helpers.peer_value('c1', format(
+    'SELECT concat_ws(%L, outcome, output, error ->> %L) FROM pgfence.plan_run_step(%s, %L, pgfence.plan_start(%s, %L))',
+    ' ', 'sqlstate', pg_temp.pid(p_name), 'tap-pc-ver', pg_temp.pid(p_name), 'tap-pc-ver'))
+$$;
+SELECT pg_temp.approved('ver-ok', '[{"action": "tap-pc-ver"}]');
+SELECT results_eq(format('SELECT p.version_checked, s.function_xmin IS NOT NULL FROM pgfence.plan p JOIN pgfence.plan_step s ON s.plan_id = p.id WHERE p.id = %s', pg_temp.pid('ver-ok')),
+  $$VALUES (true, true)$$, 'proposed, then approved in another transaction, its function row unchanged: version_checked');
+SELECT dblink_exec('c0', format($$BEGIN; SET LOCAL session_replication_role = replica;
+  UPDATE pgfence.plan_step SET function_md5 = md5('not the definition') WHERE plan_id = %s; COMMIT$$, pg_temp.pid('ver-ok')));
+SELECT is(pg_temp.run_step('ver-ok'), 'ok {"ver": 1}', '... its step skips the md5 (a spoilt recorded md5 is not even read) and runs');
+INSERT INTO ids SELECT 'ver-rr', tap_helpers.peer_value('c0', $q$SELECT pgfence.plan_propose('[{"action": "tap-pc-ver"}]', 'tap-pc-agent')$q$)::bigint;
+SELECT dblink_exec('c0', format($$BEGIN ISOLATION LEVEL REPEATABLE READ;
+  DO $d$ BEGIN PERFORM pgfence.plan_approve(%s, 'tap-pc-alice'); END $d$; COMMIT$$, pg_temp.pid('ver-rr')));
+SELECT results_eq(format('SELECT status, version_checked FROM pgfence.plan WHERE id = %s', pg_temp.pid('ver-rr')),
+  $$VALUES ('approved'::text, false)$$, 'approved under REPEATABLE READ (a snapshot that can be older than the cache): not version_checked');
+-- The hole the cross-check closes: the proposal's md5 (from the catalog cache) and row version
+-- (from its snapshot) disagree when a replacement commits between becoming visible and sending
+-- its cache invalidations. Here made by hand: the recorded md5 spoilt between proposal and approval.
+SELECT pg_temp.approved_after('ver-md5', '[{"action": "tap-pc-ver"}]',
+  $r$BEGIN; SET LOCAL session_replication_role = replica;
+     UPDATE pgfence.plan_step SET function_md5 = md5('an older definition') WHERE plan_id = %1$s; COMMIT$r$);
+SELECT is((SELECT version_checked FROM pgfence.plan WHERE id = pg_temp.pid('ver-md5')), false,
+  'its recorded row current but its definition not hashing to the recorded md5 at approval: not version_checked');
+SELECT is(pg_temp.run_step('ver-md5'), 'error PF108', '... its step computes the md5 although its row is the recorded version: error receipt PF108');
+SELECT pg_temp.approved_after('ver-diff', '[{"action": "tap-pc-ver"}]',
+  $r$CREATE OR REPLACE FUNCTION public.tap_pc_ver(p jsonb) RETURNS jsonb LANGUAGE sql AS $f$ SELECT jsonb_build_object('ver', 2, 'evil', true) $f$ $r$);
+SELECT is((SELECT version_checked FROM pgfence.plan WHERE id = pg_temp.pid('ver-diff')), false,
+  'its function replaced by another definition between proposal and approval: approved, not version_checked');
+SELECT is(pg_temp.run_step('ver-diff'), 'error PF108', '... its step computes the md5: error receipt PF108');
+SELECT pg_temp.approved_after('ver-same', '[{"action": "tap-pc-ver"}]',
+  $r$CREATE OR REPLACE FUNCTION public.tap_pc_ver(p jsonb) RETURNS jsonb LANGUAGE sql AS $f$ SELECT jsonb_build_object('ver', 2, 'evil', true) $f$ $r$);
+SELECT is((SELECT version_checked FROM pgfence.plan WHERE id = pg_temp.pid('ver-same')), false,
+  'replaced by an identical definition between proposal and approval (a new row version): not version_checked');
+SELECT is(pg_temp.run_step('ver-same'), 'ok {"ver": 2, "evil": true}', '... its step computes the md5, the same: it runs');
+
 -- clean up committed fixtures
 SELECT dblink_exec('c0', format($$
   SET pgfence.purging = on;  -- the delete guards let only a purge delete plans and events
@@ -130,3 +185,4 @@ ROLLBACK;
 -- The fixture table is dropped once this session's locks on it are gone.
 DROP TABLE public.tap_pc_t;
 DROP FUNCTION public.tap_pc_put(jsonb);
+DROP FUNCTION public.tap_pc_ver(jsonb);
