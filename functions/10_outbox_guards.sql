@@ -117,9 +117,11 @@ BEGIN
   -- A keyed message's turn ends (16_outbox_keys.sql): the statement's key decision
   -- (outbox_keys_turns_ended) has work. Only a hint, read by that trigger's WHEN so that a
   -- statement ending no keyed turn pays nothing for it: set, it makes the trigger look at the
-  -- statement's rows, which decide; a client who sets it can only cause such a look.
+  -- statement's rows, which decide; a client who sets it can only cause such a look. ('ending',
+  -- set by the hand-off before its UPDATE, is kept: it also asks the trigger to try forgetting
+  -- the keys first.)
   IF NEW.ordering_key IS NOT NULL AND NEW.status IN ('sent', 'failed', 'dead', 'canceled', 'waiting')
-     AND current_setting('pgfence.outbox_keys_turns_ended', true) IS DISTINCT FROM 'on' THEN
+     AND coalesce(current_setting('pgfence.outbox_keys_turns_ended', true), '') NOT IN ('on', 'ending') THEN
     PERFORM set_config('pgfence.outbox_keys_turns_ended', 'on', true);
   END IF;
   RETURN NEW;

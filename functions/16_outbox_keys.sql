@@ -21,8 +21,11 @@
 -- decisions over overlapping keys wait for each other instead of deadlocking: decisions on one
 -- key are serialized and each sees the previous one. A key's rate (GCRA token bucket on now())
 -- sets the due time of the messages it promotes. A statement that ends no keyed turn does not
--- call the decision's trigger (its WHEN reads a hint the row guard sets). In a claim round the
--- settle of a keyed message can hand its key on to the same worker (_outbox_keys_hand_off,
+-- call the decision's trigger (its WHEN reads a hint the row guard sets). After a hand-off that
+-- trigger first forgets, without their locks, the keys that end (_outbox_keys_forget: their rows
+-- deleted if no decision touched them since its snapshot;
+-- docs/design.md#forgetting-a-key-without-its-lock).
+-- In a claim round the settle of a keyed message can hand its key on to the same worker (_outbox_keys_hand_off,
 -- called by outbox_settle_and_claim), skipping the promotion to pending and the claim; on a
 -- channel with key_max_in_flight 1 it takes no key lock (docs/design.md#the-hand-off-without-the-key-lock).
 -- outbox_cancel and outbox_requeue lock a keyed message's key before its row (the decisions'
@@ -257,6 +260,80 @@ a channel with a key_rate are promoted one by one (_outbox_key_decide) in the sa
 NULL elements are skipped. Returns how many messages it promoted.
 Errors: 40001 (REPEATABLE READ or SERIALIZABLE: a concurrent decision on a key; retry).';
 
+-- The end of a key's turns without its lock (docs/design.md#forgetting-a-key-without-its-lock):
+-- the statement trigger's keys that nothing waits on and nothing holds are forgotten in one
+-- statement, each only if no decision touched its row since this statement's snapshot.
+CREATE OR REPLACE FUNCTION pgfence._outbox_keys_forget(p_channels text[], p_keys text[],
+                                                       OUT rest_channels text[], OUT rest_keys text[])
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pgfence, pg_temp
+SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
+SET enable_bitmapscan = off
+SET enable_hashjoin = off   -- the DELETE visits the key rows in the order of its sorted outer
+SET enable_mergejoin = off  -- side (the global lock order), as a nested loop does
+AS $$
+BEGIN
+  -- Per key, in this statement's snapshot: nothing waits (outbox_key_waiting_idx), nothing holds
+  -- a turn as a decision counts them (outbox_key_live_idx; OFFSET 0: one probe per key,
+  -- docs/query-plans.md#exists-probes), and then its row's decision count. The DELETE takes each
+  -- such row's lock in the global order (channel, key, collation "C") and removes it only if its
+  -- count is still the one read: a decision committed since (an enqueue's, a cancel's, a
+  -- requeue's: each bumps the count under the lock) makes READ COMMITTED recheck the row's
+  -- newest version and keep it (REPEATABLE READ: 40001), and a decision in progress makes it
+  -- wait for that first. The keys not forgotten are returned for _outbox_keys_decide.
+  WITH keys AS (
+    SELECT DISTINCT u.c AS channel, u.k AS ordering_key FROM unnest(p_channels, p_keys) AS u(c, k)
+    WHERE u.c IS NOT NULL AND u.k IS NOT NULL
+  ), rules AS MATERIALIZED (  -- one settings lookup per channel, not per key
+    SELECT ch.channel, s.key_dead_policy, s.limit_key
+    FROM (SELECT DISTINCT keys.channel FROM keys) ch, LATERAL pgfence._outbox_settings(ch.channel) s
+  ), st AS (
+    SELECT keys.channel, keys.ordering_key, r.tid, r.decisions
+    FROM keys JOIN rules ON rules.channel = keys.channel
+    CROSS JOIN LATERAL (
+      SELECT NOT EXISTS (SELECT FROM pgfence.outbox o
+                         WHERE o.channel = keys.channel AND o.ordering_key = keys.ordering_key
+                           AND o.status = 'waiting' OFFSET 0)
+         AND NOT EXISTS (SELECT FROM pgfence.outbox o
+                         WHERE o.channel = keys.channel AND o.ordering_key = keys.ordering_key
+                           AND o.ordering_key IS NOT NULL
+                           AND o.status IN ('pending', 'processing', 'failed', 'dead')
+                           AND (o.status IN ('pending', 'processing')
+                                OR (rules.key_dead_policy = 'block'
+                                    AND NOT pgfence._outbox_key_derived(rules.limit_key, keys.ordering_key)))
+                         OFFSET 0) AS ends) e
+    LEFT JOIN LATERAL (SELECT k.ctid AS tid, k.decisions FROM pgfence.outbox_key k
+                       WHERE e.ends AND k.channel = keys.channel AND k.ordering_key = keys.ordering_key
+                         AND (k.tat IS NULL OR k.tat <= now())) r  -- a refilling bucket is kept
+      ON true
+  ), forgotten AS (  -- by the row version read above (its ctid): no second lookup of the key
+    DELETE FROM pgfence.outbox_key k
+    USING (SELECT st.tid, st.decisions FROM st WHERE st.tid IS NOT NULL
+           ORDER BY st.channel COLLATE "C", st.ordering_key COLLATE "C") e
+    WHERE k.ctid = e.tid AND k.decisions = e.decisions AND (k.tat IS NULL OR k.tat <= now())
+    RETURNING 1
+  )
+  -- The keys not forgotten; if one row was kept (a decision since), every key goes on to the
+  -- decision (deciding a forgotten key again only re-creates and deletes its row).
+  SELECT array_agg(st.channel), array_agg(st.ordering_key) INTO rest_channels, rest_keys
+  FROM st
+  WHERE st.tid IS NULL
+     OR (SELECT count(*) FROM forgotten) < (SELECT count(*) FROM st s2 WHERE s2.tid IS NOT NULL);
+END
+$$;
+REVOKE ALL ON FUNCTION pgfence._outbox_keys_forget(text[], text[]) FROM PUBLIC;
+COMMENT ON FUNCTION pgfence._outbox_keys_forget(text[], text[]) IS
+  'Private: forget the keys that have nothing left to decide, without taking their locks first.
+Element i: channel i, key i. In one statement: a key none of whose messages waits or holds a turn
+(pending, processing, and failed or dead ones when the channel''s key_dead_policy is block) and
+whose bucket is not refilling has its row in pgfence.outbox_key deleted, locked in the global
+order (channel, key; collation "C"), if its decision count is still the one this statement''s
+snapshot read: a decision on the key committed or in progress since then keeps the row (under
+REPEATABLE READ: 40001). Returns the keys not forgotten (rest_channels, rest_keys; NULL when
+none), for _outbox_keys_decide: what it would have decided for the forgotten ones is to delete
+their rows. Errors: 40001 (REPEATABLE READ or SERIALIZABLE: a concurrent decision on a key; retry).';
+
 CREATE OR REPLACE FUNCTION pgfence.tg_outbox_key_turn()
 RETURNS trigger
 LANGUAGE plpgsql
@@ -322,9 +399,12 @@ AS $$
 DECLARE
   v_channels text[];
   v_keys     text[];
+  -- 'ending': a hand-off's statement, whose keys that reach here mostly end (nothing waits):
+  -- worth trying to forget them before deciding (a wrong guess costs a probe per key, no more)
+  v_forget   CONSTANT boolean := current_setting('pgfence.outbox_keys_turns_ended', true) = 'ending';
 BEGIN
-  -- The hint that brought us here (tg_outbox_guard) is spent: cleared before the decision,
-  -- whose own UPDATE (a promotion) must not fire this again.
+  -- The hint that brought us here (tg_outbox_guard, or the hand-off) is spent: cleared before
+  -- the decision, whose own UPDATE (a promotion) must not fire this again.
   PERFORM set_config('pgfence.outbox_keys_turns_ended', '', true);
   -- One pass over the statement's keyed rows, per key: decided if a row of it ended its turn,
   -- unless the statement also claimed one of it (a hand-off, _outbox_keys_hand_off: it took the
@@ -336,7 +416,15 @@ BEGIN
         HAVING bool_or(n.status IN ('sent', 'failed', 'dead', 'canceled', 'waiting'))
            AND NOT coalesce(bool_or(n.status = 'processing' AND n.claimed_at = now()), false)) d;
   IF v_keys IS NOT NULL THEN
-    PERFORM pgfence._outbox_keys_decide(v_channels, v_keys);
+    -- After a hand-off: the keys that end (nothing waits, nothing holds) are forgotten without
+    -- their locks first (_outbox_keys_forget); the others are decided under them.
+    IF v_forget THEN
+      SELECT f.rest_channels, f.rest_keys INTO v_channels, v_keys
+      FROM pgfence._outbox_keys_forget(v_channels, v_keys) f;
+    END IF;
+    IF v_keys IS NOT NULL THEN
+      PERFORM pgfence._outbox_keys_decide(v_channels, v_keys);
+    END IF;
   END IF;
   RETURN NULL;
 END
@@ -350,7 +438,9 @@ pgfence.outbox_keys_turns_ended, a transaction setting; a client who sets it onl
 decision over the statement''s real rows, which is always safe):
 the keys of rows left sent, failed, dead, canceled or waiting (requeued) go to one
 _outbox_keys_decide (the global lock order), in the settling transaction, so that a claim in the
-same call (outbox_settle_and_claim) sees each key''s next message. A key of which the statement
+same call (outbox_settle_and_claim) sees each key''s next message. After a hand-off (the hint set
+to ending by _outbox_keys_hand_off) the keys that end are first forgotten by _outbox_keys_forget
+and only the others decided. A key of which the statement
 also claimed a message (a row left processing, claimed at now()) is skipped: only a hand-off
 (_outbox_keys_hand_off) does both, and it has taken the key''s next turns itself.';
 
@@ -389,7 +479,7 @@ CREATE TRIGGER outbox_keys_turns_ended
   AFTER UPDATE ON pgfence.outbox
   REFERENCING NEW TABLE AS outbox_turns_ended
   FOR EACH STATEMENT
-  WHEN (current_setting('pgfence.outbox_keys_turns_ended', true) = 'on')
+  WHEN (current_setting('pgfence.outbox_keys_turns_ended', true) IN ('on', 'ending'))
   EXECUTE FUNCTION pgfence.tg_outbox_keys_turns_ended();
 CREATE OR REPLACE TRIGGER outbox_key_deleted
   AFTER DELETE ON pgfence.outbox
@@ -468,6 +558,10 @@ BEGIN
     IF v_set.key_max_in_flight = 1 AND v_set.key_rate IS NULL THEN
       v_lease := coalesce(p_lease, v_set.lease);
       v_hold_dead := v_set.key_dead_policy = 'block';
+      -- The keys this UPDATE settles and does not hand on mostly end (nothing waits): its
+      -- statement trigger is asked to try forgetting them before deciding (a hint, and the
+      -- forget checks what it deletes: docs/design.md#forgetting-a-key-without-its-lock).
+      PERFORM set_config('pgfence.outbox_keys_turns_ended', 'ending', true);
       RETURN QUERY
       WITH settled AS (
         SELECT u.id, u.k AS ordering_key, u.receipt

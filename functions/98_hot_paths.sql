@@ -27,6 +27,7 @@ ALTER FUNCTION pgfence.outbox_reap(integer) SET jit = off;
 ALTER FUNCTION pgfence._outbox_key_decide(text, text) SET jit = off;  -- keys with a rate (16_outbox_keys.sql)
 ALTER FUNCTION pgfence._outbox_keys_lock(text[], text[]) SET jit = off;  -- every key decision and hand-off (16_outbox_keys.sql)
 ALTER FUNCTION pgfence._outbox_keys_decide(text[], text[]) SET jit = off;  -- every keyed enqueue and settle (16_outbox_keys.sql)
+ALTER FUNCTION pgfence._outbox_keys_forget(text[], text[]) SET jit = off;  -- every settle that ends keyed turns (16_outbox_keys.sql)
 ALTER FUNCTION pgfence._outbox_keys_hand_off(bigint[], text[], text[], jsonb[], text, integer, interval) SET jit = off;  -- outbox_settle_and_claim (16_outbox_keys.sql)
 ALTER FUNCTION pgfence._outbox_mark_sent_rows(bigint[], integer[], jsonb[], integer) SET jit = off;  -- every settle of many (13_outbox_settle.sql)
 

@@ -122,6 +122,36 @@ def test_every_keyed_statement_uses_its_index(conn: psycopg.Connection[Any], ana
                            " '{keyed}')", (ids, attempts))
     assert scans <= {WAITING, LIVE, PK, CHANNEL_DUE}
     assert conn.execute("SELECT count(*) FROM pgfence.outbox_key WHERE channel = 'keyed'").fetchone() == (0,)
+    if limit > 1:
+        return  # the general hand-off: its trigger decides the keys under their locks
+    # after the lean hand-off, _outbox_keys_forget deleted the key rows without a decision: in
+    # the global lock order, a nested loop over the keys sorted COLLATE "C", each row by the
+    # ctid it read
+    deletes = [n for n in _plan_nodes(plans.notices)
+               if n.get("Operation") == "Delete" and n.get("Relation Name") == "outbox_key"]
+    assert len(deletes) == 1, "the keys are forgotten by one DELETE, no decision"
+    join, = deletes[0]["Plans"]
+    assert join["Node Type"] == "Nested Loop"
+    outer, inner = join["Plans"]
+    sorts = [n for n in _plan_nodes([json.dumps({"Plan": outer})], prefixed=False) if n["Node Type"] == "Sort"]
+    assert sorts and all('COLLATE "C"' in key for key in sorts[0]["Sort Key"]), sorts
+    assert inner["Node Type"] == "Tid Scan"
+
+
+def _plan_nodes(notices: list[str], prefixed: bool = True) -> list[dict[str, Any]]:
+    """Every plan node of the auto_explain NOTICEs (JSON), depth first."""
+    out: list[dict[str, Any]] = []
+
+    def walk(node: dict[str, Any]) -> None:
+        out.append(node)
+        for child in node.get("Plans", []):
+            walk(child)
+    for message in notices:
+        if not prefixed:
+            walk(json.loads(message)["Plan"])
+        elif "plan:" in message:
+            walk(json.loads(message.split("plan:", 1)[1])["Plan"])
+    return out
 
 
 def test_wake_up_claim_is_two_statements(conn: psycopg.Connection[Any]) -> None:

@@ -9,7 +9,7 @@
 -- its section below, and its races in tests/isolation/specs/outbox-key-hand-off.spec.
 BEGIN;
 \ir helpers/setup.sql
-SELECT plan(172);
+SELECT plan(183);
 SET CONSTRAINTS pgfence.outbox_key_enqueued IMMEDIATE;
 
 -- =============================================================================================
@@ -256,6 +256,42 @@ DELETE FROM pgfence.outbox WHERE id = (SELECT m1 FROM dl);
 SELECT set_config('pgfence.purging', 'off', true) AS purging;
 SELECT is((SELECT status FROM pgfence.outbox WHERE id = (SELECT m2 FROM dl)), 'pending', 'deleting the dead blocker by hand promotes the next at once');
 SELECT is((SELECT count(*)::int FROM pgfence.audit_stuck WHERE queue = 'tap-k-del'), 0, 'nothing is listed as stuck');
+
+-- =============================================================================================
+-- Forgetting the keys that end without their locks first (_outbox_keys_forget; the settle's
+-- statement trigger calls it before the decision; its races: tests/isolation/specs/outbox-keys.spec)
+-- =============================================================================================
+SELECT has_function('pgfence', '_outbox_keys_forget', ARRAY['text[]','text[]'], '_outbox_keys_forget signature');
+SELECT pgfence.outbox_configure_channel('tap-k-fg2', p_key_dead_policy => 'release') IS NOT NULL AS configured;
+CREATE TEMP TABLE fg AS
+SELECT pgfence.outbox_enqueue('tap-k-fg', 'r', '{}', NULL, NULL, NULL, 'w') AS w1,
+       pgfence.outbox_enqueue('tap-k-fg', 'r', '{}', NULL, NULL, NULL, 'w') AS w2,
+       pgfence.outbox_enqueue('tap-k-fg', 'r', '{}', NULL, NULL, NULL, 'p') AS p1,
+       pgfence.outbox_enqueue('tap-k-fg', 'r', '{}', NULL, NULL, NULL, 'd') AS d1,
+       pgfence.outbox_enqueue('tap-k-fg2', 'r', '{}', NULL, NULL, NULL, 'd') AS r1;
+SELECT is((SELECT count(*)::int FROM pgfence.outbox_claim('tap-w', 10, ARRAY['tap-k-fg2'])), 1, 'forget: the release channel''s message is claimed');
+SELECT is(pgfence.outbox_mark_failed((SELECT r1 FROM fg), 1, 'no such mailbox', false), 'failed', 'and fails for good (released: no turn held)');
+SELECT is((SELECT count(*)::int FROM pgfence.outbox_claim('tap-w', 10, ARRAY['tap-k-fg'])), 3, 'the block channel''s three keys are claimed (''w'' has one more waiting)');
+SELECT is(pgfence.outbox_mark_failed((SELECT d1 FROM fg), 1, 'no such mailbox', false), 'failed', 'the block channel''s ''d'' fails for good (blocks its key)');
+-- rows for keys with nothing left, as a decision committed by another session would leave them
+-- for this one: 'x' (nothing at all), 'r' (a bucket still refilling), and the release channel's 'd'
+INSERT INTO pgfence.outbox_key (channel, ordering_key) VALUES ('tap-k-fg', 'x'), ('tap-k-fg2', 'd');
+INSERT INTO pgfence.outbox_key (channel, ordering_key, tat) VALUES ('tap-k-fg', 'r', now() + interval '1 hour');
+SELECT results_eq(
+  $$SELECT u.c, u.k FROM pgfence._outbox_keys_forget(ARRAY['tap-k-fg', 'tap-k-fg', 'tap-k-fg', 'tap-k-fg', 'tap-k-fg', 'tap-k-fg', 'tap-k-fg2', 'tap-k-fg'],
+                                                      ARRAY['w', 'p', 'd', 'x', 'r', 'none', 'd', 'x']) f,
+           unnest(f.rest_channels, f.rest_keys) AS u(c, k) ORDER BY 1, 2$$,
+  $$VALUES ('tap-k-fg'::text, 'd'::text), ('tap-k-fg', 'none'), ('tap-k-fg', 'p'), ('tap-k-fg', 'r'), ('tap-k-fg', 'w')$$,
+  'left to the decision: a key with a waiting message, one with a turn held (pending; dead under block), one without a row, one whose bucket refills');
+SELECT results_eq($$SELECT channel, ordering_key FROM pgfence.outbox_key WHERE channel LIKE 'tap-k-fg%' ORDER BY 1, 2$$,
+  $$VALUES ('tap-k-fg'::text, 'd'::text), ('tap-k-fg', 'p'), ('tap-k-fg', 'r'), ('tap-k-fg', 'w')$$,
+  'forgotten: the keys with nothing waiting and no turn held (a failed message under release holds none), each once');
+SELECT results_eq($$SELECT rest_channels, rest_keys FROM pgfence._outbox_keys_forget(ARRAY['tap-k-fg', NULL], ARRAY[NULL, 'w'])$$,
+  $$VALUES (NULL::text[], NULL::text[])$$, 'NULL elements are skipped: nothing left to decide');
+SELECT ok(pgfence.outbox_mark_sent((SELECT w1 FROM fg), 1), '''w'': the first is delivered (its next one is promoted)');
+SELECT ok(pgfence.outbox_cancel((SELECT w2 FROM fg), 'alice', 'not needed'), 'and the next one is canceled');
+SELECT ok(NOT EXISTS (SELECT 1 FROM pgfence.outbox_key WHERE channel = 'tap-k-fg' AND ordering_key = 'w'),
+  'and the cancel''s statement forgets the key');
 
 -- =============================================================================================
 -- A default limit key: the recipient's host (channel setting limit_key host)
