@@ -308,18 +308,24 @@ BEGIN
                          AND (k.tat IS NULL OR k.tat <= now())) r  -- a refilling bucket is kept
       ON true
   ), forgotten AS (  -- by the row version read above (its ctid): no second lookup of the key
+    -- All or nothing: only when every key ends. A key left to the decision would be locked by
+    -- it after these rows, out of the global order (held: a key forgotten here; wanted: a key
+    -- that sorts before it), and deadlock with a decision that holds the one and wants the other
+    -- (tests/isolation/specs/outbox-key-forget-order.spec).
     DELETE FROM pgfence.outbox_key k
-    USING (SELECT st.tid, st.decisions FROM st WHERE st.tid IS NOT NULL
+    USING (SELECT st.tid, st.decisions FROM st
+           WHERE st.tid IS NOT NULL AND NOT EXISTS (SELECT FROM st s0 WHERE s0.tid IS NULL)
            ORDER BY st.channel COLLATE "C", st.ordering_key COLLATE "C") e
     WHERE k.ctid = e.tid AND k.decisions = e.decisions AND (k.tat IS NULL OR k.tat <= now())
     RETURNING 1
   )
-  -- The keys not forgotten; if one row was kept (a decision since), every key goes on to the
-  -- decision (deciding a forgotten key again only re-creates and deletes its row).
+  -- None if every key was forgotten; else every key goes on to the decision: nothing was
+  -- deleted (a key that does not end), or a row was kept (a decision since; it stays locked by
+  -- the DELETE's recheck, and the deleted ones are this transaction's: the decision's locks wait
+  -- for no one; deciding a forgotten key again only re-creates and deletes its row).
   SELECT array_agg(st.channel), array_agg(st.ordering_key) INTO rest_channels, rest_keys
   FROM st
-  WHERE st.tid IS NULL
-     OR (SELECT count(*) FROM forgotten) < (SELECT count(*) FROM st s2 WHERE s2.tid IS NOT NULL);
+  WHERE (SELECT count(*) FROM forgotten) < (SELECT count(*) FROM st s2);
 END
 $$;
 REVOKE ALL ON FUNCTION pgfence._outbox_keys_forget(text[], text[]) FROM PUBLIC;
@@ -330,9 +336,10 @@ Element i: channel i, key i. In one statement: a key none of whose messages wait
 whose bucket is not refilling has its row in pgfence.outbox_key deleted, locked in the global
 order (channel, key; collation "C"), if its decision count is still the one this statement''s
 snapshot read: a decision on the key committed or in progress since then keeps the row (under
-REPEATABLE READ: 40001). Returns the keys not forgotten (rest_channels, rest_keys; NULL when
-none), for _outbox_keys_decide: what it would have decided for the forgotten ones is to delete
-their rows. Errors: 40001 (REPEATABLE READ or SERIALIZABLE: a concurrent decision on a key; retry).';
+REPEATABLE READ: 40001). All or nothing: when a key does not end (or has no row, or a bucket
+still refilling) no row is deleted, so that the decision takes every lock in the global order.
+Returns NULL (rest_channels, rest_keys) when every key was forgotten, else all the keys, for
+_outbox_keys_decide: what it would have decided for the forgotten ones is to delete their rows. Errors: 40001 (REPEATABLE READ or SERIALIZABLE: a concurrent decision on a key; retry).';
 
 CREATE OR REPLACE FUNCTION pgfence.tg_outbox_key_turn()
 RETURNS trigger
@@ -416,8 +423,9 @@ BEGIN
         HAVING bool_or(n.status IN ('sent', 'failed', 'dead', 'canceled', 'waiting'))
            AND NOT coalesce(bool_or(n.status = 'processing' AND n.claimed_at = now()), false)) d;
   IF v_keys IS NOT NULL THEN
-    -- After a hand-off: the keys that end (nothing waits, nothing holds) are forgotten without
-    -- their locks first (_outbox_keys_forget); the others are decided under them.
+    -- After a hand-off: if every key ends (nothing waits, nothing holds), the keys are forgotten
+    -- without their locks (_outbox_keys_forget); else all are decided under them (one pass
+    -- over the locks, in the global order).
     IF v_forget THEN
       SELECT f.rest_channels, f.rest_keys INTO v_channels, v_keys
       FROM pgfence._outbox_keys_forget(v_channels, v_keys) f;
@@ -439,8 +447,8 @@ decision over the statement''s real rows, which is always safe):
 the keys of rows left sent, failed, dead, canceled or waiting (requeued) go to one
 _outbox_keys_decide (the global lock order), in the settling transaction, so that a claim in the
 same call (outbox_settle_and_claim) sees each key''s next message. After a hand-off (the hint set
-to ending by _outbox_keys_hand_off) the keys that end are first forgotten by _outbox_keys_forget
-and only the others decided. A key of which the statement
+to ending by _outbox_keys_hand_off) the keys are first offered to _outbox_keys_forget, which
+forgets them all when every one ends, and are decided only if it did not. A key of which the statement
 also claimed a message (a row left processing, claimed at now()) is skipped: only a hand-off
 (_outbox_keys_hand_off) does both, and it has taken the key''s next turns itself.';
 

@@ -9,7 +9,7 @@
 -- its section below, and its races in tests/isolation/specs/outbox-key-hand-off.spec.
 BEGIN;
 \ir helpers/setup.sql
-SELECT plan(183);
+SELECT plan(185);
 SET CONSTRAINTS pgfence.outbox_key_enqueued IMMEDIATE;
 
 -- =============================================================================================
@@ -259,7 +259,8 @@ SELECT is((SELECT count(*)::int FROM pgfence.audit_stuck WHERE queue = 'tap-k-de
 
 -- =============================================================================================
 -- Forgetting the keys that end without their locks first (_outbox_keys_forget; the settle's
--- statement trigger calls it before the decision; its races: tests/isolation/specs/outbox-keys.spec)
+-- statement trigger calls it before the decision; its races: tests/isolation/specs/outbox-key-forget.spec
+-- and outbox-key-forget-order.spec)
 -- =============================================================================================
 SELECT has_function('pgfence', '_outbox_keys_forget', ARRAY['text[]','text[]'], '_outbox_keys_forget signature');
 SELECT pgfence.outbox_configure_channel('tap-k-fg2', p_key_dead_policy => 'release') IS NOT NULL AS configured;
@@ -281,8 +282,13 @@ SELECT results_eq(
   $$SELECT u.c, u.k FROM pgfence._outbox_keys_forget(ARRAY['tap-k-fg', 'tap-k-fg', 'tap-k-fg', 'tap-k-fg', 'tap-k-fg', 'tap-k-fg', 'tap-k-fg2', 'tap-k-fg'],
                                                       ARRAY['w', 'p', 'd', 'x', 'r', 'none', 'd', 'x']) f,
            unnest(f.rest_channels, f.rest_keys) AS u(c, k) ORDER BY 1, 2$$,
-  $$VALUES ('tap-k-fg'::text, 'd'::text), ('tap-k-fg', 'none'), ('tap-k-fg', 'p'), ('tap-k-fg', 'r'), ('tap-k-fg', 'w')$$,
-  'left to the decision: a key with a waiting message, one with a turn held (pending; dead under block), one without a row, one whose bucket refills');
+  $$VALUES ('tap-k-fg'::text, 'd'::text), ('tap-k-fg', 'none'), ('tap-k-fg', 'p'), ('tap-k-fg', 'r'), ('tap-k-fg', 'w'), ('tap-k-fg', 'x'), ('tap-k-fg2', 'd')$$,
+  'all or nothing: with a key left to the decision (one waiting, one with a turn held, one without a row, one whose bucket refills) every key is, once');
+SELECT results_eq($$SELECT channel, ordering_key FROM pgfence.outbox_key WHERE channel LIKE 'tap-k-fg%' ORDER BY 1, 2$$,
+  $$VALUES ('tap-k-fg'::text, 'd'::text), ('tap-k-fg', 'p'), ('tap-k-fg', 'r'), ('tap-k-fg', 'w'), ('tap-k-fg', 'x'), ('tap-k-fg2', 'd')$$,
+  'and no row is deleted (the decision takes every lock in the global order)');
+SELECT results_eq($$SELECT rest_channels, rest_keys FROM pgfence._outbox_keys_forget(ARRAY['tap-k-fg', 'tap-k-fg2', 'tap-k-fg'], ARRAY['x', 'd', 'x'])$$,
+  $$VALUES (NULL::text[], NULL::text[])$$, 'every key ends: nothing is left to the decision');
 SELECT results_eq($$SELECT channel, ordering_key FROM pgfence.outbox_key WHERE channel LIKE 'tap-k-fg%' ORDER BY 1, 2$$,
   $$VALUES ('tap-k-fg'::text, 'd'::text), ('tap-k-fg', 'p'), ('tap-k-fg', 'r'), ('tap-k-fg', 'w')$$,
   'forgotten: the keys with nothing waiting and no turn held (a failed message under release holds none), each once');
