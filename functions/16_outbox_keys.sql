@@ -72,17 +72,44 @@ LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pgfence, pg_temp
 SET plan_cache_mode = force_generic_plan
 AS $$
+DECLARE
+  v_tids tid[];
 BEGIN
   -- One order (channel, then key, collation "C"): no deadlock between two decisions over
   -- overlapping keys. A concurrent decision waits here until it commits (READ COMMITTED: the
   -- caller's next statement then sees it); under REPEATABLE READ a decision committed after this
   -- snapshot makes this statement fail with 40001 instead of deciding on stale rows.
-  INSERT INTO pgfence.outbox_key AS k (channel, ordering_key)
-  SELECT d.c, d.k
-  FROM (SELECT DISTINCT u.c, u.k FROM unnest(p_channels, p_keys) AS u(c, k)
-        WHERE u.c IS NOT NULL AND u.k IS NOT NULL) d
-  ORDER BY d.c COLLATE "C", d.k COLLATE "C"
-  ON CONFLICT (channel, ordering_key) DO UPDATE SET decisions = k.decisions + 1, updated_at = now();
+  IF current_setting('transaction_isolation') = 'read committed' THEN
+    INSERT INTO pgfence.outbox_key AS k (channel, ordering_key)
+    SELECT d.c, d.k
+    FROM (SELECT DISTINCT u.c, u.k FROM unnest(p_channels, p_keys) AS u(c, k)
+          WHERE u.c IS NOT NULL AND u.k IS NOT NULL) d
+    ORDER BY d.c COLLATE "C", d.k COLLATE "C"
+    ON CONFLICT (channel, ordering_key) DO UPDATE SET decisions = k.decisions + 1, updated_at = now();
+    RETURN;
+  END IF;
+  -- REPEATABLE READ, SERIALIZABLE: a key row that a decision committed after this snapshot
+  -- deleted (the key ended) is no conflict, so the upsert creates a new row without an error,
+  -- and the caller would decide on a snapshot that misses that decision (an enqueue that saw the
+  -- key's last turn still held left its message waiting for good). The snapshot still sees the
+  -- deleted row beside the row the upsert returned: then fail as a lost race (40001).
+  WITH up AS (
+    INSERT INTO pgfence.outbox_key AS k (channel, ordering_key)
+    SELECT d.c, d.k
+    FROM (SELECT DISTINCT u.c, u.k FROM unnest(p_channels, p_keys) AS u(c, k)
+          WHERE u.c IS NOT NULL AND u.k IS NOT NULL) d
+    ORDER BY d.c COLLATE "C", d.k COLLATE "C"
+    ON CONFLICT (channel, ordering_key) DO UPDATE SET decisions = k.decisions + 1, updated_at = now()
+    RETURNING k.ctid
+  )
+  SELECT array_agg(up.ctid) INTO v_tids FROM up;
+  IF EXISTS (SELECT FROM pgfence.outbox_key k
+             WHERE (k.channel, k.ordering_key) IN (SELECT u.c, u.k FROM unnest(p_channels, p_keys) AS u(c, k))
+               AND k.ctid <> ALL (v_tids)) THEN
+    RAISE EXCEPTION 'could not serialize access due to concurrent update'
+      USING ERRCODE = '40001', DETAIL = 'A decision on an ordering key committed after this transaction''s snapshot ended the key.',
+            HINT = 'Retry the transaction, or call pgfence in READ COMMITTED.';
+  END IF;
 END
 $$;
 REVOKE ALL ON FUNCTION pgfence._outbox_keys_lock(text[], text[]) FROM PUBLIC;
@@ -90,7 +117,8 @@ COMMENT ON FUNCTION pgfence._outbox_keys_lock(text[], text[]) IS
   'Private: locks the key rows of these (channel, key) pairs, creating missing ones, in one order.
 Channel, then key, collation "C": the one order every key decision and hand-off takes them in, so
 no two deadlock. Counts a decision on each row (outbox_key.decisions). Errors: 40001 under
-REPEATABLE READ when another decision committed after the snapshot.';
+REPEATABLE READ when another decision committed after the snapshot (one that deleted the key''s
+row too).';
 
 CREATE OR REPLACE FUNCTION pgfence._outbox_key_decide(p_channel text, p_key text)
 RETURNS integer
