@@ -79,20 +79,11 @@ BEGIN
   -- overlapping keys. A concurrent decision waits here until it commits (READ COMMITTED: the
   -- caller's next statement then sees it); under REPEATABLE READ a decision committed after this
   -- snapshot makes this statement fail with 40001 instead of deciding on stale rows.
-  IF current_setting('transaction_isolation') = 'read committed' THEN
-    INSERT INTO pgfence.outbox_key AS k (channel, ordering_key)
-    SELECT d.c, d.k
-    FROM (SELECT DISTINCT u.c, u.k FROM unnest(p_channels, p_keys) AS u(c, k)
-          WHERE u.c IS NOT NULL AND u.k IS NOT NULL) d
-    ORDER BY d.c COLLATE "C", d.k COLLATE "C"
-    ON CONFLICT (channel, ordering_key) DO UPDATE SET decisions = k.decisions + 1, updated_at = now();
-    RETURN;
-  END IF;
-  -- REPEATABLE READ, SERIALIZABLE: a key row that a decision committed after this snapshot
-  -- deleted (the key ended) is no conflict, so the upsert creates a new row without an error,
-  -- and the caller would decide on a snapshot that misses that decision (an enqueue that saw the
-  -- key's last turn still held left its message waiting for good). The snapshot still sees the
-  -- deleted row beside the row the upsert returned: then fail as a lost race (40001).
+  -- Under REPEATABLE READ and SERIALIZABLE a key row that a decision committed after this
+  -- snapshot deleted (the key ended) is no conflict, so the upsert creates a new row without an
+  -- error, and the caller would decide on a snapshot that misses that decision (an enqueue that
+  -- saw the key's last turn still held left its message waiting for good). The snapshot still
+  -- sees the deleted row beside the row the upsert returned: then fail as a lost race (40001).
   WITH up AS (
     INSERT INTO pgfence.outbox_key AS k (channel, ordering_key)
     SELECT d.c, d.k
@@ -103,6 +94,9 @@ BEGIN
     RETURNING k.ctid
   )
   SELECT array_agg(up.ctid) INTO v_tids FROM up;
+  IF current_setting('transaction_isolation') = 'read committed' THEN
+    RETURN;  -- each statement takes a new snapshot: the caller's next one sees that decision
+  END IF;
   IF EXISTS (SELECT FROM pgfence.outbox_key k
              WHERE (k.channel, k.ordering_key) IN (SELECT u.c, u.k FROM unnest(p_channels, p_keys) AS u(c, k))
                AND k.ctid <> ALL (v_tids)) THEN
