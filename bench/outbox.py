@@ -27,8 +27,10 @@ Workloads (each on a freshly emptied table, 10,000 messages, a no-op handler):
   as 6 pairs run back to back in alternating order (unkeyed then keyed, keyed then unkeyed, ...;
   about 5 s a pair): the verdict is the median of the per-pair ratios (one drain of each varied
   by ±20% run to run, and the second drain of a pair gains about 0.04 on the ratio: 3 of each);
-  and the cost of one claim round (``outbox_settle_and_claim``: settle 50, claim 50) with 10,000
-  keys due against 10,000 keyless messages due.
+  the share of each key's next messages handed on by the settle of the one before, in its
+  round (``_outbox_keys_hand_off``), rather than decided and claimed later; and the cost of
+  one claim round (``outbox_settle_and_claim``: settle 50, claim 50) with 10,000 keys due
+  against 10,000 keyless messages due.
 """
 
 from __future__ import annotations
@@ -151,8 +153,19 @@ def drain_executor(dsn: str, count: int, batch: int, log_events: bool = False,
         span = _wait_outbox_drained(dsn, N)
     finally:
         _stop(procs)
-    return {"executors": count, "batch": batch, "log_events": log_events, "keys": keys,
-            "per_second": N / span["seconds"], "seconds": span["seconds"]}
+    out = {"executors": count, "batch": batch, "log_events": log_events, "keys": keys,
+           "per_second": N / span["seconds"], "seconds": span["seconds"]}
+    if keys:
+        # Share of the keys' next messages handed on by the settle of the one before, in the
+        # same round (claimed at its now()), rather than decided and claimed later.
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            row = conn.execute(
+                "SELECT count(*) FILTER (WHERE claimed_at = prev), count(*) FROM (SELECT claimed_at,"
+                " lag(finished_at) OVER (PARTITION BY ordering_key ORDER BY id) AS prev"
+                " FROM pgfence.outbox) m WHERE prev IS NOT NULL").fetchone()
+        assert row is not None
+        out["handed_share"] = row[0] / max(row[1], 1)
+    return out
 
 
 def keyed_pairs(dsn: str, pairs: int = 6, keys: int = 1_000) -> dict[str, Any]:
@@ -165,7 +178,7 @@ def keyed_pairs(dsn: str, pairs: int = 6, keys: int = 1_000) -> dict[str, Any]:
     for i in range(pairs):
         got = {k: drain_executor(dsn, 4, 50, keys=k) for k in ((None, keys) if i % 2 == 0 else (keys, None))}
         out.append({"order": "UK" if i % 2 == 0 else "KU", "unkeyed": got[None]["per_second"],
-                    "keyed": got[keys]["per_second"],
+                    "keyed": got[keys]["per_second"], "handed_share": got[keys]["handed_share"],
                     "ratio": got[keys]["per_second"] / got[None]["per_second"],
                     "load": os.getloadavg()[0]})
     mid = sorted(out, key=lambda p: p["ratio"])[(len(out) - 1) // 2]
@@ -646,7 +659,7 @@ def run(dsn: str) -> dict[str, Any]:
     kp = res["executor_keyed_pairs"]
     print("keyed vs unkeyed drain, 4 x 50, interleaved pairs (msg/s): " + "; ".join(
         f"{p['order']} unkeyed {p['unkeyed']:,.0f} keyed {p['keyed']:,.0f} = {p['ratio']:.2f}x"
-        f" (load {p['load']:.1f})" for p in kp["pairs"])
+        f" (load {p['load']:.1f}, {p['handed_share']:.0%} handed on)" for p in kp["pairs"])
         + f"; median of the ratios {kp['median_ratio']:.2f}x")
     cr = res["claim_round"]
     print(f"claim round (settle 50 + claim 50): {cr['keyless']['ms_per_round']:.2f} ms with 10,000"

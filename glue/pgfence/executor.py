@@ -44,8 +44,10 @@ which decide. What it does:
   backlog it keeps two claim rounds in flight side by side, so that their commits overlap.
 - **Deliver**: each message runs in a slot with a timeout that ends before its lease (counted
   from the claim). Successful outcomes are settled in batches: the next claim round settles
-  every delivery finished since the last one and claims the next batch in one statement and
-  one durable commit (``outbox_settle_and_claim``). A failure to record an outcome is logged
+  the deliveries finished since the last one (at most a batch of them when it also claims; a
+  round that only settles takes them all) and claims the next batch in one statement and one
+  durable commit (``outbox_settle_and_claim``), so a keyed message's settle hands its key's
+  next message to this executor in that round. A failure to record an outcome is logged
   and retried until the lease would lapse; after that the reaper takes the message back (at
   least once).
 - **Reaper**: each module's reaper runs every ``reap_interval`` seconds.
@@ -1371,7 +1373,11 @@ class OutboxModule(Module):
         batch = self.executor.config.batch
         while True:
             n = min(batch, slots)
-            sent, self._sent = self._sent, []
+            # At most a batch of outcomes per claiming round (the rest ride on the next round):
+            # a keyed message's settle hands its key on in the same round only while the
+            # round claims as many as it settles (_outbox_keys_hand_off).
+            cap = len(self._sent) if n <= 0 else max(n, batch)
+            sent, self._sent = self._sent[:cap], self._sent[cap:]
             if n <= 0 and not sent:
                 return
             # The lease runs from the claim: counted from before the request, to be safe.
