@@ -33,10 +33,8 @@ def main() -> None:
     res: dict[str, list[float]] = {k: [] for k in ("Au", "Ak", "Bu", "Bk")}
     for i in range(pairs):
         for v in (("A", "B") if i % 2 == 0 else ("B", "A")):
-            # outbox._executors puts HERE on the executors' PYTHONPATH: the variant's glue first
-            outbox.HERE = Path(glue[v] + os.pathsep + str(HERE))
             for keys in ((None, 1_000) if i % 2 == 0 else (1_000, None)):
-                rate = outbox.drain_executor(dsn, 4, 50, keys=keys)["per_second"]
+                rate = outbox.drain_executor(dsn, 4, 50, keys=keys, glue=glue[v])["per_second"]
                 res[v + ("u" if keys is None else "k")].append(rate)
         print(i, {k: round(x[-1]) for k, x in res.items()}, f"load {os.getloadavg()[0]:.1f}",
               flush=True)

@@ -109,10 +109,11 @@ def _wait_outbox_drained(dsn: str, n: int, timeout: float = 600) -> dict[str, fl
     return {"seconds": float(span[0]), "max_attempts": int(span[1])}
 
 
-def _executors(dsn: str, count: int, batch: int,
-               extra: list[str] | None = None) -> list[subprocess.Popen[bytes]]:
+def _executors(dsn: str, count: int, batch: int, extra: list[str] | None = None,
+               glue: str | None = None) -> list[subprocess.Popen[bytes]]:
     concurrency = max(16, 2 * batch)
-    env = dict(os.environ, PYTHONPATH=str(HERE))
+    # glue: another checkout's glue/ directory, imported by the executors instead of this one's
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (glue, str(HERE)) if p))
     procs = [subprocess.Popen(
         [sys.executable, "-m", "pgfence", "--dsn", dsn, "executor", "--route", f"{CHANNEL}=noop",
          "--batch", str(batch), "--concurrency", str(concurrency), "--poll-interval", "1",
@@ -140,14 +141,14 @@ def _stop(procs: list[subprocess.Popen[bytes]]) -> None:
 
 
 def drain_executor(dsn: str, count: int, batch: int, log_events: bool = False,
-                   keys: int | None = None) -> dict[str, Any]:
-    """Start ``count`` idle executors, then enqueue N messages (over ``keys`` ordering keys, if
-    given) and time the drain."""
+                   keys: int | None = None, glue: str | None = None) -> dict[str, Any]:
+    """Start ``count`` idle executors (running ``glue``, another checkout's glue/ directory, if
+    given), then enqueue N messages (over ``keys`` ordering keys, if given) and time the drain."""
     _reset(dsn)
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("SELECT pgfence.outbox_configure_channel(%s, p_log_events => %s)",
                      (CHANNEL, log_events))
-    procs = _executors(dsn, count, batch)
+    procs = _executors(dsn, count, batch, glue=glue)
     try:
         _fill_outbox(dsn, keys=keys)
         span = _wait_outbox_drained(dsn, N)
