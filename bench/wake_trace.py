@@ -145,7 +145,9 @@ def _instrument(stamps: dict[str, float]) -> None:
         ex._sync_rows = sync_rows
 
     def hook_loop() -> None:
-        sel = asyncio.get_running_loop()._selector  # type: ignore[attr-defined]
+        sel = getattr(asyncio.get_running_loop(), "_selector", None)
+        if sel is None:  # uvloop: no selector to wrap
+            return
         orig_select = sel.select
 
         def select(timeout: float | None = None) -> Any:
@@ -200,7 +202,11 @@ def _sql_loop(dsn: str, stamps: dict[str, float], handler: Any, stop: Any) -> No
 
 
 def _serve(dsn: str, variant: str, out: Any, count: Any, go: Any, stop: Any, n: int) -> None:
-    """The executor's process: instrument, wait for ``go``, serve until ``stop``."""
+    """The executor's process: instrument, wait for ``go``, serve until ``stop``. A variant
+    ending in ``+uvloop`` runs its event loop on uvloop instead of asyncio's own."""
+    variant, uv = variant.removesuffix("+uvloop"), variant.endswith("+uvloop")
+    if uv:
+        import uvloop
     _variant_imports(variant)
     from pgfence.executor import Executor, ExecutorConfig, OutboxModule
     from pgfence.transports import CallableTransport
@@ -253,10 +259,10 @@ def _serve(dsn: str, variant: str, out: Any, count: Any, go: Any, stop: Any, n: 
     if prof:
         import cProfile
         with cProfile.Profile() as pr:
-            asyncio.run(main())
+            (uvloop.run if uv else asyncio.run)(main())
         pr.dump_stats(f"{prof}.{variant.replace('/', '_')}")
     else:
-        asyncio.run(main())
+        (uvloop.run if uv else asyncio.run)(main())
 
 
 def _task_ns(pid: int) -> int:

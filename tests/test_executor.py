@@ -145,6 +145,37 @@ def test_listener_killed_by_pg_terminate_backend_reconnects(db: str, conn: psyco
 
 
 @pytest.mark.timeout(60)
+def test_a_new_listener_session_sweeps_on_itself(db: str, conn: psycopg.Connection,
+                                                 tmp_path: Path) -> None:
+    # After LISTEN (at start and after every reconnect) the listener's own session runs the
+    # sweep of its idle modules: what was due while nobody listened is claimed, and the new
+    # server session has compiled the claim function before the first wake-up needs it.
+    proc = Proc(db, ["--route", "quick=noop", "--worker-id", "lwarm", "--poll-interval", "60",
+                     "--reap-interval", "60"], tmp_path / "exec.log")
+    listener = ("SELECT pid, query FROM pg_stat_activity"
+                " WHERE application_name = 'pgfence-listener:lwarm'")
+
+    def swept(old_pid: int | None) -> tuple[int, str] | None:
+        row = conn.execute(listener).fetchone()
+        if row is None or row[0] == old_pid or not re.search(r"claim|next_due", row[1]):
+            return None
+        return row[0], row[1]
+
+    try:
+        first_pid, _ = wait_for(lambda: swept(None), 20, "a claim on the listener's session")
+        assert scalar(db, "SELECT pg_terminate_backend(%s)", (first_pid,)) is True
+        mid = outbox.enqueue(conn, "quick", "r", {"n": 1})  # its NOTIFY may find nobody
+        new_pid, _ = wait_for(lambda: swept(first_pid), 20,
+                              "a claim on the reconnected listener's session")
+        wait_for(lambda: status(db, mid) == "sent", 10, "the message sent")
+        attempts = scalar(db, "SELECT attempts FROM pgfence.outbox WHERE id = %s", (mid,))
+    finally:
+        assert proc.terminate() == 0
+    assert new_pid != first_pid
+    assert attempts == 1
+
+
+@pytest.mark.timeout(60)
 def test_sigterm_lets_in_flight_work_finish(db: str, conn: psycopg.Connection,
                                             webhook: WebhookReceiver, tmp_path: Path) -> None:
     configure(conn, "hooks", 30)

@@ -787,6 +787,16 @@ class Executor:
         # The wake-up claims' cursor, kept for this connection: a new cursor per call would
         # build its adapters again.
         cursor = conn.cursor()
+        # The sweep after (re)connecting, for each channel's first module if it is idle, runs
+        # here, on this session (the others' go to the pool, nudged by the caller): it finds
+        # what was due while nobody listened, and it makes this new server session compile the
+        # claim function and plan its walk before the first wake-up needs them. A new session's
+        # first claim takes ~6.5 ms against ~0.6 warm (a wake-up after it ~2 ms, the found path
+        # planned then); without this the first wake-up after every (re)connect paid that.
+        for ch in channels:
+            first = by_channel[ch]
+            if self._started.is_set() and not self._stopping.is_set() and self._inline_ok(first):
+                await self._wake_claim(conn, cursor, first)
         probe_at = time.monotonic() + cfg.probe_interval
         while not self._stopping.is_set():
             wake: list[_Served] | None = None
