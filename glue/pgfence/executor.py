@@ -754,10 +754,16 @@ class Executor:
                                        failures)
                     failures = 0
                     self._nudge_all()  # NOTIFYs sent while we were away are lost: sweep now
+                    # The wake-up claims' cursor, kept for this connection: a new cursor per
+                    # call would build its adapters again.
+                    cursor = conn.cursor()
+                    await self._sweep_here(conn, cursor, channels)
+                    # The self-check after that sweep: behind a transaction-mode pooler a
+                    # statement of this connection in flight could pass its NOTIFY on by chance.
                     if checking is None:
                         checking = asyncio.create_task(self._self_check(),
                                                        name="pgfence-self-check")
-                    await self._hear(conn, channels)
+                    await self._hear(conn, cursor, channels)
             except asyncio.CancelledError:
                 if checking is not None:
                     checking.cancel()
@@ -773,7 +779,21 @@ class Executor:
                 with contextlib.suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(self._stopping.wait(), delay)
 
-    async def _hear(self, conn: psycopg.AsyncConnection[Any], channels: list[str]) -> None:
+    async def _sweep_here(self, conn: psycopg.AsyncConnection[Any],
+                          cursor: psycopg.AsyncCursor[Any], channels: list[str]) -> None:
+        """The sweep after (re)connecting, for each channel's first module if it is idle, on the
+        listener's session (the others' go to the pool, nudged by the caller): it finds what was
+        due while nobody listened, and it makes this new server session compile the claim
+        function and plan its walk before the first wake-up needs them. A new session's first
+        claim takes ~6.5 ms against ~0.6 warm (a wake-up after it ~2 ms, the found path planned
+        then); without this the first wake-up after every (re)connect paid that."""
+        for ch in channels:
+            first = self._by_channel[ch]
+            if self._started.is_set() and not self._stopping.is_set() and self._inline_ok(first):
+                await self._wake_claim(conn, cursor, first)
+
+    async def _hear(self, conn: psycopg.AsyncConnection[Any], cursor: psycopg.AsyncCursor[Any],
+                    channels: list[str]) -> None:
         """Wake the dispatcher on every NOTIFY; after ``probe_interval`` seconds of silence
         ask the session which channels it listens on, within ``probe_timeout``. Returns only by
         raising (a lost or half-open connection: NoAnswer).
@@ -784,19 +804,6 @@ class Executor:
         cfg = self.config
         warned = False
         by_channel = self._by_channel
-        # The wake-up claims' cursor, kept for this connection: a new cursor per call would
-        # build its adapters again.
-        cursor = conn.cursor()
-        # The sweep after (re)connecting, for each channel's first module if it is idle, runs
-        # here, on this session (the others' go to the pool, nudged by the caller): it finds
-        # what was due while nobody listened, and it makes this new server session compile the
-        # claim function and plan its walk before the first wake-up needs them. A new session's
-        # first claim takes ~6.5 ms against ~0.6 warm (a wake-up after it ~2 ms, the found path
-        # planned then); without this the first wake-up after every (re)connect paid that.
-        for ch in channels:
-            first = by_channel[ch]
-            if self._started.is_set() and not self._stopping.is_set() and self._inline_ok(first):
-                await self._wake_claim(conn, cursor, first)
         probe_at = time.monotonic() + cfg.probe_interval
         while not self._stopping.is_set():
             wake: list[_Served] | None = None
