@@ -170,7 +170,9 @@ def _variant_imports(variant: str) -> None:
     """In the executor's process: make ``variant``'s pgfence the one imported. ``exec`` (this
     interpreter's pgfence), ``exec=GLUE`` (the pgfence package under the directory GLUE, e.g.
     another checkout's ``glue``), ``cls=MODULE:ATTR`` (an Executor subclass, a prototype; MODULE
-    on PYTHONPATH) or ``loop`` (a plain SQL loop, the peers-bench ``pgfence`` adapter's)."""
+    on PYTHONPATH) or ``loop`` (a plain SQL loop, the peers-bench ``pgfence`` adapter's). Any
+    but ``loop`` may end in ``+uvloop``: the same executor on uvloop's event loop (uvloop must be
+    installed; the selector stage is then not stamped)."""
     if variant.startswith("exec="):
         for name in [m for m in sys.modules if m == "pgfence" or m.startswith("pgfence.")]:
             del sys.modules[name]
