@@ -789,7 +789,7 @@ class Executor:
         then); without this the first wake-up after every (re)connect paid that."""
         for ch in channels:
             first = self._by_channel[ch]
-            if self._started.is_set() and not self._stopping.is_set() and self._inline_ok(first):
+            if not self._stopping.is_set() and self._inline_ok(first):  # (started: _listen)
                 await self._wake_claim(conn, cursor, first)
 
     async def _hear(self, conn: psycopg.AsyncConnection[Any], cursor: psycopg.AsyncCursor[Any],
